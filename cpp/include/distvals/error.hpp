@@ -1,0 +1,76 @@
+/// @file
+/// Exceptions thrown by distvals and the DISTVALS_EXPECTS check macro.
+///
+/// Every exception derives from a standard one, so code that catches
+/// std::invalid_argument or std::runtime_error keeps working.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "distvals/export.hpp"
+
+namespace distvals {
+
+/// Bad arguments from the caller (shape, count, root, device). Thrown before any data is touched.
+class DISTVALS_EXPORT invalid_argument_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// A dtype the operation cannot handle, or dtypes that differ where they must agree.
+class DISTVALS_EXPORT dtype_error : public invalid_argument_error {
+ public:
+  using invalid_argument_error::invalid_argument_error;
+};
+
+/// Replicas of one group called a collective with arguments that disagree
+/// (kind, dtype, op, count, root or algorithm). Raised on every replica.
+class DISTVALS_EXPORT mismatch_error : public invalid_argument_error {
+ public:
+  using invalid_argument_error::invalid_argument_error;
+};
+
+/// A wait passed its deadline; the message names the replicas that did not arrive.
+class DISTVALS_EXPORT timeout_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The collective was aborted: another replica failed or the caller cancelled the group.
+/// `replica()` is the replica that caused it, or -1 for a cancel from outside.
+class DISTVALS_EXPORT aborted_error : public std::runtime_error {
+ public:
+  aborted_error(const std::string& what, int replica) : std::runtime_error(what), replica_(replica) {}
+  /// The replica whose failure aborted the group, or -1 when cancelled from outside.
+  int replica() const noexcept { return replica_; }
+
+ private:
+  int replica_;
+};
+
+/// The group was closed; no more collectives can run on it.
+class DISTVALS_EXPORT closed_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A CUDA call failed; the message names the call, file, line and CUDA error.
+class DISTVALS_EXPORT cuda_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+[[noreturn]] DISTVALS_EXPORT void throw_expects(const char* condition, const char* file, int line,
+                                                const std::string& message);
+}  // namespace detail
+
+}  // namespace distvals
+
+/// Checks a precondition; on failure throws distvals::invalid_argument_error naming
+/// the condition, the file and the line, followed by `message`.
+#define DISTVALS_EXPECTS(cond, message)                                               \
+  do {                                                                                \
+    if (!(cond)) ::distvals::detail::throw_expects(#cond, __FILE__, __LINE__, (message)); \
+  } while (0)

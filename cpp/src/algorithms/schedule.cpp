@@ -1,0 +1,68 @@
+// Dispatch from a schedule key to the algorithm that builds it, and the shared helpers.
+#include "distvals/schedule.hpp"
+
+#include <string>
+
+#include "distvals/error.hpp"
+
+namespace distvals {
+
+const char* collective_name(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce: return "reduce";
+    case collective::broadcast: return "broadcast";
+    case collective::all_gather: return "all_gather";
+    case collective::reduce_scatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+void split_range(std::size_t count, int parts, int part, std::size_t align, std::size_t* begin,
+                 std::size_t* end) noexcept {
+  // Boundary p sits at p/parts of the way, rounded down to a multiple of `align`,
+  // so every part but the last starts and ends on an aligned element.
+  if (align == 0) align = 1;
+  auto boundary = [&](int p) -> std::size_t {
+    if (p >= parts) return count;
+    const std::size_t raw = static_cast<std::size_t>(
+        (static_cast<unsigned __int128>(count) * static_cast<unsigned>(p)) / static_cast<unsigned>(parts));
+    return raw / align * align;
+  };
+  *begin = boundary(part);
+  *end = boundary(part + 1);
+}
+
+algorithm choose_algorithm(int replicas, std::size_t bytes) noexcept {
+  // Crossovers measured with `python -m distvals.bench --algo all` on a 2-core x86-64
+  // machine (N = 2, 4, 8; float32 sum; 8 B to 256 MiB): in shared memory `direct`
+  // moves the fewest bytes (each element read once per input and written once per
+  // output) and was the fastest at every size and replica count measured; ring and
+  // tree move each byte through (N-1) intermediate buffers. They stay available for
+  // explicit use and as the schedules the CUDA backend shares.
+  (void)replicas;
+  (void)bytes;
+  return algorithm::direct;
+}
+
+schedule make_schedule(const schedule_key& key) {
+  DISTVALS_EXPECTS(key.replicas >= 1, "a schedule needs at least one replica");
+  DISTVALS_EXPECTS(key.root >= 0 && key.root < key.replicas, "root out of range");
+  switch (key.kind) {
+    case collective::all_reduce:
+      switch (key.algo) {
+        case algorithm::ring: return algorithms::ring_all_reduce(key);
+        case algorithm::tree: return algorithms::tree_all_reduce(key);
+        case algorithm::direct: return algorithms::direct_all_reduce(key);
+        case algorithm::automatic: break;
+      }
+      throw invalid_argument_error("make_schedule: resolve algorithm 'auto' with choose_algorithm first");
+    case collective::reduce: return algorithms::direct_reduce(key);
+    case collective::broadcast: return algorithms::direct_broadcast(key);
+    case collective::all_gather: return algorithms::direct_all_gather(key);
+    case collective::reduce_scatter: return algorithms::direct_reduce_scatter(key);
+  }
+  throw invalid_argument_error("make_schedule: unknown collective");
+}
+
+}  // namespace distvals

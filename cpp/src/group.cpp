@@ -1,0 +1,417 @@
+// distvals::group: argument checks, the two call styles, workers, failure handling.
+#include "distvals/group.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "distvals/error.hpp"
+#include "group_impl.hpp"
+
+namespace distvals {
+namespace {
+
+constexpr auto kDefaultTimeout = std::chrono::seconds(300);
+
+// Below this many bytes in all replicas' inputs together, the calling thread does the
+// whole collective alone: waking a worker costs more than the work. Measured with
+// `python -m distvals.bench --threads-sweep` on 2 cores: one thread wins up to about
+// 64 KiB in total, two threads from 128 KiB on.
+constexpr std::size_t kSingleThreadBytes = 96 * 1024;
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* env = std::getenv("DISTVALS_TIMEOUT_SECONDS")) {
+    char* end = nullptr;
+    const double s = std::strtod(env, &end);
+    if (end != env && s > 0) return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
+  }
+  return kDefaultTimeout;
+}
+
+std::vector<device> cpu_devices(int n) {
+  if (n < 1) throw invalid_argument_error("a group needs at least 1 replica, got " + std::to_string(n));
+  std::vector<device> d(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) d[i].index = i;
+  return d;
+}
+
+// Writes may not overlap any other buffer of the call, except that a replica's output
+// may be exactly its own input (in place). One sweep over the ranges sorted by start.
+void check_overlaps(const call_desc& d, int n, const std::vector<buffer_view>& in,
+                    const std::vector<buffer_view>& out) {
+  struct range {
+    std::uintptr_t b, e;
+    int replica;
+    bool write;
+  };
+  std::vector<range> rs;
+  rs.reserve(2 * static_cast<std::size_t>(n));
+  auto reads = [&](int r) {
+    if (d.kind == collective::broadcast) return r == d.root;
+    return true;
+  };
+  auto writes = [&](int r) {
+    if (d.kind == collective::reduce) return r == d.root;
+    return true;
+  };
+  for (int r = 0; r < n; ++r) {
+    const auto ib = reinterpret_cast<std::uintptr_t>(in[r].data);
+    const auto ob = reinterpret_cast<std::uintptr_t>(out[r].data);
+    const bool same = ib == ob && in[r].bytes() == out[r].bytes();
+    if (writes(r) && out[r].bytes() > 0) rs.push_back({ob, ob + out[r].bytes(), r, true});
+    if (reads(r) && in[r].bytes() > 0 && !(same && writes(r))) {
+      rs.push_back({ib, ib + in[r].bytes(), r, false});
+    }
+  }
+  std::sort(rs.begin(), rs.end(), [](const range& a, const range& b) { return a.b < b.b; });
+  const range* far_any = nullptr;    // the range reaching furthest so far
+  const range* far_write = nullptr;  // the write range reaching furthest so far
+  auto name = [](const range& r) {
+    return std::string("replica ") + std::to_string(r.replica) + "'s " + (r.write ? "output" : "input");
+  };
+  for (const auto& c : rs) {
+    const range* clash = nullptr;
+    if (far_write && c.b < far_write->e) clash = far_write;
+    else if (c.write && far_any && c.b < far_any->e) clash = far_any;
+    if (clash) {
+      throw invalid_argument_error(name(c) + " overlaps " + name(*clash) +
+                                   "; every replica needs its own buffer (an output may only be "
+                                   "exactly its own input, for in-place)");
+    }
+    if (!far_any || c.e > far_any->e) far_any = &c;
+    if (c.write && (!far_write || c.e > far_write->e)) far_write = &c;
+  }
+}
+
+}  // namespace
+
+group::group(int replicas, group_options options) : group(cpu_devices(replicas), std::move(options)) {}
+
+group::group(const std::vector<device>& devices, group_options options) : impl_(new impl) {
+  if (devices.empty()) throw invalid_argument_error("a group needs at least 1 device");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (!devices[i].is_cpu()) {
+      throw invalid_argument_error("device " + devices[i].str() +
+                                   " is a GPU; this group runs CPU replicas only");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) {
+        throw invalid_argument_error("device " + devices[i].str() + " is listed twice (replicas " +
+                                     std::to_string(j) + " and " + std::to_string(i) + ")");
+      }
+    }
+  }
+  impl& m = *impl_;
+  m.n = static_cast<int>(devices.size());
+  m.devices = devices;
+  m.opts = std::move(options);
+  if (m.opts.timeout.count() <= 0) m.opts.timeout = default_timeout();
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  m.threads = m.opts.threads > 0 ? std::min(m.opts.threads, m.n) : std::min(m.n, hw);
+  m.opts.threads = m.threads;
+  if (m.opts.spin_us >= 0) {
+    m.spin_us = m.opts.spin_us;
+  } else {
+    m.spin_us = m.n > hw ? 0 : 20;  // oversubscribed: spinning only steals the core we wait for
+  }
+  m.opts.spin_us = m.spin_us;
+  if (m.opts.chunk_bytes == 0) m.opts.chunk_bytes = 256 * 1024;
+  m.reps.reset(new impl::replica_state[static_cast<std::size_t>(m.n)]);
+  if (m.threads > 1) {
+    m.workers.reset(new impl::worker_slot[static_cast<std::size_t>(m.threads - 1)]);
+    for (int t = 1; t < m.threads; ++t) {
+      m.workers[t - 1].thread = std::thread([&m, t]() { m.worker_main(t); });
+    }
+  }
+}
+
+group::~group() { close(); }
+
+int group::size() const noexcept { return impl_->n; }
+const std::vector<device>& group::devices() const noexcept { return impl_->devices; }
+const group_options& group::options() const noexcept { return impl_->opts; }
+
+void group::abort(int replica, const std::string& why) noexcept { impl_->fail(impl::aborted, replica, why); }
+void group::cancel() noexcept { impl_->fail(impl::aborted, -1, "cancelled"); }
+bool group::aborted() const noexcept {
+  const int s = impl_->state.load();
+  return s == impl::aborted || s == impl::timed_out;
+}
+bool group::closed() const noexcept { return impl_->state.load() == impl::closed; }
+
+void group::reset() {
+  impl& m = *impl_;
+  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
+  if (m.inside.load() != 0) {
+    throw std::logic_error("distvals: group::reset() called while a collective is in flight");
+  }
+  // Nobody is inside: start the call numbering afresh so stale progress cannot satisfy
+  // a future dependency.
+  for (int r = 0; r < m.n; ++r) {
+    m.reps[r].progress.store(0);
+    m.reps[r].seq = 0;
+  }
+  std::lock_guard<std::mutex> lk(m.state_mu);
+  m.state.store(impl::ok);
+  m.state_msg.clear();
+  m.state_replica = -1;
+}
+
+void group::close() noexcept {
+  impl& m = *impl_;
+  if (m.stopping.exchange(true)) return;
+  m.fail(impl::closed, -1, "closed");
+  // Waiters see the closed state within one wait slice; wait for them to leave before
+  // the state they read goes away.
+  while (m.inside.load() != 0) {
+    m.wake_all();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  for (int t = 1; t < m.threads; ++t) {
+    if (m.workers[t - 1].thread.joinable()) m.workers[t - 1].thread.join();
+  }
+}
+
+namespace {
+struct inside_guard {
+  std::atomic<int>& c;
+  explicit inside_guard(std::atomic<int>& x) : c(x) { c.fetch_add(1); }
+  ~inside_guard() { c.fetch_sub(1); }
+};
+}  // namespace
+
+void group::run(const call_desc& desc_in, const std::vector<buffer_view>& in,
+                const std::vector<buffer_view>& out) {
+  impl& m = *impl_;
+  inside_guard guard(m.inside);
+  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
+  if (static_cast<int>(in.size()) != m.n || static_cast<int>(out.size()) != m.n) {
+    throw invalid_argument_error("expected " + std::to_string(m.n) + " input and output buffers (one per replica), got " +
+                                 std::to_string(in.size()) + " and " + std::to_string(out.size()));
+  }
+  call_desc desc = desc_in;
+  for (int r = 0; r < m.n; ++r) validate_replica_buffers(desc, m.n, r, in[r], out[r]);
+  check_overlaps(desc, m.n, in, out);
+  if (desc.algo == algorithm::automatic) {
+    desc.algo = desc.kind == collective::all_reduce
+                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
+                    : algorithm::direct;
+  }
+
+  std::lock_guard<std::mutex> call_lock(m.call_mu);
+  m.throw_if_failed(-1);
+  // Post the call for every replica, then mark them all arrived.
+  const std::uint64_t seq = m.reps[0].seq + 1;
+  const int slot = static_cast<int>(seq & 1u);
+  for (int r = 0; r < m.n; ++r) {
+    auto& rs = m.reps[r];
+    rs.seq = seq;
+    rs.desc[slot] = desc;
+    rs.in[slot] = in[r];
+    rs.out[slot] = out[r];
+    rs.error[slot].clear();
+  }
+  for (int r = 0; r < m.n; ++r) m.reps[r].progress.store(seq << 32);
+
+  schedule_key key{desc.kind, desc.algo, m.n, desc.count, desc.root,
+                   std::max<std::size_t>(1, m.opts.chunk_bytes / dtype_size(desc.type)), 16};
+  const auto sched = m.get_schedule(key);
+  const auto deadline = clock_type::now() + m.opts.timeout;
+  const std::size_t total = desc.count * dtype_size(desc.type) * static_cast<std::size_t>(m.n);
+  const int t = total < kSingleThreadBytes ? 1 : m.threads;
+
+  if (t == 1) {
+    int owned[64];
+    std::vector<int> heap;
+    int* own = owned;
+    if (m.n > 64) {
+      heap.resize(m.n);
+      own = heap.data();
+    }
+    for (int r = 0; r < m.n; ++r) own[r] = r;
+    m.run_programs(*sched, seq, own, m.n, deadline, -1);
+    return;
+  }
+
+  // Hand the job to workers 1 .. t-1, run our own share (replicas 0, t, 2t, ...), then
+  // wait until every worker has left the job (they read *sched and the posted views).
+  m.job_sched = sched.get();
+  m.job_seq = seq;
+  m.job_threads = t;
+  m.job_deadline = deadline;
+  m.job_done.store(0);
+  m.job_error = nullptr;
+  for (int w = 1; w < t; ++w) m.workers[w - 1].go.store(seq);
+  if (m.sleepers.load() > 0) m.wake_all();
+
+  std::exception_ptr mine;
+  try {
+    int owned[64];
+    std::vector<int> heap;
+    int* own = owned;
+    int nown = 0;
+    if ((m.n + t - 1) / t > 64) {
+      heap.resize((m.n + t - 1) / t);
+      own = heap.data();
+    }
+    for (int r = 0; r < m.n; r += t) own[nown++] = r;
+    m.run_programs(*sched, seq, own, nown, deadline, -1);
+  } catch (...) {
+    mine = std::current_exception();
+    m.fail(impl::aborted, -1, "the calling thread failed");
+  }
+  // Workers always finish: they complete their programs or see the failure state.
+  auto all_done = [&]() { return m.job_done.load() == t - 1; };
+  while (!all_done()) {
+    for (int i = 0; i < 64 && !all_done(); ++i) cpu::relax();
+    if (all_done()) break;
+    std::unique_lock<std::mutex> lk(m.mu);
+    m.sleepers.fetch_add(1);
+    m.cv.wait_for(lk, std::chrono::milliseconds(1), all_done);
+    m.sleepers.fetch_sub(1);
+  }
+  if (mine) std::rethrow_exception(mine);
+  if (m.job_error) std::rethrow_exception(m.job_error);
+}
+
+void group::all_reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
+                       reduce_op op, algorithm algo) {
+  DISTVALS_EXPECTS(!in.empty(), "all_reduce needs one input buffer per replica");
+  run(call_desc{collective::all_reduce, in[0].type, op, algo, in[0].count, 0}, in, out);
+}
+
+void group::reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root,
+                   reduce_op op) {
+  DISTVALS_EXPECTS(!in.empty(), "reduce needs one input buffer per replica");
+  run(call_desc{collective::reduce, in[0].type, op, algorithm::direct, in[0].count, root}, in, out);
+}
+
+void group::broadcast(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root) {
+  DISTVALS_EXPECTS(root >= 0 && root < static_cast<int>(in.size()), "broadcast root out of range");
+  run(call_desc{collective::broadcast, in[root].type, reduce_op::sum, algorithm::direct, in[root].count, root},
+      in, out);
+}
+
+void group::all_gather(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  DISTVALS_EXPECTS(!in.empty(), "all_gather needs one input buffer per replica");
+  run(call_desc{collective::all_gather, in[0].type, reduce_op::sum, algorithm::direct, in[0].count, 0}, in,
+      out);
+}
+
+void group::reduce_scatter(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
+                           reduce_op op) {
+  DISTVALS_EXPECTS(!in.empty(), "reduce_scatter needs one input buffer per replica");
+  run(call_desc{collective::reduce_scatter, in[0].type, op, algorithm::direct, in[0].count, 0}, in, out);
+}
+
+void group::run(int replica, const call_desc& desc_in, buffer_view in, buffer_view out,
+                std::chrono::milliseconds timeout) {
+  impl& m = *impl_;
+  inside_guard guard(m.inside);
+  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
+  if (replica < 0 || replica >= m.n) {
+    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
+                                 std::to_string(m.n));
+  }
+  m.throw_if_failed(replica);
+  call_desc desc = desc_in;
+  if (desc.algo == algorithm::automatic) {
+    desc.algo = desc.kind == collective::all_reduce
+                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
+                    : algorithm::direct;
+  }
+  const auto deadline = clock_type::now() + (timeout.count() > 0 ? timeout : m.opts.timeout);
+
+  // Step 1: post our arguments (and whether they are valid) and arrive.
+  auto& me = m.reps[replica];
+  const std::uint64_t seq = me.seq + 1;
+  const int slot = static_cast<int>(seq & 1u);
+  me.seq = seq;
+  me.desc[slot] = desc;
+  me.in[slot] = in;
+  me.out[slot] = out;
+  me.error[slot].clear();
+  try {
+    validate_replica_buffers(desc, m.n, replica, in, out);
+  } catch (const std::exception& e) {
+    me.error[slot] = e.what();
+  }
+  m.publish(replica, seq, 0);
+
+  // Step 2: wait for everybody to arrive.
+  const std::uint64_t base = seq << 32;
+  auto arrived = [&](int j) { return m.reps[j].progress.load(std::memory_order_acquire) >= base; };
+  m.wait(
+      [&]() {
+        for (int j = 0; j < m.n; ++j) {
+          if (!arrived(j)) return false;
+        }
+        return true;
+      },
+      deadline, replica,
+      [&]() {
+        std::string who;
+        for (int j = 0; j < m.n; ++j) {
+          if (arrived(j)) continue;
+          if (!who.empty()) who += ", ";
+          who += std::to_string(j);
+        }
+        return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
+               std::to_string((timeout.count() > 0 ? timeout : m.opts.timeout).count() / 1000.0) +
+               " s in replica " + std::to_string(replica) + ": replica(s) " + who +
+               " never arrived";
+      });
+
+  // Step 3: every replica checks every posted call the same way, so they all reach the
+  // same verdict and raise the same error; nothing has been touched yet.
+  for (int j = 0; j < m.n; ++j) {
+    if (!m.reps[j].error[slot].empty()) {
+      throw invalid_argument_error(m.reps[j].error[slot] +
+                                   (j == replica ? "" : " (reported by replica " + std::to_string(j) + ")"));
+    }
+  }
+  const call_desc& d0 = m.reps[0].desc[slot];
+  for (int j = 1; j < m.n; ++j) {
+    const call_desc& dj = m.reps[j].desc[slot];
+    if (dj == d0) continue;
+    auto show = [](const call_desc& d) {
+      return std::string(collective_name(d.kind)) + "(dtype=" + dtype_name(d.type) + ", op=" + reduce_op_name(d.op) +
+             ", count=" + std::to_string(d.count) + ", root=" + std::to_string(d.root) + ", algorithm=" +
+             algorithm_name(d.algo) + ")";
+    };
+    throw mismatch_error("distvals: replicas called different collectives: replica 0 called " + show(d0) +
+                         ", replica " + std::to_string(j) + " called " + show(dj));
+  }
+
+  // Step 4: run our program.
+  schedule_key key{desc.kind, desc.algo, m.n, desc.count, desc.root,
+                   std::max<std::size_t>(1, m.opts.chunk_bytes / dtype_size(desc.type)), 16};
+  const auto sched = m.get_schedule(key);
+  const int own = replica;
+  m.run_programs(*sched, seq, &own, 1, deadline, replica);
+
+  // Step 5: leave only when nobody can still read or write our buffers.
+  auto finished = [&](int j) {
+    return m.reps[j].progress.load(std::memory_order_acquire) >= base + sched->programs[j].size();
+  };
+  m.wait(
+      [&]() {
+        for (int j = 0; j < m.n; ++j) {
+          if (!finished(j)) return false;
+        }
+        return true;
+      },
+      deadline, replica,
+      [&]() {
+        std::string who;
+        for (int j = 0; j < m.n; ++j) {
+          if (finished(j)) continue;
+          if (!who.empty()) who += ", ";
+          who += std::to_string(j);
+        }
+        return "distvals: " + std::string(collective_name(desc.kind)) + " timed out in replica " +
+               std::to_string(replica) + " waiting for replica(s) " + who + " to finish";
+      });
+}
+
+}  // namespace distvals

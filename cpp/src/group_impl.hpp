@@ -1,0 +1,156 @@
+// The state behind distvals::group, shared by group.cpp (calls, validation, workers)
+// and executor.cpp (running programs, waiting). Not installed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/relax.hpp"
+#include "distvals/error.hpp"
+#include "distvals/group.hpp"
+
+namespace distvals {
+
+using clock_type = std::chrono::steady_clock;
+
+struct group::impl {
+  // ---- configuration -----------------------------------------------------------
+  int n = 0;
+  std::vector<device> devices;
+  group_options opts;
+  int threads = 1;          // threads of the single-call style, caller included
+  int spin_us = 20;         // spin before yield/block
+
+  // ---- per-replica state -------------------------------------------------------
+  // progress = (seq << 32) | steps completed in call `seq`. A replica sets it to
+  // seq << 32 when it arrives at call seq, then bumps it after every step. Values only
+  // grow, so "replica j completed step k of call seq" is progress >= (seq<<32) + k + 1.
+  struct alignas(64) replica_state {
+    std::atomic<std::uint64_t> progress{0};
+    std::uint64_t seq = 0;  // last call number; written only by the replica's own caller
+    // Posted arguments of call seq live in slot seq & 1: a replica can be at most one
+    // call ahead of another, so the slot others may still read is never overwritten.
+    call_desc desc[2];
+    buffer_view in[2], out[2];
+    std::string error[2];  // non-empty: this replica's own arguments were invalid
+  };
+  std::unique_ptr<replica_state[]> reps;
+
+  // ---- failure state -----------------------------------------------------------
+  enum : int { ok = 0, aborted = 1, timed_out = 2, closed = 3 };
+  std::atomic<int> state{ok};
+  std::mutex state_mu;
+  std::string state_msg;
+  int state_replica = -1;
+  std::atomic<int> inside{0};  // calls in flight
+
+  // ---- blocking waits: one condition variable for the whole group ---------------
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> sleepers{0};
+
+  // ---- schedules, cached by shape ----------------------------------------------
+  std::mutex cache_mu;
+  std::vector<std::pair<schedule_key, std::shared_ptr<const schedule>>> cache;
+
+  // ---- workers of the single-call style -----------------------------------------
+  struct alignas(64) worker_slot {
+    std::atomic<std::uint64_t> go{0};  // the job number this worker should run
+    std::thread thread;
+  };
+  std::unique_ptr<worker_slot[]> workers;  // threads - 1 of them
+  std::mutex call_mu;                       // serializes single-call callers
+  const schedule* job_sched = nullptr;
+  std::uint64_t job_seq = 0;
+  int job_threads = 1;
+  clock_type::time_point job_deadline;
+  std::atomic<int> job_done{0};
+  std::mutex job_error_mu;
+  std::exception_ptr job_error;
+  std::atomic<bool> stopping{false};
+
+  // ---- methods (executor.cpp) ----------------------------------------------------
+  /// Publishes that `replica` completed `steps` steps of call `seq` and wakes sleepers.
+  void publish(int replica, std::uint64_t seq, std::uint64_t steps) noexcept;
+  /// Wakes every blocked waiter.
+  void wake_all() noexcept;
+  /// Throws the exception that matches a failure state; no-op when ok.
+  void throw_if_failed(int me) const;
+  /// Records a failure (first one wins) and wakes everybody. Never throws.
+  void fail(int kind, int replica, const std::string& msg) noexcept;
+  /// Waits until ready() holds, spinning then yielding then blocking. Throws on
+  /// failure, or at the deadline after failing the group with describe()'s message.
+  template <class Ready, class Describe>
+  void wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe);
+  /// Runs the programs of replicas `owned` of schedule `s` for call `seq`.
+  void run_programs(const schedule& s, std::uint64_t seq, const int* owned, int nowned,
+                    clock_type::time_point deadline, int me);
+  /// Executes one step of call `seq` (reads posted buffers of slot seq & 1).
+  void exec_step(const step& st, std::uint64_t seq) noexcept;
+  /// The cached schedule for `key`.
+  std::shared_ptr<const schedule> get_schedule(const schedule_key& key);
+  /// Main loop of worker `index` (thread index + 1).
+  void worker_main(int index) noexcept;
+};
+
+template <class Ready, class Describe>
+void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int me,
+                       const Describe& describe) {
+  // Phase 1: spin. Cheapest when the awaited replica runs on another core right now.
+  if (spin_us > 0) {
+    const auto spin_end = clock_type::now() + std::chrono::microseconds(spin_us);
+    for (unsigned i = 1;; ++i) {
+      if (ready()) return;
+      if ((i & 63u) == 0) {
+        throw_if_failed(me);
+        if (clock_type::now() > spin_end) break;
+      }
+      cpu::relax();
+    }
+  }
+  // Phase 2: yield a few times, so an awaited thread sharing our core can run.
+  for (int i = 0; i < 16; ++i) {
+    if (ready()) return;
+    throw_if_failed(me);
+    std::this_thread::yield();
+  }
+  // Phase 3: block on the group's condition variable. publish() notifies when it sees
+  // sleepers; both sides use sequentially consistent atomics, so either the publisher
+  // sees our sleeper count or we see its progress. Bounded waits re-check the deadline
+  // and the failure state and call the interrupt hook.
+  sleepers.fetch_add(1);
+  struct leave {
+    std::atomic<int>& s;
+    ~leave() { s.fetch_sub(1); }
+  } on_exit{sleepers};
+  std::unique_lock<std::mutex> lk(mu);
+  while (!ready()) {
+    throw_if_failed(me);
+    const auto now = clock_type::now();
+    if (now >= deadline) {
+      lk.unlock();
+      const std::string msg = describe();
+      fail(timed_out, me, msg);
+      throw timeout_error(msg);
+    }
+    const auto slice = std::chrono::milliseconds(50);
+    if (cv.wait_until(lk, (deadline - now) < slice ? deadline : now + slice) ==
+            std::cv_status::timeout &&
+        opts.interrupted && !ready()) {
+      lk.unlock();
+      if (opts.interrupted()) fail(aborted, -1, "interrupted");
+      lk.lock();
+    }
+  }
+}
+
+}  // namespace distvals

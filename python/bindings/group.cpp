@@ -1,0 +1,323 @@
+// distvals._core.Group: the engine's group with numpy arrays in and out.
+//
+// Single-call methods take one array per replica; per-replica methods (replica_*) are
+// called from N threads at once. Every blocking call releases the GIL. Everything is
+// checked before the engine touches data, and errors name the replica.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+
+namespace distvals_py {
+namespace {
+
+using distvals::buffer_view;
+using distvals::call_desc;
+using distvals::collective;
+using distvals::group;
+
+unsigned long main_thread_id = 0;
+
+// Blocked waits call this every ~50 ms: on the main thread it lets Python look at
+// pending signals, so Ctrl-C cancels a long collective instead of waiting it out.
+bool interrupted() {
+  if (PyThread_get_thread_ident() != main_thread_id || !Py_IsInitialized()) return false;
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) {
+    PyErr_Clear();  // re-raised as KeyboardInterrupt by the exception translator
+    return true;
+  }
+  return false;
+}
+
+std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    s += std::to_string(a.shape(i));
+    if (a.ndim() == 1 || i + 1 < a.ndim()) s += i + 1 < a.ndim() ? ", " : ",";
+  }
+  return s + ")";
+}
+
+bool same_shape(const py::array& a, const py::array& b) {
+  if (a.ndim() != b.ndim()) return false;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) != b.shape(i)) return false;
+  }
+  return true;
+}
+
+// One array per replica, checked: count, contiguity, writability, dtype, shape.
+struct arrays {
+  std::vector<py::array> a;
+  std::vector<buffer_view> v;
+  distvals::dtype type = distvals::dtype::float32;
+};
+
+arrays collect(const group& g, const py::sequence& bufs, bool writable, const char* what) {
+  const int n = g.size();
+  if (static_cast<int>(py::len(bufs)) != n) {
+    throw py::value_error(std::string(what) + " needs one array per replica: " + std::to_string(n) +
+                          " expected, got " + std::to_string(py::len(bufs)));
+  }
+  arrays out;
+  out.a.reserve(n);
+  out.v.reserve(n);
+  for (int r = 0; r < n; ++r) out.a.push_back(as_array(bufs[r], r, writable, "array"));
+  out.type = to_dtype(out.a[0].dtype(), 0);
+  for (int r = 0; r < n; ++r) {
+    const distvals::dtype t = r == 0 ? out.type : to_dtype(out.a[r].dtype(), r);
+    if (t != out.type) {
+      throw py::type_error("replica " + std::to_string(r) + " has dtype " + distvals::dtype_name(t) +
+                           ", replica 0 has " + distvals::dtype_name(out.type) + "; all replicas need the same dtype");
+    }
+    if (!same_shape(out.a[r], out.a[0])) {
+      throw py::value_error("replica " + std::to_string(r) + " has shape " + shape_str(out.a[r]) +
+                            ", replica 0 has shape " + shape_str(out.a[0]) + "; all replicas need the same shape");
+    }
+    out.v.push_back(view_of(out.a[r], t));
+  }
+  return out;
+}
+
+// Runs the single-call style without the GIL. A failed collective leaves nobody inside
+// the group, so it is reset at once and stays usable.
+void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  py::gil_scoped_release nogil;
+  try {
+    g.run(d, in, out);
+  } catch (const distvals::timeout_error&) {
+    if (!g.closed()) g.reset();
+    throw;
+  } catch (const distvals::aborted_error&) {
+    if (!g.closed()) g.reset();
+    throw;
+  }
+}
+
+py::array new_like(const py::array& a, distvals::dtype t, std::vector<py::ssize_t> shape) {
+  return py::array(to_numpy(t), shape);
+}
+
+std::vector<py::ssize_t> shape_of(const py::array& a) {
+  return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// Shape of an all-gathered array: concatenation along axis 0 (0-d parts become a vector).
+std::vector<py::ssize_t> gathered_shape(const py::array& a, int n) {
+  auto s = shape_of(a);
+  if (s.empty()) return {static_cast<py::ssize_t>(n)};
+  s[0] *= n;
+  return s;
+}
+
+std::vector<py::ssize_t> scattered_shape(const py::array& a, int n, int replica) {
+  auto s = shape_of(a);
+  if (s.empty() || s[0] % n != 0) {
+    throw py::value_error("replica " + std::to_string(replica) + ": reduce_scatter needs a first dimension divisible by " +
+                          std::to_string(n) + " replicas, got shape " + shape_str(a));
+  }
+  s[0] /= n;
+  return s;
+}
+
+std::chrono::milliseconds to_ms(const py::object& seconds) {
+  if (seconds.is_none()) return std::chrono::milliseconds{0};
+  const double s = seconds.cast<double>();
+  if (!(s > 0)) throw py::value_error("timeout_seconds must be positive, got " + std::to_string(s));
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
+}
+
+// Per-replica call without the GIL.
+void run_one(group& g, int replica, const call_desc& d, buffer_view in, buffer_view out, std::chrono::milliseconds t) {
+  py::gil_scoped_release nogil;
+  g.run(replica, d, in, out, t);
+}
+
+int check_replica(const group& g, int replica) {
+  if (replica < 0 || replica >= g.size()) {
+    throw py::value_error("replica " + std::to_string(replica) + " is out of range for a group of " +
+                          std::to_string(g.size()));
+  }
+  return replica;
+}
+
+}  // namespace
+
+void register_group(py::module_& m) {
+  main_thread_id = PyThread_get_thread_ident();
+  py::class_<group>(m, "Group", "N local replicas that run collectives together (the C++ engine).")
+      .def(py::init([](const py::object& devices, const py::object& timeout_seconds, int threads,
+                       std::size_t chunk_bytes, int spin_us) {
+             distvals::group_options o;
+             o.timeout = to_ms(timeout_seconds);
+             o.threads = threads;
+             o.chunk_bytes = chunk_bytes;
+             o.spin_us = spin_us;
+             o.interrupted = &interrupted;
+             if (py::isinstance<py::int_>(devices)) return new group(devices.cast<int>(), o);
+             std::vector<distvals::device> ds;
+             for (auto d : devices) ds.push_back(distvals::device::parse(py::str(d)));
+             return new group(ds, o);
+           }),
+           py::arg("devices"), py::arg("timeout_seconds") = py::none(), py::arg("threads") = 0,
+           py::arg("chunk_bytes") = 0, py::arg("spin_us") = -1)
+      .def_property_readonly("size", &group::size)
+      .def_property_readonly("devices", [](const group& g) {
+        py::list out;
+        for (const auto& d : g.devices()) out.append(d.str());
+        return out;
+      })
+      .def_property_readonly("timeout_seconds", [](const group& g) { return g.options().timeout.count() / 1000.0; })
+      .def_property_readonly("threads", [](const group& g) { return g.options().threads; })
+      // ---- single-call style ------------------------------------------------------
+      .def("all_reduce",
+           [](group& g, const py::sequence& bufs, const std::string& op, const std::string& algo,
+              const py::object& out) {
+             const auto in = collect(g, bufs, out.is_none(), "all_reduce");
+             const call_desc d{collective::all_reduce, in.type, distvals::parse_reduce_op(op),
+                               distvals::parse_algorithm(algo), in.v[0].count, 0};
+             if (out.is_none()) {
+               run_all(g, d, in.v, in.v);
+               return;
+             }
+             const auto o = collect(g, out, true, "all_reduce output");
+             if (o.type != in.type || !same_shape(o.a[0], in.a[0])) {
+               throw py::value_error("all_reduce: outputs must have the inputs' dtype and shape");
+             }
+             run_all(g, d, in.v, o.v);
+           },
+           py::arg("buffers"), py::arg("op") = "sum", py::arg("algorithm") = "auto", py::arg("out") = py::none())
+      .def("reduce",
+           [](group& g, const py::sequence& bufs, int root, const std::string& op) {
+             const auto in = collect(g, bufs, false, "reduce");
+             check_replica(g, root);
+             as_array(in.a[root], root, true, "root array");
+             const call_desc d{collective::reduce, in.type, distvals::parse_reduce_op(op),
+                               distvals::algorithm::direct, in.v[0].count, root};
+             run_all(g, d, in.v, in.v);
+           },
+           py::arg("buffers"), py::arg("root") = 0, py::arg("op") = "sum")
+      .def("broadcast",
+           [](group& g, const py::sequence& bufs, int root) {
+             const auto in = collect(g, bufs, true, "broadcast");
+             check_replica(g, root);
+             const call_desc d{collective::broadcast, in.type, distvals::reduce_op::sum, distvals::algorithm::direct,
+                               in.v[0].count, root};
+             run_all(g, d, in.v, in.v);
+           },
+           py::arg("buffers"), py::arg("root") = 0)
+      .def("all_gather",
+           [](group& g, const py::sequence& bufs) {
+             const auto in = collect(g, bufs, false, "all_gather");
+             std::vector<py::array> outs;
+             std::vector<buffer_view> ov;
+             for (int r = 0; r < g.size(); ++r) {
+               outs.push_back(new_like(in.a[r], in.type, gathered_shape(in.a[r], g.size())));
+               ov.push_back(view_of(outs.back(), in.type));
+             }
+             const call_desc d{collective::all_gather, in.type, distvals::reduce_op::sum, distvals::algorithm::direct,
+                               in.v[0].count, 0};
+             run_all(g, d, in.v, ov);
+             py::list res;
+             for (auto& o : outs) res.append(o);
+             return res;
+           },
+           py::arg("buffers"))
+      .def("reduce_scatter",
+           [](group& g, const py::sequence& bufs, const std::string& op) {
+             const auto in = collect(g, bufs, false, "reduce_scatter");
+             std::vector<py::array> outs;
+             std::vector<buffer_view> ov;
+             for (int r = 0; r < g.size(); ++r) {
+               outs.push_back(new_like(in.a[r], in.type, scattered_shape(in.a[r], g.size(), r)));
+               ov.push_back(view_of(outs.back(), in.type));
+             }
+             const call_desc d{collective::reduce_scatter, in.type, distvals::parse_reduce_op(op),
+                               distvals::algorithm::direct, in.v[0].count, 0};
+             run_all(g, d, in.v, ov);
+             py::list res;
+             for (auto& o : outs) res.append(o);
+             return res;
+           },
+           py::arg("buffers"), py::arg("op") = "sum")
+      // ---- per-replica style: one thread per replica -----------------------------------
+      .def("replica_all_reduce",
+           [](group& g, int replica, const py::object& arr, const std::string& op, const std::string& algo,
+              const py::object& timeout) {
+             check_replica(g, replica);
+             py::array a = as_array(arr, replica, true, "array");
+             const auto t = to_dtype(a.dtype(), replica);
+             const auto v = view_of(a, t);
+             run_one(g, replica,
+                     call_desc{collective::all_reduce, t, distvals::parse_reduce_op(op), distvals::parse_algorithm(algo),
+                               v.count, 0},
+                     v, v, to_ms(timeout));
+           },
+           py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("algorithm") = "auto",
+           py::arg("timeout_seconds") = py::none(),
+           "Replica `replica`'s part of an in-place all-reduce; all replicas call it from their own threads.")
+      .def("replica_all_gather",
+           [](group& g, int replica, const py::object& arr, const py::object& timeout) {
+             check_replica(g, replica);
+             py::array a = as_array(arr, replica, false, "array");
+             const auto t = to_dtype(a.dtype(), replica);
+             py::array out = new_like(a, t, gathered_shape(a, g.size()));
+             run_one(g, replica, call_desc{collective::all_gather, t, distvals::reduce_op::sum, distvals::algorithm::direct,
+                                           static_cast<std::size_t>(a.size()), 0},
+                     view_of(a, t), view_of(out, t), to_ms(timeout));
+             return out;
+           },
+           py::arg("replica"), py::arg("array"), py::arg("timeout_seconds") = py::none())
+      .def("replica_broadcast",
+           [](group& g, int replica, const py::object& arr, int root, const py::object& timeout) {
+             check_replica(g, replica);
+             check_replica(g, root);
+             py::array a = as_array(arr, replica, true, "array");
+             const auto t = to_dtype(a.dtype(), replica);
+             const auto v = view_of(a, t);
+             run_one(g, replica, call_desc{collective::broadcast, t, distvals::reduce_op::sum, distvals::algorithm::direct,
+                                           v.count, root},
+                     v, v, to_ms(timeout));
+           },
+           py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("timeout_seconds") = py::none())
+      .def("replica_reduce",
+           [](group& g, int replica, const py::object& arr, int root, const std::string& op, const py::object& timeout) {
+             check_replica(g, replica);
+             check_replica(g, root);
+             py::array a = as_array(arr, replica, replica == root, "array");
+             const auto t = to_dtype(a.dtype(), replica);
+             const auto v = view_of(a, t);
+             run_one(g, replica, call_desc{collective::reduce, t, distvals::parse_reduce_op(op), distvals::algorithm::direct,
+                                           v.count, root},
+                     v, v, to_ms(timeout));
+           },
+           py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("op") = "sum",
+           py::arg("timeout_seconds") = py::none())
+      .def("replica_reduce_scatter",
+           [](group& g, int replica, const py::object& arr, const std::string& op, const py::object& timeout) {
+             check_replica(g, replica);
+             py::array a = as_array(arr, replica, false, "array");
+             const auto t = to_dtype(a.dtype(), replica);
+             py::array out = new_like(a, t, scattered_shape(a, g.size(), replica));
+             run_one(g, replica, call_desc{collective::reduce_scatter, t, distvals::parse_reduce_op(op),
+                                           distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
+                     view_of(a, t), view_of(out, t), to_ms(timeout));
+             return out;
+           },
+           py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("timeout_seconds") = py::none())
+      // ---- failure handling ------------------------------------------------------------
+      .def("abort", &group::abort, py::arg("replica"), py::arg("why"),
+           "Release every waiting replica with AbortedError naming `replica`; the group stays aborted until reset().")
+      .def("cancel", &group::cancel)
+      .def("reset", &group::reset, "Clear an abort; only when no collective is in flight.")
+      .def("close", [](group& g) {
+        py::gil_scoped_release nogil;
+        g.close();
+      })
+      .def_property_readonly("aborted", &group::aborted)
+      .def_property_readonly("closed", &group::closed);
+}
+
+}  // namespace distvals_py

@@ -1,0 +1,87 @@
+// dtypes, ops, algorithms and devices: parsing helpers and numpy conversions.
+#include <string>
+
+#include "bindings.hpp"
+
+namespace distvals_py {
+
+distvals::dtype to_dtype(const py::dtype& dt, int replica) {
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  const char order = dt.byteorder();
+  auto where = [&]() { return std::string("replica ") + std::to_string(replica) + ": "; };
+  if (order == '>') {
+    throw py::type_error(where() + "big-endian dtype " + std::string(py::str(dt)) +
+                         " is not supported; use the native byte order");
+  }
+  using distvals::dtype;
+  if (kind == 'f') {
+    if (size == 2) return dtype::float16;
+    if (size == 4) return dtype::float32;
+    if (size == 8) return dtype::float64;
+  } else if (kind == 'i') {
+    if (size == 1) return dtype::int8;
+    if (size == 4) return dtype::int32;
+    if (size == 8) return dtype::int64;
+  } else if (kind == 'u') {
+    if (size == 1) return dtype::uint8;
+  } else if (size == 2 && std::string(py::str(dt.attr("name"))) == "bfloat16") {
+    return dtype::bfloat16;
+  }
+  throw py::type_error(where() + "dtype " + std::string(py::str(dt)) +
+                       " is not supported; supported: float16, bfloat16, float32, float64, int8, uint8, "
+                       "int32, int64");
+}
+
+py::dtype to_numpy(distvals::dtype t) {
+  if (t == distvals::dtype::bfloat16) {
+    return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
+  }
+  return py::dtype(distvals::dtype_name(t));
+}
+
+py::array as_array(const py::handle& obj, int replica, bool writable, const char* role) {
+  auto where = [&]() { return std::string("replica ") + std::to_string(replica) + ": "; };
+  py::array a;
+  if (py::isinstance<py::array>(obj)) {
+    a = py::reinterpret_borrow<py::array>(obj);
+  } else {
+    // Buffer protocol and DLPack, zero-copy; the Python helper knows the protocols.
+    static py::object convert = py::module_::import("distvals._convert").attr("as_host_array");
+    a = convert(obj, replica);
+  }
+  const int flags = py::detail::array_proxy(a.ptr())->flags;
+  if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
+    throw py::value_error(where() + role + " is not C-contiguous (strides " +
+                          std::string(py::str(a.attr("strides"))) +
+                          "); pass numpy.ascontiguousarray(x), which copies, or a contiguous array");
+  }
+  if (writable && !(flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_)) {
+    throw py::value_error(where() + role + " is read-only, but the collective writes into it");
+  }
+  return a;
+}
+
+distvals::buffer_view view_of(const py::array& a, distvals::dtype t) {
+  distvals::buffer_view v;
+  v.data = const_cast<void*>(a.data());
+  v.count = static_cast<std::size_t>(a.size());
+  v.type = t;
+  return v;
+}
+
+void register_types(py::module_& m) {
+  m.def("dtype_names", []() {
+    py::list out;
+    for (int i = 0; i < distvals::dtype_count; ++i) out.append(distvals::dtype_name(static_cast<distvals::dtype>(i)));
+    return out;
+  }, "Names of the dtypes the engine reduces.");
+  m.def("parse_device", [](const std::string& s) { return distvals::device::parse(s).str(); },
+        "Canonical name ('CPU:1', 'GPU:0') of a device string; ValueError when it is not one.");
+  m.def("parse_reduce_op", [](const std::string& s) { return std::string(distvals::reduce_op_name(distvals::parse_reduce_op(s))); });
+  m.def("parse_algorithm", [](const std::string& s) { return std::string(distvals::algorithm_name(distvals::parse_algorithm(s))); });
+  m.def("choose_algorithm", [](int n, std::size_t bytes) { return std::string(distvals::algorithm_name(distvals::choose_algorithm(n, bytes))); },
+        "The all-reduce algorithm 'auto' uses for n replicas and this many bytes each.");
+}
+
+}  // namespace distvals_py
