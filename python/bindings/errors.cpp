@@ -4,37 +4,45 @@
 #include "bindings.hpp"
 
 namespace distvals_py {
+namespace {
+// Leaked on purpose: the classes must outlive the interpreter's finalization, and the
+// translator below must be a plain function (no captures).
+py::object* mismatch = nullptr;
+py::object* timeout = nullptr;
+py::object* aborted = nullptr;
+py::object* closed = nullptr;
+py::object* cuda = nullptr;
+}  // namespace
 
 void register_errors(py::module_& m) {
-  static py::exception<distvals::mismatch_error> mismatch(m, "MismatchError", PyExc_ValueError);
-  static py::exception<distvals::timeout_error> timeout(m, "CollectiveTimeoutError", PyExc_TimeoutError);
-  static py::exception<distvals::aborted_error> aborted(m, "AbortedError", PyExc_RuntimeError);
-  static py::exception<distvals::closed_error> closed(m, "ClosedError", PyExc_RuntimeError);
-  static py::exception<distvals::cuda_error> cuda(m, "CudaError", PyExc_RuntimeError);
+  mismatch = new py::object(py::exception<distvals::mismatch_error>(m, "MismatchError", PyExc_ValueError));
+  timeout = new py::object(py::exception<distvals::timeout_error>(m, "CollectiveTimeoutError", PyExc_TimeoutError));
+  aborted = new py::object(py::exception<distvals::aborted_error>(m, "AbortedError", PyExc_RuntimeError));
+  closed = new py::object(py::exception<distvals::closed_error>(m, "ClosedError", PyExc_RuntimeError));
+  cuda = new py::object(py::exception<distvals::cuda_error>(m, "CudaError", PyExc_RuntimeError));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const distvals::mismatch_error& e) {
-      mismatch(e.what());
+      py::set_error(*mismatch, e.what());
     } catch (const distvals::dtype_error& e) {
-      PyErr_SetString(PyExc_TypeError, e.what());
+      py::set_error(PyExc_TypeError, e.what());
     } catch (const distvals::invalid_argument_error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      py::set_error(PyExc_ValueError, e.what());
     } catch (const distvals::timeout_error& e) {
-      timeout(e.what());
+      py::set_error(*timeout, e.what());
     } catch (const distvals::aborted_error& e) {
       if (e.replica() < 0 && std::string(e.what()).find(": interrupted") != std::string::npos) {
         PyErr_SetNone(PyExc_KeyboardInterrupt);
         return;
       }
-      py::object exc = aborted;
-      py::object inst = exc(e.what());
+      py::object inst = (*aborted)(e.what());
       inst.attr("replica") = e.replica();
-      PyErr_SetObject(aborted.ptr(), inst.ptr());
+      py::set_error(*aborted, inst);
     } catch (const distvals::closed_error& e) {
-      closed(e.what());
+      py::set_error(*closed, e.what());
     } catch (const distvals::cuda_error& e) {
-      cuda(e.what());
+      py::set_error(*cuda, e.what());
     }
   });
 }

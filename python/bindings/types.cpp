@@ -47,8 +47,10 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
     a = py::reinterpret_borrow<py::array>(obj);
   } else {
     // Buffer protocol and DLPack, zero-copy; the Python helper knows the protocols.
-    static py::object convert = py::module_::import("distvals._convert").attr("as_host_array");
-    a = convert(obj, replica);
+    // Leaked on purpose: a static py::object would be released after the interpreter
+    // has finalized, without the GIL.
+    static py::object* convert = new py::object(py::module_::import("distvals._convert").attr("as_host_array"));
+    a = (*convert)(obj, replica);
   }
   const int flags = py::detail::array_proxy(a.ptr())->flags;
   if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {

@@ -160,11 +160,18 @@ void reduce_impl(const reduce_args& a) {
   A acc[kBlock];
   for (std::size_t base = 0; base < a.count; base += kBlock) {
     const std::size_t n = a.count - base < kBlock ? a.count - base : kBlock;
-    // step 1: load the first source into the accumulator
+    // step 1: the first source (combined with the second in the same pass, if any)
     const S* s0 = static_cast<const S*>(a.srcs[0]) + base;
-    for (std::size_t i = 0; i < n; ++i) acc[i] = E::load(s0[i]);
+    int j = 1;
+    if (a.nsrc >= 2) {
+      const S* s1 = static_cast<const S*>(a.srcs[1]) + base;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = Op::apply(E::load(s0[i]), E::load(s1[i]));
+      j = 2;
+    } else {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = E::load(s0[i]);
+    }
     // step 2: fold in every other source
-    for (int j = 1; j < a.nsrc; ++j) {
+    for (; j < a.nsrc; ++j) {
       const S* sj = static_cast<const S*>(a.srcs[j]) + base;
       for (std::size_t i = 0; i < n; ++i) acc[i] = Op::apply(acc[i], E::load(sj[i]));
     }

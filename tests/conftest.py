@@ -1,0 +1,50 @@
+"""Shared fixtures for the distvals test suite."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ENGINE_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+
+
+def distinct_values(n: int, shape, dtype, op: str = "sum", seed: int = 0):
+    """One array per replica, distinct per replica, small enough that reductions are exact."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    out = []
+    for r in range(n):
+        if op in ("prod", "product"):
+            base = rng.choice([1, 2, -1] if dt.kind != "u" else [1, 2], size=shape)
+        else:
+            base = rng.integers(0, 11, size=shape) + r * 3
+            if dt.kind != "u":
+                base = base - 8
+        out.append(np.array(base, dtype=dt))  # a fresh C-contiguous copy, 0-d kept 0-d
+    return out
+
+
+def reference(arrays, op: str):
+    """The float64 reference of a reduction across replicas."""
+    stack = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
+    op = op.lower()
+    if op == "sum":
+        return stack.sum(axis=0)
+    if op == "mean":
+        return stack.mean(axis=0)
+    if op in ("prod", "product"):
+        return stack.prod(axis=0)
+    if op == "min":
+        return stack.min(axis=0)
+    if op == "max":
+        return stack.max(axis=0)
+    raise ValueError(op)
+
+
+def tolerance(dtype):
+    return {"float16": 1e-3, "float32": 1e-6, "float64": 1e-12}.get(np.dtype(dtype).name, 0)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
