@@ -1,9 +1,17 @@
-// Microbenchmark of the engine alone: all-reduce throughput per algorithm and size,
-// timed inside the engine, next to the copy bandwidth measured in the same run.
-// Usage: distvals_bench_cpp [replicas] [max_bytes]
+// Microbenchmark of the engine alone: all-reduce bytes per second per algorithm and
+// size, timed inside the engine, next to the copy bandwidth measured in the same run.
+// Every row is checked: each replica starts from distinct values and the result of a
+// separate call is compared with a float64 reference (the "wrong" column).
+//
+// Usage: distvals_bench_cpp [replicas=2] [max_bytes=64MiB] [min_bytes=1KiB]
+//        [algo=all|ring|tree|direct|auto]
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <string>
 #include <vector>
 
 #include "distvals/distvals.hpp"
@@ -11,36 +19,95 @@
 using namespace distvals;
 
 namespace {
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+/// Distinct small integers per replica and element, exact in float32 once summed.
+float value_of(int replica, std::size_t i) {
+  return static_cast<float>(replica + 1) + static_cast<float>(i % 61) - 30.0f;
+}
+
+/// Fills every replica's buffer, runs one all-reduce in place and counts the elements,
+/// over all replicas, that differ from the float64 reference.
+std::size_t check(group& g, const call_desc& d, std::vector<buffer>& bufs,
+                  const std::vector<buffer_view>& views) {
+  const int n = static_cast<int>(bufs.size());
+  for (int r = 0; r < n; ++r) {
+    float* p = bufs[r].as<float>();
+    for (std::size_t i = 0; i < d.count; ++i) p[i] = value_of(r, i);
+  }
+  g.run(d, views, views);
+  std::size_t wrong = 0;
+  for (int r = 0; r < n; ++r) {
+    const float* p = bufs[r].as<float>();
+    for (std::size_t i = 0; i < d.count; ++i) {
+      double want = 0.0;
+      for (int j = 0; j < n; ++j) want += value_of(j, i);
+      if (static_cast<double>(p[i]) != want) ++wrong;
+    }
+  }
+  return wrong;
+}
+
+/// Enough iterations for about 0.2 s per row, at least 5 and at most 2000.
+int iterations_for(std::size_t bytes) {
+  const double est_s = 1e-6 + static_cast<double>(bytes) / 2e9;
+  return static_cast<int>(std::clamp(0.2 / est_s, 5.0, 2000.0));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 2;
-  const std::size_t max_bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (64u << 20);
-  group g(n);
-  std::printf("# distvals %s, %d replicas, float32 sum, in place\n", version_string, n);
-  std::printf("%12s %8s %12s %12s %12s %8s\n", "bytes", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "%bound");
-  for (std::size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
-    const std::size_t count = bytes / 4;
-    std::vector<buffer> bufs;
-    std::vector<buffer_view> views;
-    for (int r = 0; r < n; ++r) {
-      bufs.emplace_back(count, dtype::float32);
-      views.push_back(bufs.back().view());
+  try {
+    const int n = argc > 1 ? std::atoi(argv[1]) : 2;
+    const std::size_t max_bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (64u << 20);
+    const std::size_t min_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1024;
+    const std::string which = argc > 4 ? argv[4] : "all";
+    std::vector<algorithm> algos;
+    if (which == "all") {
+      algos = {algorithm::ring, algorithm::tree, algorithm::direct, algorithm::automatic};
+    } else {
+      algos = {parse_algorithm(which)};
     }
-    const int iters = bytes < (1u << 20) ? 2000 : bytes < (16u << 20) ? 100 : 10;
-    const double copy_t = median(time_copy(n, bytes, iters, 3));
-    const double bound_t = copy_t;  // 2·N·S bytes at the measured copy rate = N copies of S
-    for (algorithm a : {algorithm::ring, algorithm::tree, algorithm::direct, algorithm::automatic}) {
-      const call_desc d{collective::all_reduce, dtype::float32, reduce_op::sum, a, count, 0};
-      const double t = median(time_collective(g, d, views, views, iters, 5));
-      const double algbw = bytes / t / 1e9;
-      std::printf("%12zu %8s %12.2f %12.3f %12.3f %7.1f%%\n", bytes, algorithm_name(a), t * 1e6, algbw,
-                  algbw * 2.0 * (n - 1) / n, 100.0 * bound_t / t);
+    if (n < 1 || min_bytes < 4 || max_bytes < min_bytes) {
+      std::fprintf(stderr, "usage: %s [replicas>=1] [max_bytes] [min_bytes>=4] [algo]\n", argv[0]);
+      return 2;
     }
+
+    group g(n);
+    std::printf("# distvals %s, %d replicas, float32 sum, in place; %%bound: share of the copy\n"
+                "# bandwidth limit (2*N*S bytes moved) measured with %d threads in this run\n",
+                version_string, n, n);
+    std::printf("%12s %8s %12s %12s %12s %8s %8s\n", "bytes", "algo", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "%bound", "wrong");
+    std::size_t total_wrong = 0;
+    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+      const std::size_t count = bytes / sizeof(float);
+      std::vector<buffer> bufs;
+      std::vector<buffer_view> views;
+      for (int r = 0; r < n; ++r) {
+        bufs.emplace_back(count, dtype::float32);
+        views.push_back(bufs.back().view());
+      }
+      const int iters = iterations_for(bytes);
+      // n threads each copying S bytes move 2·n·S bytes: the all-reduce's lower bound.
+      const double bound_t = median(time_copy(n, bytes, iters, 3));
+      for (algorithm a : algos) {
+        const call_desc d{collective::all_reduce, dtype::float32, reduce_op::sum, a, count, 0};
+        const std::size_t wrong = check(g, d, bufs, views);
+        total_wrong += wrong;
+        const double t = median(time_collective(g, d, views, views, iters, 5));
+        const double algbw = static_cast<double>(bytes) / t / 1e9;
+        std::printf("%12zu %8s %12.2f %12.3f %12.3f %7.1f%% %8zu\n", bytes, algorithm_name(a), t * 1e6,
+                    algbw, algbw * 2.0 * (n - 1) / n, 100.0 * bound_t / t, wrong);
+      }
+    }
+    return total_wrong == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distvals_bench_cpp: %s\n", e.what());
+    return 2;
   }
-  return 0;
 }

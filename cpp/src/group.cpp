@@ -119,8 +119,20 @@ group::group(const std::vector<device>& devices, group_options options) : impl_(
   m.reps.reset(new impl::replica_state[static_cast<std::size_t>(m.n)]);
   if (m.threads > 1) {
     m.workers.reset(new impl::worker_slot[static_cast<std::size_t>(m.threads - 1)]);
-    for (int t = 1; t < m.threads; ++t) {
-      m.workers[t - 1].thread = std::thread([&m, t]() { m.worker_main(t); });
+    try {
+      for (int t = 1; t < m.threads; ++t) {
+        m.workers[t - 1].thread = std::thread([&m, t]() { m.worker_main(t); });
+      }
+    } catch (...) {
+      // Out of threads (many groups alive): stop the workers already started before
+      // the exception leaves, or their joinable std::thread objects would terminate
+      // the process when impl_ is destroyed.
+      m.stopping.store(true);
+      m.wake_all();
+      for (int t = 1; t < m.threads; ++t) {
+        if (m.workers[t - 1].thread.joinable()) m.workers[t - 1].thread.join();
+      }
+      throw;
     }
   }
 }
@@ -159,7 +171,7 @@ void group::reset() {
 
 void group::close() noexcept {
   impl& m = *impl_;
-  if (m.stopping.exchange(true)) return;
+  if (m.close_started.exchange(true)) return;
   m.fail(impl::closed, -1, "closed");
   // Waiters see the closed state within one wait slice; wait for them to leave before
   // the state they read goes away.
@@ -167,6 +179,12 @@ void group::close() noexcept {
     m.wake_all();
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  // Only now stop the workers. Stopping them first could let a worker exit while a
+  // single-call caller that had not yet seen the closed state hands it a job, and that
+  // caller would then wait forever for the job to finish. With nobody inside and the
+  // state closed, no caller can post a job any more.
+  m.stopping.store(true);
+  m.wake_all();
   for (int t = 1; t < m.threads; ++t) {
     if (m.workers[t - 1].thread.joinable()) m.workers[t - 1].thread.join();
   }
@@ -337,6 +355,22 @@ void group::run(int replica, const call_desc& desc_in, buffer_view in, buffer_vi
     me.error[slot] = e.what();
   }
   m.publish(replica, seq, 0);
+  try {
+    m.run_arrived(replica, seq, desc, timeout, deadline);
+  } catch (...) {
+    // Other replicas may be inside a step that reads or writes our buffers (we may have
+    // timed out, or been aborted, while they still work). They start no new step once
+    // the group has failed; wait for the running ones so that the caller, who now owns
+    // its buffers again, never sees them change.
+    m.drain();
+    throw;
+  }
+}
+
+void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
+                              std::chrono::milliseconds timeout, clock_type::time_point deadline) {
+  impl& m = *this;
+  const int slot = static_cast<int>(seq & 1u);
 
   // Step 2: wait for everybody to arrive.
   const std::uint64_t base = seq << 32;

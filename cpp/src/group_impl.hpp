@@ -36,6 +36,10 @@ struct group::impl {
   // grow, so "replica j completed step k of call seq" is progress >= (seq<<32) + k + 1.
   struct alignas(64) replica_state {
     std::atomic<std::uint64_t> progress{0};
+    // True while a thread executes a step of this replica's program. A replica that
+    // leaves a failed collective first waits for every flag to drop (drain()), so no
+    // step still reads or writes its buffers once its caller has the error.
+    std::atomic<bool> busy{false};
     std::uint64_t seq = 0;  // last call number; written only by the replica's own caller
     // Posted arguments of call seq live in slot seq & 1: a replica can be at most one
     // call ahead of another, so the slot others may still read is never overwritten.
@@ -76,7 +80,8 @@ struct group::impl {
   std::atomic<int> job_done{0};
   std::mutex job_error_mu;
   std::exception_ptr job_error;
-  std::atomic<bool> stopping{false};
+  std::atomic<bool> stopping{false};       // workers exit when they see it
+  std::atomic<bool> close_started{false};  // makes close() idempotent
 
   // ---- methods (executor.cpp) ----------------------------------------------------
   /// Publishes that `replica` completed `steps` steps of call `seq` and wakes sleepers.
@@ -96,6 +101,14 @@ struct group::impl {
                     clock_type::time_point deadline, int me);
   /// Executes one step of call `seq` (reads posted buffers of slot seq & 1).
   void exec_step(const step& st, std::uint64_t seq) noexcept;
+  /// Waits until no thread executes a step (every replica's `busy` is false). Once the
+  /// group has failed no new step starts, so this returns after at most one step.
+  void drain() const noexcept;
+  /// The per-replica style after `replica` has posted call `seq` and arrived: waits for
+  /// the others, checks that every replica posted the same call, runs its program and
+  /// waits until nobody uses its buffers (group.cpp).
+  void run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
+                   std::chrono::milliseconds timeout, clock_type::time_point deadline);
   /// The cached schedule for `key`.
   std::shared_ptr<const schedule> get_schedule(const schedule_key& key);
   /// Main loop of worker `index` (thread index + 1).

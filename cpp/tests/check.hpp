@@ -3,11 +3,21 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace distvals_test {
+
+/// True when DISTVALS_TEST_QUICK is set to anything but "" or "0": tests then run a
+/// reduced matrix (fewer replica counts, sizes and dtypes), for the sanitizer and
+/// valgrind builds, which run many times slower.
+inline bool quick() {
+  const char* v = std::getenv("DISTVALS_TEST_QUICK");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
 
 inline int& failures() {
   static int f = 0;

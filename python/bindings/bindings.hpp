@@ -17,6 +17,12 @@ void register_errors(py::module_& m);
 void register_types(py::module_& m);
 void register_group(py::module_& m);
 void register_timing(py::module_& m);
+void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
+
+/// On the main thread, raises again (sets as the Python error) what a signal handler
+/// raised while a collective was blocked, or KeyboardInterrupt, and returns true; on
+/// any other thread returns false and does nothing. Needs the GIL.
+bool reraise_interrupt();
 
 /// A replica's array as the engine sees it, after every check: C-contiguous, a
 /// supported dtype, writable when `writable`. Throws ValueError/TypeError naming the

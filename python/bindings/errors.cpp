@@ -21,6 +21,10 @@ void register_errors(py::module_& m) {
   closed = new py::object(py::exception<distvals::closed_error>(m, "ClosedError", PyExc_RuntimeError));
   cuda = new py::object(py::exception<distvals::cuda_error>(m, "CudaError", PyExc_RuntimeError));
   py::register_exception_translator([](std::exception_ptr p) {
+    // A signal handler raised while the call was blocked (and cancelled the group): on
+    // the main thread that exception, KeyboardInterrupt for Ctrl-C, is what the call
+    // raises. Replicas on other threads get AbortedError naming no replica (-1).
+    if (reraise_interrupt()) return;
     try {
       if (p) std::rethrow_exception(p);
     } catch (const distvals::mismatch_error& e) {
@@ -32,10 +36,6 @@ void register_errors(py::module_& m) {
     } catch (const distvals::timeout_error& e) {
       py::set_error(*timeout, e.what());
     } catch (const distvals::aborted_error& e) {
-      if (e.replica() < 0 && std::string(e.what()).find(": interrupted") != std::string::npos) {
-        PyErr_SetNone(PyExc_KeyboardInterrupt);
-        return;
-      }
       py::object inst = (*aborted)(e.what());
       inst.attr("replica") = e.replica();
       py::set_error(*aborted, inst);

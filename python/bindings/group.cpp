@@ -17,18 +17,26 @@ using distvals::call_desc;
 using distvals::collective;
 using distvals::group;
 
+// The interpreter's main thread, the only one that runs Python signal handlers. Taken
+// from threading.main_thread(), so importing the module from another thread is fine.
 unsigned long main_thread_id = 0;
 
-// Blocked waits call this every ~50 ms: on the main thread it lets Python look at
-// pending signals, so Ctrl-C cancels a long collective instead of waiting it out.
+// What a signal handler raised during a blocked wait (KeyboardInterrupt for Ctrl-C, or
+// whatever a custom handler raises), kept until the interrupted call unwinds and the
+// exception translator raises it again. Only the main thread touches it, with the GIL.
+py::error_already_set* pending_interrupt = nullptr;
+
+// Blocked waits call this every ~50 ms: on the main thread it lets Python run pending
+// signal handlers, so Ctrl-C cancels a long collective instead of waiting it out.
 bool interrupted() {
   if (PyThread_get_thread_ident() != main_thread_id || !Py_IsInitialized()) return false;
   py::gil_scoped_acquire gil;
-  if (PyErr_CheckSignals() != 0) {
-    PyErr_Clear();  // re-raised as KeyboardInterrupt by the exception translator
-    return true;
-  }
-  return false;
+  if (PyErr_CheckSignals() == 0) return false;
+  // A handler raised: keep its exception (this clears the error indicator, which must
+  // be clear while the engine unwinds) and cancel the group.
+  delete pending_interrupt;
+  pending_interrupt = new py::error_already_set();
+  return true;
 }
 
 std::string shape_str(const py::array& a) {
@@ -81,18 +89,36 @@ arrays collect(const group& g, const py::sequence& bufs, bool writable, const ch
   return out;
 }
 
+// A collective on the main thread may complete although a signal handler raised while
+// it waited (the data arrived in the same instant): the handler's exception is raised
+// anyway, so Ctrl-C is never lost.
+void raise_pending_interrupt() {
+  if (reraise_interrupt()) throw py::error_already_set();
+}
+
 // Runs the single-call style without the GIL. A failed collective leaves nobody inside
 // the group, so it is reset at once and stays usable.
 void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
-  py::gil_scoped_release nogil;
-  try {
-    g.run(d, in, out);
-  } catch (const distvals::timeout_error&) {
-    if (!g.closed()) g.reset();
-    throw;
-  } catch (const distvals::aborted_error&) {
-    if (!g.closed()) g.reset();
-    throw;
+  {
+    py::gil_scoped_release nogil;
+    try {
+      g.run(d, in, out);
+    } catch (const distvals::timeout_error&) {
+      if (!g.closed()) g.reset();
+      throw;
+    } catch (const distvals::aborted_error&) {
+      if (!g.closed()) g.reset();
+      throw;
+    }
+  }
+  if (pending_interrupt != nullptr && PyThread_get_thread_ident() == main_thread_id) {
+    // Completed, but the signal handler cancelled the group meanwhile: nobody is inside
+    // (this style runs one call at a time), so clear that as after any failure.
+    try {
+      if (g.aborted() && !g.closed()) g.reset();
+    } catch (const std::logic_error&) {
+    }
+    raise_pending_interrupt();
   }
 }
 
@@ -131,8 +157,11 @@ std::chrono::milliseconds to_ms(const py::object& seconds) {
 
 // Per-replica call without the GIL.
 void run_one(group& g, int replica, const call_desc& d, buffer_view in, buffer_view out, std::chrono::milliseconds t) {
-  py::gil_scoped_release nogil;
-  g.run(replica, d, in, out, t);
+  {
+    py::gil_scoped_release nogil;
+    g.run(replica, d, in, out, t);
+  }
+  raise_pending_interrupt();
 }
 
 int check_replica(const group& g, int replica) {
@@ -145,8 +174,16 @@ int check_replica(const group& g, int replica) {
 
 }  // namespace
 
+bool reraise_interrupt() {
+  if (pending_interrupt == nullptr || PyThread_get_thread_ident() != main_thread_id) return false;
+  pending_interrupt->restore();
+  delete pending_interrupt;
+  pending_interrupt = nullptr;
+  return true;
+}
+
 void register_group(py::module_& m) {
-  main_thread_id = PyThread_get_thread_ident();
+  main_thread_id = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   py::class_<group>(m, "Group", "N local replicas that run collectives together (the C++ engine).")
       .def(py::init([](const py::object& devices, const py::object& timeout_seconds, int threads,
                        std::size_t chunk_bytes, int spin_us) {

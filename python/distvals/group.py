@@ -21,6 +21,16 @@ def _devices(devices: Union[int, Sequence[str]]) -> Union[int, List[str]]:
     return [str(d) for d in devices]
 
 
+def _on_gpu(devices: Union[int, List[str]]) -> bool:
+    """True for a list of GPU devices; mixing CPU and GPU replicas is an error."""
+    if isinstance(devices, int):
+        return False
+    kinds = {_core.parse_device(d).split(":")[0] for d in devices}
+    if kinds == {"CPU", "GPU"}:
+        raise ValueError(f"a ReplicaGroup runs either CPU or GPU replicas, not both: {devices}")
+    return kinds == {"GPU"}
+
+
 class ReplicaGroup:
     """N local replicas that run collectives together on the C++ engine.
 
@@ -30,15 +40,24 @@ class ReplicaGroup:
 
     ``all_reduce``, ``reduce`` and ``broadcast`` work in place; ``all_gather`` and
     ``reduce_scatter`` return new arrays. ``timeout_seconds`` bounds every wait
-    (default 300 s, or ``DISTVALS_TIMEOUT_SECONDS``).
+    (default 300 s, or ``DISTVALS_TIMEOUT_SECONDS``). ``spin_us``: how long a wait spins
+    before it blocks (negative: the engine's default; 0 suits threads that hand over the
+    GIL, since a spinning waiter would hold a core the other replica needs).
 
     The ``replica_*`` methods are the per-replica style: N threads, one per replica,
     each pass their own array and meet inside the engine.
     """
 
     def __init__(self, devices: Union[int, Sequence[str]], *, timeout_seconds: Optional[float] = None,
-                 threads: int = 0, chunk_bytes: int = 0):
-        self._group = _core.Group(_devices(devices), timeout_seconds, threads, chunk_bytes)
+                 threads: int = 0, chunk_bytes: int = 0, spin_us: int = -1):
+        devs = _devices(devices)
+        if _on_gpu(devs):
+            # GPU replicas run on the CUDA backend, behind the same method names.
+            from .cuda_group import CudaReplicaGroup
+
+            self._group = CudaReplicaGroup(devs, timeout_seconds=timeout_seconds, chunk_bytes=chunk_bytes)
+        else:
+            self._group = _core.Group(devs, timeout_seconds, threads, chunk_bytes, spin_us)
         # Bind the hot methods once: a call then costs one attribute lookup.
         g = self._group
         self.all_reduce = g.all_reduce

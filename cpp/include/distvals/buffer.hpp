@@ -1,5 +1,9 @@
 /// @file
 /// Buffers: typed views of memory, and owning host buffers.
+///
+/// Nothing here synchronizes: a view or a buffer may be used from any thread, but
+/// the memory itself must not be written by one thread while a collective reads or
+/// writes it from another.
 #pragma once
 
 #include <cstddef>
@@ -13,12 +17,18 @@ namespace distvals {
 
 /// A non-owning view of `count` contiguous elements of type `type` on `dev`.
 /// Cheap to copy; the memory must outlive every collective that uses it.
+/// A plain aggregate: building or copying one never throws; any thread.
 struct buffer_view {
+  /// First element; may be null only when `count` is 0.
   void* data = nullptr;
+  /// Number of elements (not bytes).
   std::size_t count = 0;
+  /// Element type.
   dtype type = dtype::float32;
+  /// Where the memory lives; host memory ("CPU:0") unless set.
   device dev{};
 
+  /// Size in bytes, count · dtype_size(type). Never throws; any thread.
   std::size_t bytes() const noexcept { return count * dtype_size(type); }
 };
 
@@ -26,20 +36,27 @@ struct buffer_view {
 /// Any thread may create or destroy one; it is not synchronized.
 class DISTVALS_EXPORT buffer {
  public:
+  /// An empty buffer: no memory, count() == 0. Never throws; any thread.
   buffer() = default;
   /// Allocates `count` elements of `type` in host memory, zero-filled.
-  /// Throws std::bad_alloc when memory is short.
+  /// Throws std::bad_alloc when memory is short. Any thread.
   buffer(std::size_t count, dtype type);
+  /// Takes over `other`'s memory, leaving it empty. Never throws; any thread.
   buffer(buffer&&) noexcept = default;
+  /// Frees this buffer's memory and takes over `other`'s. Never throws; any thread.
   buffer& operator=(buffer&&) noexcept = default;
 
-  /// A view of the whole buffer.
+  /// A view of the whole buffer, valid while the buffer lives. Never throws; any thread.
   buffer_view view() const noexcept { return {data_.get(), count_, type_, device{}}; }
+  /// The first byte; null for an empty buffer. Never throws; any thread.
   void* data() const noexcept { return data_.get(); }
+  /// Number of elements. Never throws; any thread.
   std::size_t count() const noexcept { return count_; }
+  /// Element type. Never throws; any thread.
   dtype type() const noexcept { return type_; }
+  /// Size in bytes (without the padding to 64 bytes). Never throws; any thread.
   std::size_t bytes() const noexcept { return count_ * dtype_size(type_); }
-  /// Typed pointer; no check that T matches the dtype.
+  /// Typed pointer; no check that T matches the dtype. Never throws; any thread.
   template <class T>
   T* as() const noexcept { return static_cast<T*>(data_.get()); }
 

@@ -1,5 +1,8 @@
 /// @file
 /// The whole public C++ API of distvals in one include.
+///
+/// In CMake: `find_package(distvals CONFIG REQUIRED)` and
+/// `target_link_libraries(app PRIVATE distvals::distvals)`.
 #pragma once
 
 #include "distvals/buffer.hpp"

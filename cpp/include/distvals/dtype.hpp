@@ -1,5 +1,7 @@
 /// @file
 /// Element types and reduction operators understood by the engine.
+///
+/// Every function here is pure: any thread may call it at any time.
 #pragma once
 
 #include <cstddef>
@@ -11,36 +13,57 @@
 namespace distvals {
 
 /// Element type of a buffer. float16 and bfloat16 are reduced in float32.
-enum class dtype : std::uint8_t { float16, bfloat16, float32, float64, int8, uint8, int32, int64 };
+enum class dtype : std::uint8_t {
+  float16,   ///< IEEE 754 half precision
+  bfloat16,  ///< bfloat16: float32's exponent, 7-bit mantissa
+  float32,   ///< IEEE 754 single precision
+  float64,   ///< IEEE 754 double precision
+  int8,      ///< signed 8-bit integer
+  uint8,     ///< unsigned 8-bit integer
+  int32,     ///< signed 32-bit integer
+  int64      ///< signed 64-bit integer
+};
 
 /// Number of dtypes; dtype values run from 0 to dtype_count - 1.
 inline constexpr int dtype_count = 8;
 
-/// Size of one element in bytes. Never throws.
+/// Size of one element in bytes. Never throws; any thread.
 DISTVALS_EXPORT std::size_t dtype_size(dtype t) noexcept;
-/// Lower-case name as numpy spells it ("float32", "bfloat16"). Never throws.
+/// Lower-case name as numpy spells it ("float32", "bfloat16"). Never throws; any thread.
 DISTVALS_EXPORT const char* dtype_name(dtype t) noexcept;
-/// Parses a dtype name; throws dtype_error for an unknown one.
+/// Parses a dtype name; throws dtype_error for an unknown one. Any thread.
 DISTVALS_EXPORT dtype parse_dtype(const std::string& name);
-/// True for float16, bfloat16, float32 and float64.
+/// True for float16, bfloat16, float32 and float64. Never throws; any thread.
 DISTVALS_EXPORT bool is_floating(dtype t) noexcept;
 
 /// Reduction operator. mean is sum followed by a division by the replica count
 /// and is only defined for floating dtypes.
-enum class reduce_op : std::uint8_t { sum, prod, min, max, mean };
+enum class reduce_op : std::uint8_t {
+  sum,   ///< element-wise sum
+  prod,  ///< element-wise product
+  min,   ///< element-wise minimum
+  max,   ///< element-wise maximum
+  mean   ///< element-wise sum divided by the replica count (floating dtypes only)
+};
 
-/// Lower-case name ("sum", "prod", "min", "max", "mean"). Never throws.
+/// Lower-case name ("sum", "prod", "min", "max", "mean"). Never throws; any thread.
 DISTVALS_EXPORT const char* reduce_op_name(reduce_op op) noexcept;
 /// Parses an operator name in any case ("SUM", "product" and "prod" alike);
-/// throws invalid_argument_error for an unknown one.
+/// throws invalid_argument_error for an unknown one. Any thread.
 DISTVALS_EXPORT reduce_op parse_reduce_op(const std::string& name);
 
 /// All-reduce algorithm. `automatic` chooses by size and replica count.
-enum class algorithm : std::uint8_t { automatic, ring, tree, direct };
+enum class algorithm : std::uint8_t {
+  automatic,  ///< chosen per call by choose_algorithm()
+  ring,       ///< chunked, pipelined reduce-scatter then all-gather around a ring
+  tree,       ///< pipelined double binary tree: reduce up both trees, then broadcast down
+  direct      ///< each replica reduces its 1/N slice from all inputs, writes it to all outputs
+};
 
-/// Lower-case name ("auto", "ring", "tree", "direct"). Never throws.
+/// Lower-case name ("auto", "ring", "tree", "direct"). Never throws; any thread.
 DISTVALS_EXPORT const char* algorithm_name(algorithm a) noexcept;
-/// Parses an algorithm name in any case; throws invalid_argument_error for an unknown one.
+/// Parses an algorithm name in any case; throws invalid_argument_error for an unknown
+/// one. Any thread.
 DISTVALS_EXPORT algorithm parse_algorithm(const std::string& name);
 
 }  // namespace distvals

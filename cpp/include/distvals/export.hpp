@@ -1,8 +1,12 @@
-// Symbol visibility for the distvals library.
-//
-// The library is built with hidden visibility; only names marked DISTVALS_EXPORT
-// form its ABI. A static build (DISTVALS_STATIC defined by the CMake target's
-// interface) needs no decoration at all.
+/// @file
+/// Symbol visibility for the distvals library.
+///
+/// The library is built with hidden visibility; only names marked DISTVALS_EXPORT
+/// form its ABI. A static build (DISTVALS_STATIC defined by the CMake target's
+/// interface) needs no decoration at all.
+///
+/// @def DISTVALS_EXPORT
+/// Marks a function or class as part of the library's exported ABI.
 #pragma once
 
 #if defined(DISTVALS_STATIC)

@@ -17,7 +17,8 @@
 
 namespace distvals {
 
-/// Settings of a group. Every field has a usable default.
+/// Settings of a group. Every field has a usable default. A plain aggregate, read once
+/// by the group's constructor; any thread may build one.
 struct group_options {
   /// Longest time any wait inside a collective may take before timeout_error.
   /// Default 300 s; the environment variable DISTVALS_TIMEOUT_SECONDS overrides it.
@@ -36,18 +37,24 @@ struct group_options {
   std::function<bool()> interrupted;
 };
 
-/// One collective call: what every replica must agree on.
+/// One collective call: what every replica must agree on. A plain aggregate; any thread.
 struct call_desc {
+  /// Which collective.
   collective kind = collective::all_reduce;
+  /// Element type of every input and output.
   dtype type = dtype::float32;
+  /// Reduction operator (all_reduce, reduce, reduce_scatter; ignored otherwise).
   reduce_op op = reduce_op::sum;
+  /// All-reduce algorithm (other collectives always run `direct`).
   algorithm algo = algorithm::automatic;
   std::size_t count = 0;  ///< elements of each replica's input
   int root = 0;           ///< reduce and broadcast only
+  /// All fields equal. Never throws; any thread.
   bool operator==(const call_desc& o) const noexcept {
     return kind == o.kind && type == o.type && op == o.op && algo == o.algo && count == o.count &&
            root == o.root;
   }
+  /// Some field differs. Never throws; any thread.
   bool operator!=(const call_desc& o) const noexcept { return !(*this == o); }
 };
 
@@ -63,24 +70,32 @@ struct call_desc {
 ///
 /// Every wait honours the timeout. A failure in one replica (timeout, abort) releases
 /// the others, which throw too; the group then stays aborted until reset().
+///
+/// Constructing and destroying a group are not synchronized with anything else: no
+/// other thread may use the group while it is built or destroyed.
 class DISTVALS_EXPORT group {
  public:
-  /// A group of `replicas` CPU replicas ("CPU:0" .. "CPU:n-1").
-  /// Throws invalid_argument_error when replicas < 1.
+  /// A group of `replicas` CPU replicas ("CPU:0" .. "CPU:n-1"), with its worker
+  /// threads started. Throws invalid_argument_error when replicas < 1, and
+  /// std::system_error when a worker thread cannot be started.
   explicit group(int replicas, group_options options = {});
   /// A group over the given devices (CPU only in this backend).
-  /// Throws invalid_argument_error for duplicates, an empty list or a GPU device.
+  /// Throws invalid_argument_error for duplicates, an empty list or a GPU device, and
+  /// std::system_error when a worker thread cannot be started.
   explicit group(const std::vector<device>& devices, group_options options = {});
-  /// Closes the group (see close()).
+  /// Closes the group (see close()) and joins its workers. No thread may still be
+  /// using the group, nor call into it afterwards.
   ~group();
+  /// Not copyable: a group owns threads and shared state.
   group(const group&) = delete;
+  /// Not copyable: a group owns threads and shared state.
   group& operator=(const group&) = delete;
 
-  /// Number of replicas. Any thread.
+  /// Number of replicas. Never throws; any thread.
   int size() const noexcept;
-  /// The replicas' devices. Any thread.
+  /// The replicas' devices, replica r on devices()[r]. Never throws; any thread.
   const std::vector<device>& devices() const noexcept;
-  /// The options in force (defaults resolved). Any thread.
+  /// The options in force (defaults resolved). Never throws; any thread.
   const group_options& options() const noexcept;
 
   // ----- single-call style: any one thread, all N buffers -------------------------
@@ -88,21 +103,28 @@ class DISTVALS_EXPORT group {
   /// Runs `desc` over all replicas: `in[r]` and `out[r]` are replica r's buffers.
   /// in-place when in[r] and out[r] are the same memory. Validates everything before
   /// touching data (throws invalid_argument_error, dtype_error); throws timeout_error,
-  /// aborted_error or closed_error while running.
+  /// aborted_error or closed_error while running. Any thread; calls from several
+  /// threads run one after another. Not while per-replica calls are in flight.
   void run(const call_desc& desc, const std::vector<buffer_view>& in,
            const std::vector<buffer_view>& out);
 
-  /// All-reduce: every out[r] = op over all in[j]. Same throws as run().
+  /// All-reduce: every out[r] = op over all in[j]. Same throws and threads as run();
+  /// the dtype and count are taken from in[0] (invalid_argument_error when `in` is empty).
   void all_reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
                   reduce_op op, algorithm algo = algorithm::automatic);
   /// Reduce to `root`: out[root] = op over all in[j]; other outputs are not touched.
+  /// Same throws and threads as run(); invalid_argument_error for a root out of range.
   void reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root,
               reduce_op op);
   /// Broadcast: every out[r] = in[root]; other inputs are not read.
+  /// Same throws and threads as run(); invalid_argument_error for a root out of range.
   void broadcast(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root);
   /// All-gather: out[r] (N·count elements) = in[0] ++ in[1] ++ ... ++ in[N-1].
+  /// Same throws and threads as run().
   void all_gather(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out);
   /// Reduce-scatter: out[r] (count/N elements) = op over all in[j] of block r.
+  /// Same throws and threads as run(); invalid_argument_error when count is not a
+  /// multiple of N.
   void reduce_scatter(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
                       reduce_op op);
 
@@ -111,28 +133,36 @@ class DISTVALS_EXPORT group {
   /// Replica `replica`'s part of `desc`; blocks until the collective is complete for
   /// this replica. All replicas must call with equal `desc` or every one of them throws
   /// mismatch_error. `timeout` of zero means the group's timeout.
+  /// Call from one thread per replica, all N concurrently; never two threads for the
+  /// same replica. Throws invalid_argument_error or dtype_error (on every replica, when
+  /// any replica's buffers are bad, before any data is touched), mismatch_error,
+  /// timeout_error, aborted_error or closed_error.
   void run(int replica, const call_desc& desc, buffer_view in, buffer_view out,
            std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
 
   // ----- failure handling: any thread --------------------------------------------
 
   /// Aborts the collective in flight and every later one until reset(): every waiting
-  /// replica throws aborted_error naming `replica` and `why`. Never throws.
+  /// replica throws aborted_error naming `replica` and `why`. Never throws; any thread,
+  /// including a replica's own thread after its call failed.
   void abort(int replica, const std::string& why) noexcept;
   /// abort() from outside the replicas (replica -1), e.g. on a keyboard interrupt.
+  /// Never throws; any thread.
   void cancel() noexcept;
-  /// True once aborted (or timed out) and not yet reset.
+  /// True once aborted (or timed out) and not yet reset. Never throws; any thread.
   bool aborted() const noexcept;
   /// Clears an abort so the group can run again. Call only when no collective is in
-  /// flight; throws std::logic_error otherwise.
+  /// flight, from any thread; throws std::logic_error otherwise, closed_error when the
+  /// group is closed.
   void reset();
   /// Stops the workers and frees resources; later calls throw closed_error and
-  /// waiters are released with closed_error. Idempotent; never throws.
+  /// waiters are released with closed_error. Idempotent; never throws. Any thread that
+  /// is not itself inside a collective of this group; returns once every waiter has left.
   void close() noexcept;
-  /// True once closed.
+  /// True once closed. Never throws; any thread.
   bool closed() const noexcept;
 
-  /// Opaque implementation (backends, synchronization state).
+  /// Opaque implementation (backends, synchronization state); not part of the API.
   struct impl;
 
  private:
@@ -141,6 +171,7 @@ class DISTVALS_EXPORT group {
 
 /// Checks `desc` against the buffers of one replica; throws invalid_argument_error or
 /// dtype_error naming the replica and what is wrong. Used by both call styles.
+/// Touches no data; any thread.
 DISTVALS_EXPORT void validate_replica_buffers(const call_desc& desc, int replicas, int replica,
                                               const buffer_view& in, const buffer_view& out);
 

@@ -36,6 +36,15 @@ void group::impl::fail(int kind, int replica, const std::string& msg) noexcept {
   wake_all();
 }
 
+void group::impl::drain() const noexcept {
+  for (int j = 0; j < n; ++j) {
+    for (unsigned i = 1; reps[j].busy.load(); ++i) {
+      if ((i & 63u) == 0) std::this_thread::yield();
+      cpu::relax();
+    }
+  }
+}
+
 void group::impl::throw_if_failed(int me) const {
   const int s = state.load(std::memory_order_acquire);
   if (s == ok) return;
@@ -129,7 +138,19 @@ void group::impl::run_programs(const schedule& s, std::uint64_t seq, const int* 
       const auto& prog = s.programs[owned[i]];
       if (next[i] == prog.size()) continue;
       while (next[i] < prog.size() && ready(prog[next[i]])) {
+        // Mark the step as running before checking the failure state; fail() sets the
+        // state before drain() reads the marks. Both sides use sequentially consistent
+        // atomics, so either this thread sees the failure and starts nothing, or the
+        // draining replica sees the mark and waits for the step to end: no step touches
+        // a buffer whose owner has already left with an error.
+        std::atomic<bool>& busy = reps[owned[i]].busy;
+        busy.store(true);
+        if (state.load() != ok) {
+          busy.store(false);
+          throw_if_failed(me);
+        }
         exec_step(prog[next[i]], seq);
+        busy.store(false);
         ++next[i];
         publish(owned[i], seq, next[i]);
         progressed = true;

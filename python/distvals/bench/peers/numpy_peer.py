@@ -1,0 +1,77 @@
+"""Peer runner: a plain numpy all-reduce of N arrays in one process.
+
+The result lands in every replica's array, as an all-reduce must: the N inputs are
+combined with one ufunc per extra replica into a scratch array, which is then copied
+into each of the N arrays. Prints JSON lines (see bench_data.emit).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+try:
+    import numpy as np
+
+    import bench_data as bd
+except ImportError as e:  # the interpreter lacks numpy: report, do not crash
+    sys.stdout.write('{"event": "missing", "reason": "%s"}\n' % str(e).replace('"', "'"))
+    sys.exit(0)
+
+__all__ = ["main"]
+
+_UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def all_reduce(arrays, scratch, op: str) -> None:
+    """Reduce ``arrays`` into ``scratch`` with numpy, then copy it into every array."""
+    f = _UFUNC[op]
+    n = len(arrays)
+    if n == 1:
+        np.copyto(scratch, arrays[0])
+    else:
+        f(arrays[0], arrays[1], out=scratch)
+        for a in arrays[2:]:
+            f(scratch, a, out=scratch)
+    if op == "mean":
+        np.multiply(scratch, scratch.dtype.type(1.0 / n), out=scratch)
+    for a in arrays:
+        np.copyto(a, scratch)
+
+
+def main(argv=None) -> int:
+    a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
+    op = bd.canonical_op(a.op)
+    try:
+        bd.resolve_dtype(a.dtype)
+        bd.check_op_dtype(op, a.dtype)
+    except ValueError as e:
+        bd.emit("unsupported", reason=str(e))
+        return 0
+    bd.emit("start", version=np.__version__, detail="numpy ufuncs in one thread, result copied to every replica")
+    if a.probe:
+        return 0
+    n = a.replicas
+    perf = time.perf_counter
+    for nbytes, iters in bd.parse_plan(a.plan):
+        count = max(1, nbytes // bd.resolve_dtype(a.dtype).itemsize)
+        arrays = [bd.make_input(n, r, count, a.dtype, op) for r in range(n)]
+        scratch = np.empty_like(arrays[0])
+        all_reduce(arrays, scratch, op)
+        wrong = bd.count_wrong(arrays, n, a.dtype, op)
+        for _ in range(bd.warmup_for(iters)):
+            all_reduce(arrays, scratch, op)
+        times = []
+        for _ in range(iters):
+            t0 = perf()
+            all_reduce(arrays, scratch, op)
+            times.append(perf() - t0)
+        bd.emit("result", bytes=count * arrays[0].itemsize, count=count, iters=iters,
+                time_us=bd.median_us(times), wrong=wrong, checked=n * count)
+        del arrays, scratch
+    bd.emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Process-wide settings of distvals.
+
+``set_logical_gpus(n)`` makes every physical GPU appear as ``n`` logical GPUs, the
+way TensorFlow's logical devices do: device ``"GPU:k"`` is logical GPU ``k``, and it
+runs on CUDA device ``k // n``. Each logical replica keeps its own stream and its own
+buffers, so ``MirroredStrategy(["GPU:0", "GPU:1", "GPU:2", "GPU:3"])`` works on a
+machine with one GPU after ``set_logical_gpus(4)``. The environment variable
+``DISTVALS_LOGICAL_GPUS`` sets the starting value.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["set_logical_gpus", "get_logical_gpus", "physical_gpu"]
+
+
+def _from_env() -> int:
+    raw = os.environ.get("DISTVALS_LOGICAL_GPUS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"DISTVALS_LOGICAL_GPUS must be a positive integer, got {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"DISTVALS_LOGICAL_GPUS must be a positive integer, got {raw!r}")
+    return n
+
+
+_logical_gpus = _from_env()
+
+
+def set_logical_gpus(n: int) -> None:
+    """Share each physical GPU between ``n`` logical replicas (``n >= 1``; 1 is the default).
+
+    ``"GPU:k"`` then names logical GPU ``k`` on CUDA device ``k // n``. Groups and
+    strategies read the setting when they are created; existing ones keep theirs.
+    """
+    global _logical_gpus
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_logical_gpus needs an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"set_logical_gpus needs n >= 1, got {n}")
+    _logical_gpus = n
+
+
+def get_logical_gpus() -> int:
+    """How many logical replicas share each physical GPU."""
+    return _logical_gpus
+
+
+def physical_gpu(logical: int) -> int:
+    """The CUDA device that logical GPU ``logical`` runs on."""
+    if logical < 0:
+        raise ValueError(f"GPU index must not be negative, got {logical}")
+    return logical // _logical_gpus

@@ -1,0 +1,251 @@
+"""Which strategy is in force and where code runs: cross-replica or replica context.
+
+Each thread keeps its own stack of (strategy, replica context) entries:
+
+- outside any scope the default strategy is in force, in its default replica context
+  (``get_replica_context()`` is a ReplicaContext with one replica);
+- ``with strategy.scope():`` pushes (strategy, None): cross-replica context;
+- inside ``strategy.run`` each replica thread has (strategy, its ReplicaContext);
+- ``merge_fn`` of ``ReplicaContext.merge_call`` runs in cross-replica context again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .strategy import Strategy
+
+__all__ = [
+    "ReplicaContext",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+    "experimental_set_strategy",
+]
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # Entries are (strategy, replica_context or None); empty means the default.
+        self.stack: list = []
+
+
+_local = _Local()
+_default_strategy: Any = None
+_default_replica_context: Any = None
+
+
+def _defaults() -> Tuple[Any, Any]:
+    global _default_strategy, _default_replica_context
+    if _default_strategy is None:
+        from .strategy import _DefaultStrategy  # the strategy module imports this one
+
+        strategy = _DefaultStrategy()
+        _default_replica_context = strategy.extended._contexts[0]
+        _default_strategy = strategy
+    return _default_strategy, _default_replica_context
+
+
+def _stack() -> list:
+    """This thread's context stack."""
+    return _local.stack
+
+
+def _top() -> Tuple[Any, Any]:
+    s = _local.stack
+    if s:
+        return s[-1]
+    return _defaults()
+
+
+def get_replica_context() -> Optional["ReplicaContext"]:
+    """The current ReplicaContext, or None in cross-replica context.
+
+    Outside any ``strategy.scope()`` this is the default strategy's replica context (one
+    replica); inside a scope it is None; inside ``strategy.run`` it is the replica's
+    context; inside ``merge_call``'s ``merge_fn`` it is None again.
+    """
+    s = _local.stack
+    if s:
+        return s[-1][1]
+    return _defaults()[1]
+
+
+def in_cross_replica_context() -> bool:
+    """True inside a ``strategy.scope()`` (or a ``merge_fn``), outside ``strategy.run``."""
+    s = _local.stack
+    return bool(s) and s[-1][1] is None
+
+
+def get_strategy() -> "Strategy":
+    """The strategy in force: the one whose scope or ``run`` we are in, else the default
+    strategy (one replica, no threads)."""
+    s = _local.stack
+    if s:
+        return s[-1][0]
+    return _defaults()[0]
+
+
+def has_strategy() -> bool:
+    """True when a strategy other than the default one is in force."""
+    s = _local.stack
+    return bool(s) and s[-1][0] is not _defaults()[0]
+
+
+def current_run_context() -> Optional["ReplicaContext"]:
+    """The ReplicaContext when called inside ``strategy.run``, else None."""
+    s = _local.stack
+    if s:
+        ctx = s[-1][1]
+        if ctx is not None and ctx._in_run:
+            return ctx
+    return None
+
+
+class _Scope:
+    """What ``strategy.scope()`` returns: a context manager, entered once."""
+
+    __slots__ = ("_strategy", "_entry", "_entered")
+
+    def __init__(self, strategy: "Strategy") -> None:
+        self._strategy = strategy
+        self._entry = (strategy, None)
+        self._entered = False
+
+    def __enter__(self) -> "Strategy":
+        if self._entered:
+            raise RuntimeError("a strategy scope object can be entered only once; call strategy.scope() again")
+        strategy = self._strategy
+        current, ctx = _top()
+        default = _defaults()[0]
+        if current is not default and current is not strategy:
+            raise RuntimeError(
+                f"mixing different strategies: cannot enter the scope of {strategy!r} inside "
+                f"the scope (or run) of {current!r}; leave that scope first"
+            )
+        if current is strategy and ctx is not None:
+            raise RuntimeError(
+                f"cannot enter {strategy!r}'s scope inside strategy.run (replica "
+                f"{ctx.replica_id_in_sync_group}): it needs cross-replica context; use "
+                "get_replica_context().merge_call() to run code there"
+            )
+        _local.stack.append(self._entry)
+        self._entered = True
+        return strategy
+
+    def __exit__(self, *exc) -> None:
+        s = _local.stack
+        if not s or s[-1] is not self._entry:
+            raise RuntimeError("strategy scopes were exited out of order (or from another thread)")
+        s.pop()
+
+    def __repr__(self) -> str:
+        return f"_Scope({self._strategy!r})"
+
+
+class _NullScope:
+    """The default strategy's scope: nothing to enter."""
+
+    def __enter__(self):
+        return _defaults()[0]
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class experimental_set_strategy:  # noqa: N801 - named as in tf.distribute
+    """Makes ``strategy`` current in this thread until exit (like ``scope()``);
+    ``None`` means the default strategy."""
+
+    def __init__(self, strategy: Optional["Strategy"]) -> None:
+        self._scope = _NullScope() if strategy is None else strategy.scope()
+
+    def __enter__(self):
+        return self._scope.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self._scope.__exit__(*exc)
+
+
+class ReplicaContext:
+    """The view of one replica inside ``strategy.run``.
+
+    ``replica_id_in_sync_group`` (0..N-1), ``num_replicas_in_sync``, ``strategy``;
+    collectives ``all_reduce`` and ``all_gather`` (every replica must call them, in the
+    same order), and ``merge_call`` to run code once in cross-replica context.
+    """
+
+    __slots__ = ("_strategy", "_replica_id", "_num_replicas", "_in_run", "_entry")
+
+    def __init__(self, strategy: "Strategy", replica_id_in_sync_group: int, *, _in_run: bool = True,
+                 _num_replicas: Optional[int] = None) -> None:
+        self._strategy = strategy
+        self._replica_id = int(replica_id_in_sync_group)
+        self._num_replicas = strategy.num_replicas_in_sync if _num_replicas is None else _num_replicas
+        if not 0 <= self._replica_id < self._num_replicas:
+            raise ValueError(
+                f"replica_id_in_sync_group {replica_id_in_sync_group} is out of range for "
+                f"{self._num_replicas} replicas"
+            )
+        self._in_run = _in_run
+        self._entry = (strategy, self)
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        """This replica's index, 0..num_replicas_in_sync-1."""
+        return self._replica_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._num_replicas
+
+    @property
+    def strategy(self) -> "Strategy":
+        return self._strategy
+
+    @property
+    def devices(self) -> Tuple[str, ...]:
+        """This replica's device, as a one-element tuple."""
+        return (self._strategy.extended.worker_devices[self._replica_id],)
+
+    def all_reduce(self, reduce_op, value, options=None):
+        """All-reduce ``value`` (an array, number or nested structure of them) across the
+        replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
+        gets the result. Leaves of one dtype travel together in one engine call. Integer
+        MEAN gives float64."""
+        return self._strategy.extended._replica_all_reduce(self, reduce_op, value, options)
+
+    def all_gather(self, value, axis: int, options=None):
+        """Concatenate every replica's ``value`` (nested structures too) along ``axis``;
+        sizes may differ along ``axis`` only."""
+        return self._strategy.extended._replica_all_gather(self, value, axis, options)
+
+    def merge_call(self, merge_fn, args=(), kwargs=None):
+        """Run ``merge_fn(strategy, *args, **kwargs)`` once, in cross-replica context,
+        after every replica has called ``merge_call``; arguments that differ across
+        replicas arrive as PerReplica values. Every replica gets the result (its own part
+        when the result is a PerReplica)."""
+        if not isinstance(args, (list, tuple)):
+            raise ValueError(f"merge_call: args must be a list or tuple, got {type(args).__name__}")
+        if kwargs is None:
+            kwargs = {}
+        elif not isinstance(kwargs, dict):
+            raise ValueError(f"merge_call: kwargs must be a dict, got {type(kwargs).__name__}")
+        return self._strategy.extended._merge_call(self, merge_fn, tuple(args), kwargs)
+
+    def __enter__(self) -> "ReplicaContext":
+        _local.stack.append(self._entry)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        s = _local.stack
+        if not s or s[-1] is not self._entry:
+            raise RuntimeError("replica contexts were exited out of order (or from another thread)")
+        s.pop()
+
+    def __repr__(self) -> str:
+        return (f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, "
+                f"num_replicas_in_sync={self._num_replicas})")

@@ -1,0 +1,152 @@
+"""Nested structures of values: lists, tuples, dicts and namedtuples.
+
+Everything else (arrays, numbers, None, DistributedValues, variables) is a leaf.
+Dicts flatten in sorted key order, as in ``tf.nest``; packing rebuilds each container
+with its own type (and the dict's own key order).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+__all__ = [
+    "is_nested",
+    "flatten",
+    "pack_sequence_as",
+    "map_structure",
+    "structure_mismatch",
+    "assert_same_structure",
+    "describe",
+]
+
+
+def _is_namedtuple(x) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def is_nested(x) -> bool:
+    """True for the containers nest walks into: list, tuple (namedtuple too), dict."""
+    return isinstance(x, (list, tuple, dict))
+
+
+def _sorted_keys(d: dict) -> list:
+    try:
+        return sorted(d)
+    except TypeError:
+        # Keys of mixed types cannot be sorted; keep insertion order, still deterministic.
+        return list(d)
+
+
+def flatten(structure) -> List[Any]:
+    """The leaves of ``structure`` in a deterministic order."""
+    out: List[Any] = []
+    _flatten_into(structure, out)
+    return out
+
+
+def _flatten_into(x, out: list) -> None:
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            if isinstance(item, (list, tuple, dict)):
+                _flatten_into(item, out)
+            else:
+                out.append(item)
+    elif isinstance(x, dict):
+        for k in _sorted_keys(x):
+            _flatten_into(x[k], out)
+    else:
+        out.append(x)
+
+
+def _rebuild(template, items: list):
+    if _is_namedtuple(template):
+        return type(template)(*items)
+    if isinstance(template, tuple):
+        return tuple(items) if type(template) is tuple else type(template)(items)
+    if isinstance(template, list):
+        return items if type(template) is list else type(template)(items)
+    raise TypeError(f"cannot rebuild a {type(template).__name__}")
+
+
+def pack_sequence_as(structure, flat: Sequence[Any]):
+    """``structure`` with its leaves replaced, in order, by ``flat``."""
+    flat = list(flat)
+    it = iter(flat)
+    result = _pack(structure, it)
+    rest = sum(1 for _ in it)
+    if rest:
+        raise ValueError(f"pack_sequence_as: {rest} more leaves than the structure holds")
+    return result
+
+
+def _pack(x, it):
+    if isinstance(x, (list, tuple)):
+        return _rebuild(x, [_pack(item, it) for item in x])
+    if isinstance(x, dict):
+        values = {k: _pack(x[k], it) for k in _sorted_keys(x)}
+        # Keep the dict's own type and key order.
+        out = type(x)() if type(x) is not dict else {}
+        for k in x:
+            out[k] = values[k]
+        return out
+    try:
+        return next(it)
+    except StopIteration:
+        raise ValueError("pack_sequence_as: fewer leaves than the structure holds") from None
+
+
+def map_structure(fn: Callable, *structures):
+    """Applies ``fn`` to corresponding leaves; the structures must match."""
+    if not structures:
+        raise ValueError("map_structure needs at least one structure")
+    first = structures[0]
+    for i, s in enumerate(structures[1:], 1):
+        why = structure_mismatch(first, s)
+        if why is not None:
+            raise ValueError(f"map_structure: structure {i} differs from structure 0: {why}")
+    flats = [flatten(s) for s in structures]
+    return pack_sequence_as(first, [fn(*leaves) for leaves in zip(*flats)])
+
+
+def describe(x) -> str:
+    """A short name of the container kind of ``x`` (for error messages)."""
+    if _is_namedtuple(x):
+        return f"{type(x).__name__} namedtuple of {len(x)}"
+    if isinstance(x, (list, tuple, dict)):
+        return f"{type(x).__name__} of {len(x)}"
+    return "a single value"
+
+
+def structure_mismatch(a, b, path: str = "") -> Optional[str]:
+    """None when ``a`` and ``b`` have the same nesting, else a description of the first
+    difference (with its path)."""
+    where = path or "the top level"
+    a_nested, b_nested = is_nested(a), is_nested(b)
+    if not a_nested and not b_nested:
+        return None
+    if a_nested != b_nested or type(a) is not type(b) and not (
+        isinstance(a, list) and isinstance(b, list)
+    ):
+        return f"at {where}: {describe(a)} vs {describe(b)}"
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return f"at {where}: dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+        for k in _sorted_keys(a):
+            why = structure_mismatch(a[k], b[k], f"{path}[{k!r}]")
+            if why is not None:
+                return why
+        return None
+    if len(a) != len(b):
+        return f"at {where}: {describe(a)} vs {describe(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        why = structure_mismatch(x, y, f"{path}[{i}]")
+        if why is not None:
+            return why
+    return None
+
+
+def assert_same_structure(a, b) -> None:
+    """Raises ValueError describing the first difference between the nestings."""
+    why = structure_mismatch(a, b)
+    if why is not None:
+        raise ValueError(f"the two structures differ {why}")

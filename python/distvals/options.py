@@ -1,0 +1,120 @@
+"""Cross-device ops and communication options: how a strategy runs its collectives."""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Union
+
+from . import _core
+
+__all__ = [
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "CrossDeviceOps",
+    "CollectiveAllReduce",
+    "ReductionToOneDevice",
+    "DEFAULT_TIMEOUT_SECONDS",
+]
+
+#: Longest wait of any collective, and of ``strategy.run`` for its replicas, when
+#: ``CommunicationOptions.timeout_seconds`` is None.
+DEFAULT_TIMEOUT_SECONDS = 300.0
+
+
+class CommunicationImplementation(enum.Enum):
+    """The engine's all-reduce algorithms, by name (``AUTO`` chooses by size)."""
+
+    AUTO = "auto"
+    RING = "ring"
+    TREE = "tree"
+    DIRECT = "direct"
+
+
+def _algorithm(name: Union[str, CommunicationImplementation], what: str) -> str:
+    if isinstance(name, CommunicationImplementation):
+        return name.value
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a string such as 'auto' or 'ring', got {type(name).__name__}")
+    try:
+        return _core.parse_algorithm(name)
+    except ValueError:
+        raise ValueError(f"unknown {what} {name!r}; expected 'auto', 'ring', 'tree' or 'direct'") from None
+
+
+class CommunicationOptions:
+    """Options of the collectives a strategy runs.
+
+    ``bytes_per_pack``: when positive, ``ReplicaContext.all_reduce`` and
+    ``batch_reduce_to`` pack small values of one dtype into buffers of at most this many
+    bytes (one engine call each); 0 packs each dtype into a single buffer.
+    ``timeout_seconds``: longest wait of any collective and of ``strategy.run`` for its
+    replicas to finish; None means ``DEFAULT_TIMEOUT_SECONDS`` (300 s), or the
+    environment variable ``DISTVALS_TIMEOUT_SECONDS`` when it is set.
+    ``implementation``: the all-reduce algorithm, "auto", "ring", "tree" or "direct".
+    """
+
+    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: Optional[float] = None,
+                 implementation: Union[str, CommunicationImplementation] = "auto"):
+        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int):
+            raise TypeError(f"bytes_per_pack must be an int, got {type(bytes_per_pack).__name__}")
+        if bytes_per_pack < 0:
+            raise ValueError(f"bytes_per_pack must be non-negative, got {bytes_per_pack}")
+        if timeout_seconds is not None:
+            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
+                raise TypeError(f"timeout_seconds must be a number or None, got {type(timeout_seconds).__name__}")
+            if not timeout_seconds > 0:
+                raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
+        self.bytes_per_pack = bytes_per_pack
+        self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.implementation = _algorithm(implementation, "implementation")
+
+    def merge(self, other: Optional["CommunicationOptions"]) -> "CommunicationOptions":
+        """These options with the fields ``other`` sets (non-default) taking precedence."""
+        if other is None:
+            return self
+        if not isinstance(other, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got {type(other).__name__}")
+        return CommunicationOptions(
+            bytes_per_pack=other.bytes_per_pack or self.bytes_per_pack,
+            timeout_seconds=other.timeout_seconds if other.timeout_seconds is not None else self.timeout_seconds,
+            implementation=other.implementation if other.implementation != "auto" else self.implementation,
+        )
+
+    def __repr__(self) -> str:
+        return (f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
+                f"timeout_seconds={self.timeout_seconds}, implementation={self.implementation!r})")
+
+
+class CrossDeviceOps:
+    """Base of the ways a strategy reduces across its replicas."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class CollectiveAllReduce(CrossDeviceOps):
+    """All-reduce every replica's value on the engine with ``algorithm``
+    ("auto", "ring", "tree" or "direct"). The default cross-device ops."""
+
+    def __init__(self, algorithm: Union[str, CommunicationImplementation] = "auto"):
+        self.algorithm = _algorithm(algorithm, "algorithm")
+
+    def __repr__(self) -> str:
+        return f"CollectiveAllReduce(algorithm={self.algorithm!r})"
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+    """Reduce onto one replica's device, then broadcast the result to the others.
+
+    ``reduce_to_device``: a device of the strategy (default: its first device).
+    """
+
+    def __init__(self, reduce_to_device: Optional[str] = None):
+        if reduce_to_device is not None:
+            if not isinstance(reduce_to_device, str):
+                raise TypeError(f"reduce_to_device must be a device string, got {type(reduce_to_device).__name__}")
+            reduce_to_device = _core.parse_device(reduce_to_device)
+        self.reduce_to_device = reduce_to_device
+
+    def __repr__(self) -> str:
+        return f"ReductionToOneDevice(reduce_to_device={self.reduce_to_device!r})"

@@ -1,0 +1,256 @@
+"""Distributed values: one value per replica.
+
+``PerReplica`` values differ across replicas (a batch split over replicas, the results of
+``strategy.run``); ``Mirrored`` values are the same on every replica (model weights).
+Inside ``strategy.run`` either behaves as the current replica's part. Outside it, a
+``Mirrored`` behaves as its first part, while a ``PerReplica`` refuses to be used as one
+array, since it is not one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple
+
+import numpy as np
+
+from . import context, nest
+
+__all__ = ["DistributedValues", "PerReplica", "Mirrored", "select_replica", "contains_distributed", "regroup"]
+
+
+class DistributedValues:
+    """Base class of the values that hold one part per replica (never built directly).
+
+    ``.values`` is the tuple of parts in replica order. ``repr`` and ``str`` print
+    ``ClassName:{`` then one ``  i: part`` line per replica, then ``}``.
+    """
+
+    # Variables are handed to replicas whole, not as their parts.
+    _select_whole = False
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        if type(self) is DistributedValues:
+            raise TypeError("DistributedValues is a base class; build a PerReplica or a Mirrored")
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(
+                f"{type(self).__name__} takes a list or tuple of per-replica values, got {type(values).__name__}"
+            )
+        if not values:
+            raise ValueError(f"{type(self).__name__} needs at least one value")
+        self._values = tuple(values)
+
+    @property
+    def values(self) -> Tuple[Any, ...]:
+        """The per-replica parts, in replica order."""
+        return self._values
+
+    def _cross_replica_part(self):
+        raise NotImplementedError
+
+    def _current(self):
+        """The part of the replica running this code, or the cross-replica stand-in."""
+        ctx = context.current_run_context()
+        if ctx is not None and ctx._num_replicas == len(self._values):
+            return self._values[ctx._replica_id]
+        return self._cross_replica_part()
+
+    def __str__(self) -> str:
+        body = ",\n".join(f"  {i}: {v!s}" for i, v in enumerate(self._values))
+        return f"{type(self).__name__}:{{\n{body}\n}}"
+
+    def __repr__(self) -> str:
+        body = ",\n".join(f"  {i}: {v!r}" for i, v in enumerate(self._values))
+        return f"{type(self).__name__}:{{\n{body}\n}}"
+
+    # ---- numpy interoperability: the current part stands in for the value ----------
+    def __array__(self, dtype=None, copy=None):
+        part = self._current()
+        if copy:
+            return np.array(part, dtype=dtype, copy=True)
+        return np.asarray(part, dtype=dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(x._current() if isinstance(x, DistributedValues) else x for x in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(x._current() if isinstance(x, DistributedValues) else x for x in out)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    # ---- operators ------------------------------------------------------------------
+    def __add__(self, o): return self._current() + _unwrap(o)
+    def __radd__(self, o): return _unwrap(o) + self._current()
+    def __sub__(self, o): return self._current() - _unwrap(o)
+    def __rsub__(self, o): return _unwrap(o) - self._current()
+    def __mul__(self, o): return self._current() * _unwrap(o)
+    def __rmul__(self, o): return _unwrap(o) * self._current()
+    def __truediv__(self, o): return self._current() / _unwrap(o)
+    def __rtruediv__(self, o): return _unwrap(o) / self._current()
+    def __floordiv__(self, o): return self._current() // _unwrap(o)
+    def __rfloordiv__(self, o): return _unwrap(o) // self._current()
+    def __mod__(self, o): return self._current() % _unwrap(o)
+    def __rmod__(self, o): return _unwrap(o) % self._current()
+    def __pow__(self, o): return self._current() ** _unwrap(o)
+    def __rpow__(self, o): return _unwrap(o) ** self._current()
+    def __matmul__(self, o): return self._current() @ _unwrap(o)
+    def __rmatmul__(self, o): return _unwrap(o) @ self._current()
+    def __and__(self, o): return self._current() & _unwrap(o)
+    def __rand__(self, o): return _unwrap(o) & self._current()
+    def __or__(self, o): return self._current() | _unwrap(o)
+    def __ror__(self, o): return _unwrap(o) | self._current()
+    def __xor__(self, o): return self._current() ^ _unwrap(o)
+    def __rxor__(self, o): return _unwrap(o) ^ self._current()
+    def __lt__(self, o): return self._current() < _unwrap(o)
+    def __le__(self, o): return self._current() <= _unwrap(o)
+    def __gt__(self, o): return self._current() > _unwrap(o)
+    def __ge__(self, o): return self._current() >= _unwrap(o)
+    def __neg__(self): return -self._current()
+    def __pos__(self): return +self._current()
+    def __abs__(self): return abs(self._current())
+    def __invert__(self): return ~self._current()
+    def __getitem__(self, key): return self._current()[key]
+    def __float__(self): return float(self._current())
+    def __int__(self): return int(self._current())
+    def __complex__(self): return complex(self._current())
+    def __index__(self): return self._current().__index__()
+
+    # Equality and hashing stay by identity, as for TensorFlow's distributed values, so
+    # these objects can be dict keys and set members.
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+
+def _unwrap(o):
+    return o._current() if isinstance(o, DistributedValues) else o
+
+
+class PerReplica(DistributedValues):
+    """One value per replica, not kept in sync (a split batch, the results of ``run``).
+
+    Inside ``strategy.run`` it behaves as the current replica's part; outside, using it
+    as one array (arithmetic, ``numpy.asarray``, indexing) raises TypeError: combine the
+    parts with ``strategy.reduce``/``strategy.gather``, or work on them in
+    ``strategy.run``.
+    """
+
+    def _cross_replica_part(self):
+        raise TypeError(
+            f"a PerReplica holds {len(self._values)} different per-replica values and cannot be "
+            "used as one array outside a replica context; use strategy.run(fn, args=(value,)) "
+            "to work on each replica's part, strategy.reduce or strategy.gather to combine "
+            "the parts, or strategy.experimental_local_results(value) to get them"
+        )
+
+
+class Mirrored(DistributedValues):
+    """One value per replica, kept equal on every replica (e.g. model weights).
+
+    It behaves as its value: operators and attributes go to the current replica's part
+    inside ``strategy.run`` and to the first part outside.
+    """
+
+    def _cross_replica_part(self):
+        return self._values[0]
+
+    def __getattr__(self, name: str):
+        # Only reached for attributes the class does not have. Dunders are not delegated
+        # so that copy, pickle and the like see the Mirrored itself.
+        if name.startswith("__") or name == "_values":
+            raise AttributeError(name)
+        return getattr(self._current(), name)
+
+
+# ---- between per-replica and distributed structures -----------------------------------
+
+def select_replica(replica: int, structure: Any) -> Any:
+    """``structure`` as replica ``replica`` sees it: every DistributedValues replaced by
+    that replica's part (variables stay whole)."""
+    if isinstance(structure, DistributedValues):
+        return structure if structure._select_whole else structure._values[replica]
+    if isinstance(structure, (list, tuple, dict)):
+        return nest.pack_sequence_as(structure, [select_replica(replica, x) for x in nest.flatten(structure)])
+    return structure
+
+
+def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
+    """True when ``structure`` holds a DistributedValues that is split per replica;
+    ValueError when one has a different number of parts than ``num_replicas``."""
+    if isinstance(structure, DistributedValues):
+        leaves = [structure]
+    elif isinstance(structure, (list, tuple, dict)):
+        if not structure:
+            return False
+        leaves = nest.flatten(structure)
+    else:
+        return False
+    found = False
+    for x in leaves:
+        if isinstance(x, DistributedValues):
+            if len(x._values) != num_replicas:
+                raise ValueError(
+                    f"{what}: a {type(x).__name__} with {len(x._values)} values was given to a "
+                    f"strategy with {num_replicas} replicas"
+                )
+            found = found or not x._select_whole
+    return found
+
+
+# Python scalars are values, not objects: whether two equal ones are the same object is
+# an interpreter detail (small ints and literals are shared), so they never count as
+# "the same object on every replica".
+_SCALAR_TYPES = (bool, int, float, complex, str, bytes)
+
+
+def _shared(leaf: Any) -> bool:
+    return not isinstance(leaf, _SCALAR_TYPES)
+
+
+def _always_shared(leaf: Any) -> bool:
+    return True
+
+
+def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", scalars_by_identity: bool = False) -> Any:
+    """N per-replica structures as one structure of PerReplica leaves (or ``wrap``); a
+    leaf that is the same object on every replica stays as it is, except Python numbers
+    and strings unless ``scalars_by_identity`` (then a literal passed by every replica,
+    as in ``merge_call(fn, kwargs={"scale": 10})``, stays plain). Different structures
+    are a ValueError naming the replicas."""
+    wrap = PerReplica if wrap is None else wrap
+    shared = _always_shared if scalars_by_identity else _shared
+    v0 = per_replica[0]
+    n = len(per_replica)
+    if n == 1 and not nest.is_nested(v0):
+        return v0
+    if not nest.is_nested(v0):
+        for r in range(1, n):
+            if per_replica[r] is not v0:
+                if nest.is_nested(per_replica[r]):
+                    _mismatch(per_replica, r, what)
+                break
+        else:
+            if shared(v0):
+                return v0
+        for r in range(1, n):
+            if nest.is_nested(per_replica[r]):
+                _mismatch(per_replica, r, what)
+        return wrap(tuple(per_replica))
+    for r in range(1, n):
+        if nest.structure_mismatch(v0, per_replica[r]) is not None:
+            _mismatch(per_replica, r, what)
+    flats = [nest.flatten(v) for v in per_replica]
+    leaves = []
+    for column in zip(*flats):
+        c0 = column[0]
+        if (n == 1 or shared(c0)) and all(c is c0 for c in column):
+            leaves.append(c0)
+        else:
+            leaves.append(wrap(column))
+    return nest.pack_sequence_as(v0, leaves)
+
+
+def _mismatch(per_replica: Sequence[Any], r: int, what: str) -> None:
+    why = nest.structure_mismatch(per_replica[0], per_replica[r])
+    raise ValueError(
+        f"{what}: replicas 0 and {r} returned different structures ({why}); every replica "
+        "must return the same nesting of lists, tuples and dicts"
+    )

@@ -1,0 +1,464 @@
+"""The benchmark: small sizes, table fields, result checking, JSON schema, peers.
+
+Nothing here is timed: these tests check that ``python -m distvals.bench`` measures
+what it says, detects wrong results, and reports every peer, present or not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import distvals
+from distvals.bench import cli, compare, core
+from distvals.bench.peers import PEERS, bench_data as bd, runner_path
+from distvals.bench.progress import Progress
+from distvals.bench.results import SCHEMA, PeerStatus, Report, Row, bus_factor
+from distvals.bench.table import format_report, format_size
+
+ENGINE_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+DTYPE_OPS = [(d, op) for d in ENGINE_DTYPES for op in bd.OPS if op != "mean" or d.startswith("float")]
+
+# Modules each peer needs in the interpreter that runs it.
+PEER_MODULES = {"numpy": "numpy", "tensorflow": "tensorflow", "torch-gloo": "torch", "mpi4py": "mpi4py"}
+
+
+def numpy_reference(arrays, op):
+    stack = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
+    return {"sum": stack.sum(0), "mean": stack.mean(0), "prod": stack.prod(0), "min": stack.min(0),
+            "max": stack.max(0)}[op]
+
+
+def run_cli(capsys, *args):
+    rc = cli.main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# --- inputs, references and wrong-element counting -------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+@pytest.mark.parametrize("dtype,op", DTYPE_OPS)
+def test_reference_matches_numpy_and_correct_results_count_zero(n, dtype, op):
+    count = 1031
+    inputs = [bd.make_input(n, r, count, dtype, op) for r in range(n)]
+    want = numpy_reference(inputs, op)
+    np.testing.assert_array_equal(bd.reference(n, count, dtype, op), want)
+    # A correct all-reduce: every replica holds the reference, rounded to the dtype.
+    results = [want.astype(inputs[0].dtype) for _ in range(n)]
+    assert bd.count_wrong(results, n, dtype, op) == 0
+
+
+@pytest.mark.parametrize("dtype,op", DTYPE_OPS)
+def test_inputs_are_distinct_per_replica_and_exact(dtype, op):
+    n, count = 4, 4096
+    inputs = [bd.make_input(n, r, count, dtype, op) for r in range(n)]
+    for r in range(1, n):
+        assert np.count_nonzero(inputs[r] != inputs[0]) > count // 4, f"replica {r} too close to replica 0"
+    assert len(np.unique(inputs[0])) > 1
+    ref = numpy_reference(inputs, op)
+    if op != "mean":  # the reference is representable exactly in the dtype
+        np.testing.assert_array_equal(ref.astype(inputs[0].dtype).astype(np.float64), ref)
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float16", "mean"), ("int8", "max"),
+                                      ("float64", "prod"), ("int32", "sum")])
+def test_count_wrong_counts_each_corrupted_element(dtype, op):
+    n, count = 3, bd.PERIOD + 17  # crosses a period boundary
+    want = bd.reference(n, count, dtype, op)
+    dt = bd.resolve_dtype(dtype)
+    results = [want.astype(dt) for _ in range(n)]
+    rng = np.random.default_rng(5)
+    bad0 = rng.choice(count, size=7, replace=False)
+    results[0][bad0] += 1
+    results[2][count - 1] -= 1  # the tail past the first period
+    assert bd.count_wrong(results, n, dtype, op) == 8
+    if dt.kind == "f":
+        results[1][3] = np.nan
+        results[1][4] = np.inf
+        assert bd.count_wrong(results, n, dtype, op) == 10
+
+
+def test_count_wrong_flags_a_replica_left_unreduced():
+    n, count, dtype, op = 2, 5000, "float32", "sum"
+    inputs = [bd.make_input(n, r, count, dtype, op) for r in range(n)]
+    want = numpy_reference(inputs, op).astype(np.float32)
+    # Replica 1 kept its own input: every element where that differs from the sum is wrong.
+    expected = int(np.count_nonzero(inputs[1] != want))
+    assert expected > count // 2
+    assert bd.count_wrong([want, inputs[1]], n, dtype, op) == expected
+
+
+def test_mean_with_rounding_uses_a_tolerance():
+    n, count = 3, 999
+    want = bd.reference(n, count, "float32", "mean")
+    got = want.astype(np.float32)  # rounded: not exact for N=3
+    assert bd.count_wrong([got] * n, n, "float32", "mean") == 0
+    got[10] += 1e-3
+    assert bd.count_wrong([got] * n, n, "float32", "mean") == n
+
+
+def test_resolve_dtype_and_ops_reject_bad_names():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        bd.resolve_dtype("complex64")
+    with pytest.raises(ValueError, match="unknown op"):
+        bd.canonical_op("xor")
+    with pytest.raises(ValueError, match="mean needs a floating dtype"):
+        bd.check_op_dtype("mean", "int32")
+    assert bd.canonical_op("PRODUCT") == "prod"
+
+
+# --- sizes and iteration plan -----------------------------------------------------------
+
+
+def test_default_sweep_holds_the_headline_sizes():
+    sizes = cli.sweep_sizes(8, 256 << 20)
+    assert sizes[0] == 8 and sizes[-1] == 256 << 20
+    for s in (1 << 10, 1 << 20, 16 << 20, 256 << 20):
+        assert s in sizes
+    assert all(b == 4 * a for a, b in zip(sizes[1:], sizes[2:]))
+    plan = cli.build_plan(sizes, "float32", 1000, 5)
+    iters = [i for _, i in plan]
+    assert iters[0] == 1000 and iters[-1] == 5
+    assert all(a >= b for a, b in zip(iters, iters[1:]))
+
+
+def test_plan_rounds_sizes_to_whole_elements():
+    assert cli.build_plan([1, 8, 12, 64], "float64", 10, 1) == [(8, 10), (64, 10)]
+    assert cli.parse_size("16M") == 16 << 20 and cli.parse_size("1KiB") == 1024 and cli.parse_size("8") == 8
+    assert format_size(16 << 20) == "16 MiB" and format_size(1000) == "1000 B"
+
+
+# --- distvals measurements --------------------------------------------------------------
+
+
+def test_measure_group_row_fields_and_verification():
+    n, count = 3, 10_000
+    with distvals.ReplicaGroup(n) as g:
+        bufs = [np.empty(count, np.float32) for _ in range(n)]
+        row = core.measure_group(g, bufs, "float32", "sum", "ring", iters=5)
+    assert row.wrong == 0 and row.checked == 2 * n * count
+    assert row.bytes == 4 * count and row.count == count and row.replicas == n
+    assert row.time_us > 0 and row.py_time_us > 0 and row.timing == "engine"
+    row.finish(bound_us=row.time_us / 2)
+    assert math.isclose(row.algbw_gbps, row.bytes / (row.time_us * 1e-6) / 1e9)
+    assert math.isclose(row.busbw_gbps, row.algbw_gbps * 2 * (n - 1) / n)
+    assert math.isclose(row.bound_pct, 50.0)
+
+
+class _BrokenGroup:
+    """A stand-in group whose all-reduce forgets the last replica's contribution."""
+
+    def __init__(self, n):
+        self.num_replicas = n
+        self.engine = self
+
+    def all_reduce(self, bufs, op="sum", algorithm="auto", out=None):
+        total = np.sum([b.astype(np.float64) for b in bufs[:-1]], axis=0)
+        for b in bufs:
+            b[...] = total
+
+
+def test_measure_group_counts_wrong_results(monkeypatch):
+    n, count = 2, 3000
+    group = _BrokenGroup(n)
+
+    def broken_time_all_reduce(engine, bufs, op, algo, iters, warmup):
+        engine.all_reduce(bufs)
+        return np.full(iters, 1e-6)
+
+    monkeypatch.setattr(core._core, "time_all_reduce", broken_time_all_reduce)
+    monkeypatch.setattr(core._core, "choose_algorithm", lambda n, b: "direct")
+    bufs = [np.empty(count, np.float32) for _ in range(n)]
+    row = core.measure_group(group, bufs, "float32", "sum", "auto", iters=3)
+    inputs = [bd.make_input(n, r, count, "float32", "sum") for r in range(n)]
+    # Wrong wherever replica 1's value was not zero, on both replicas, through both entry points.
+    expected = 2 * n * int(np.count_nonzero(inputs[1]))
+    assert row.wrong == expected > 0
+
+
+def test_cli_exit_code_reports_wrong_results(monkeypatch, capsys):
+    real = core._core.time_all_reduce
+
+    def off_by_one(engine, bufs, op, algo, iters, warmup):
+        t = real(engine, bufs, op, algo, iters, warmup)
+        bufs[0][0] += 1
+        return t
+
+    monkeypatch.setattr(core._core, "time_all_reduce", off_by_one)
+    rc, out, err = run_cli(capsys, "--sizes", "64", "--iters", "3", "--algo", "ring", "--no-progress")
+    assert rc == 1 and "wrong result elements" in err
+    line = [ln for ln in out.splitlines() if "distvals ring" in ln][0]
+    assert line.split()[-1] == "1"
+
+
+# --- the command line, table and JSON ---------------------------------------------------
+
+
+def _table_rows(out):
+    return [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_cli_table_has_every_size_algorithm_and_replica_count(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    rc, out, _ = run_cli(capsys, "--replicas", "2", "3", "--sizes", "8,1K,64K", "--iters", "20",
+                         "--json", str(path), "--no-progress")
+    assert rc == 0
+    assert "busbw" in out and "%bound" in out and "#wrong" in out
+    rows = _table_rows(out)
+    for n in (2, 3):
+        assert f"{n} replicas" in out
+    measured = [r for r in rows if r[4] == "distvals"]
+    assert len(measured) == 2 * 3 * 4  # N x sizes x algorithms
+    for r in measured:
+        assert r[2] == "float32" and r[3] == "sum" and r[-1] == "0"
+        assert float(r[6]) > 0 and float(r[9]) >= 0
+    bounds = [r for r in rows if "(memory" in r]
+    assert len(bounds) == 2 * 3
+    doc = json.loads(path.read_text())
+    check_schema(doc)
+    assert {r["replicas"] for r in doc["results"]} == {2, 3}
+    assert {r["bytes"] for r in doc["results"]} == {8, 1024, 65536}
+    assert {r["algorithm"] for r in doc["results"]} == {"ring", "tree", "direct", "auto"}
+    assert doc["command"].startswith("python -m distvals.bench --replicas 2 3")
+
+
+def check_schema(doc):
+    assert doc["schema"] == SCHEMA
+    for key in ("command", "settings", "machine", "memory_bound", "results", "peers", "speedups", "notes"):
+        assert key in doc, key
+    for b in doc["memory_bound"]:
+        assert b["bound_us"] == min(b["copy_samples_us"]) > 0
+        assert math.isclose(b["copy_gbps"], 2 * b["replicas"] * b["bytes"] / b["bound_us"] / 1e3)
+    for r in doc["results"]:
+        assert isinstance(r["impl"], str) and isinstance(r["wrong"], int) and r["checked"] >= r["count"]
+        assert r["count"] * np.dtype(r["dtype"]).itemsize == r["bytes"]
+        assert math.isclose(r["algbw_gbps"], r["bytes"] / r["time_us"] / 1e3)
+        assert math.isclose(r["busbw_gbps"], r["algbw_gbps"] * bus_factor(r["replicas"]))
+        bound = [b for b in doc["memory_bound"] if (b["replicas"], b["bytes"]) == (r["replicas"], r["bytes"])]
+        assert len(bound) == 1
+        assert math.isclose(r["bound_pct"], 100 * bound[0]["bound_us"] / r["time_us"])
+        if r["impl"] == "distvals" and r["level"] == "group":
+            assert r["timing"] == "engine" and r["py_time_us"] > 0
+    Report.from_json(doc)  # round trip
+
+
+def test_cli_json_to_stdout_is_only_json(capsys):
+    rc, out, _ = run_cli(capsys, "--sizes", "1K", "--iters", "5", "--algo", "auto", "--dtype", "int32",
+                         "--op", "max", "--json", "--no-progress")
+    assert rc == 0
+    doc = json.loads(out)
+    check_schema(doc)
+    (row,) = doc["results"]
+    assert (row["dtype"], row["op"], row["algorithm"], row["wrong"]) == ("int32", "max", "auto", 0)
+    assert row["chosen"] in ("ring", "tree", "direct")
+
+
+def test_cli_load_prints_the_same_report(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    run_cli(capsys, "--sizes", "256", "--iters", "5", "--json", str(path), "--no-progress")
+    doc = json.loads(path.read_text())
+    rc, out, _ = run_cli(capsys, "--load", str(path))
+    assert rc == 0
+    assert out == format_report(Report.from_json(doc))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dtype", "int32", "--op", "mean"], "mean needs a floating dtype"),
+    (["--min-bytes", "1M", "--max-bytes", "1K"], "larger than --max-bytes"),
+    (["--compare", "--peers", "jax"], "unknown peer"),
+    (["--sizes", "0"], "at least 1 byte"),
+    (["--replicas", "0"], "at least 1"),
+])
+def test_cli_rejects_bad_arguments(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_progress_without_tqdm_writes_a_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    stream = io.StringIO()
+    with Progress(3, enabled=True, stream=stream) as p:
+        p.tick("N=2 1024 B distvals ring")
+        p.tick("N=2 1024 B distvals tree")
+    text = stream.getvalue()
+    assert "[   1/3]" in text and "[   2/3]" in text and "distvals tree" in text
+    silent = io.StringIO()
+    with Progress(3, enabled=False, stream=silent) as p:
+        p.tick("x")
+    assert silent.getvalue() == ""
+
+
+# --- the strategy level -----------------------------------------------------------------
+
+
+def test_strategy_level_rows_or_a_note(capsys):
+    rc, out, _ = run_cli(capsys, "--sizes", "8,4K", "--iters", "5", "--api", "strategy", "--json",
+                         "--no-progress")
+    assert rc == 0
+    doc = json.loads(out)
+    if not core.has_strategy():
+        assert any("no MirroredStrategy" in n for n in doc["notes"])
+        assert doc["results"] == []
+        return
+    rows = [r for r in doc["results"] if r["level"] == "strategy"]
+    assert [r["bytes"] for r in rows] == [8, 4096]
+    for r in rows:
+        assert r["wrong"] == 0 and r["checked"] == 2 * r["count"] and r["time_us"] > 0
+
+
+# --- peers ------------------------------------------------------------------------------
+
+
+def test_missing_interpreter_lists_every_peer_as_missing(capsys, tmp_path):
+    rc, out, _ = run_cli(capsys, "--compare", "--replicas", "2", "--sizes", "64", "--iters", "3", "--api",
+                         "group", "--algo", "auto", "--peer-python", str(tmp_path / "no-python"), "--json",
+                         "--no-progress")
+    assert rc == 0
+    doc = json.loads(out)
+    status = {p["name"]: p for p in doc["peers"]}
+    assert set(status) == set(PEERS)
+    for p in status.values():
+        assert p["status"] == "missing" and "no-python" in p["reason"]
+    text = format_report(Report.from_json(doc))
+    for name in PEERS:
+        assert f"{name}: MISSING" in text
+
+
+def test_compare_runs_numpy_and_lists_absent_peers(capsys):
+    absent = [name for name, mod in PEER_MODULES.items() if importlib.util.find_spec(mod) is None]
+    peers = ["numpy"] + absent
+    rc, out, _ = run_cli(capsys, "--compare", "--replicas", "2", "--sizes", "8,1K,64K", "--iters", "10",
+                         "--api", "group", "--algo", "auto", "--peers", ",".join(peers), "--json",
+                         "--no-progress")
+    assert rc == 0
+    doc = json.loads(out)
+    check_schema(doc)
+    status = {p["name"]: p for p in doc["peers"]}
+    assert status["numpy"]["status"] == "ok" and status["numpy"]["version"] == np.__version__
+    for name in absent:
+        assert status[name]["status"] == "missing", status[name]
+        assert status[name]["reason"]
+    rows = [r for r in doc["results"] if r["impl"] == "numpy"]
+    assert [r["bytes"] for r in rows] == [8, 1024, 65536]
+    assert all(r["wrong"] == 0 and r["checked"] == 2 * r["count"] for r in rows)
+    ratios = [s for s in doc["speedups"] if s["peer"] == "numpy" and s["distvals"] == "group"]
+    assert len(ratios) == 3
+    for s in ratios:
+        assert math.isclose(s["speedup"], s["peer_us"] / s["distvals_us"])
+
+
+def test_numpy_runner_checks_its_result():
+    res = subprocess.run([sys.executable, runner_path("numpy"), "--replicas", "3", "--op", "min",
+                          "--dtype", "int8", "--plan", "3:4,1000:4"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(ln) for ln in res.stdout.splitlines()]
+    assert [e["event"] for e in events] == ["start", "result", "result", "done"]
+    assert [(e["count"], e["wrong"], e["checked"]) for e in events[1:3]] == [(3, 0, 9), (1000, 0, 3000)]
+
+
+def test_numpy_runner_all_reduce_is_right():
+    spec = importlib.util.spec_from_file_location("numpy_peer_under_test", runner_path("numpy"))
+    sys.path.insert(0, os.path.dirname(runner_path("numpy")))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.pop(0)
+    for op in bd.OPS:
+        arrays = [bd.make_input(4, r, 777, "float64", op) for r in range(4)]
+        want = numpy_reference(arrays, op)
+        mod.all_reduce(arrays, np.empty_like(arrays[0]), op)
+        for a in arrays:
+            np.testing.assert_allclose(a, want, rtol=1e-12)
+
+
+def _fake_runner(tmp_path, monkeypatch, body):
+    script = tmp_path / "fake_peer.py"
+    script.write_text(textwrap.dedent(body))
+    monkeypatch.setattr(compare, "runner_path", lambda name: str(script))
+
+
+def test_failing_peer_is_reported_with_partial_results(tmp_path, monkeypatch):
+    _fake_runner(tmp_path, monkeypatch, """
+        import json, sys
+        print(json.dumps({"event": "start", "version": "9.9", "detail": "fake"}), flush=True)
+        print("some library chatter on stdout", flush=True)
+        print(json.dumps({"event": "result", "bytes": 8, "count": 2, "iters": 3, "time_us": 5.0,
+                          "wrong": 0, "checked": 4}), flush=True)
+        sys.stderr.write("Traceback: boom in the second size\\n")
+        sys.exit(3)
+    """)
+    status, rows = compare.run_peer("numpy", 2, [(8, 3), (64, 3)], "float32", "sum", sys.executable, 60)
+    assert status.status == "failed" and status.version == "9.9"
+    assert "exit code 3" in status.reason and "1 of 2 sizes" in status.reason and "boom" in status.reason
+    assert [(r.bytes, r.time_us) for r in rows] == [(8, 5.0)]
+
+
+def test_hanging_peer_is_killed_at_its_timeout(tmp_path, monkeypatch):
+    _fake_runner(tmp_path, monkeypatch, """
+        import json, time
+        print(json.dumps({"event": "start", "version": "1"}), flush=True)
+        time.sleep(120)
+    """)
+    t0 = time.monotonic()
+    status, rows = compare.run_peer("numpy", 2, [(8, 3)], "float32", "sum", sys.executable, 2.0)
+    assert time.monotonic() - t0 < 30
+    assert status.status == "failed" and "timed out" in status.reason and rows == []
+
+
+def test_peer_reporting_missing_or_unsupported(tmp_path, monkeypatch):
+    _fake_runner(tmp_path, monkeypatch, """
+        import json
+        print(json.dumps({"event": "unsupported", "reason": "no such op here"}), flush=True)
+    """)
+    status, rows = compare.run_peer("tensorflow", 4, [(8, 3)], "float32", "prod", sys.executable, 60)
+    assert (status.status, status.reason, status.replicas) == ("unsupported", "no such op here", 4)
+
+
+def test_speedups_divide_peer_time_by_distvals_python_time():
+    def row(impl, level, algo, t, py=None):
+        return Row(impl, level, algo, 2, 1024, 256, "float32", "sum", t, 10, 0, 512, py_time_us=py)
+
+    report = Report("cmd", {}, {}, rows=[row("distvals", "group", "auto", 0.5, py=2.0),
+                                         row("distvals", "group", "ring", 0.1, py=1.0),
+                                         row("distvals", "strategy", "auto", 20.0),
+                                         row("tensorflow", "peer", "", 800.0)],
+                    peers=[PeerStatus("tensorflow", 2, "ok")])
+    sp = {s["distvals"]: s["speedup"] for s in compare.speedups(report)}
+    assert sp == {"group": 400.0, "strategy": 40.0}
+    text = format_report(report)
+    assert "400.00x" in text and "40.00x" in text
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    data = tmp_path / "r.json"
+    run_cli(capsys, "--sizes", "8,1K,64K", "--iters", "5", "--algo", "auto", "--json", str(data),
+            "--no-progress")
+    png = tmp_path / "r.png"
+    rc, _, err = run_cli(capsys, "--load", str(data), "--plot", str(png))
+    assert rc == 0 and "plot written" in err
+    head = png.read_bytes()[:8]
+    assert head == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_module_entry_point_runs():
+    res = subprocess.run([sys.executable, "-m", "distvals.bench", "--sizes", "1K", "--iters", "3",
+                          "--algo", "direct", "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = _table_rows(res.stdout)
+    assert rows[0][:6] == ["1024", "256", "float32", "sum", "distvals", "direct"] and rows[0][-1] == "0"

@@ -1,0 +1,214 @@
+"""Which strategy is in force and where code runs: default, scope, run, merge_call."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import distvals as dv
+
+
+@pytest.fixture(scope="module")
+def s2():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+    yield s
+    s.close()
+
+
+def test_default_context_outside_any_scope():
+    assert not dv.has_strategy()
+    assert not dv.in_cross_replica_context()
+    default = dv.get_strategy()
+    assert default.num_replicas_in_sync == 1
+    ctx = dv.get_replica_context()
+    assert ctx is not None
+    assert ctx.replica_id_in_sync_group == 0 and ctx.num_replicas_in_sync == 1
+    assert ctx.strategy is default
+    assert dv.get_strategy() is default  # the same object every time
+
+
+def test_default_strategy_works_on_plain_values():
+    default = dv.get_strategy()
+    x = np.array([1.0, 2.0])
+    assert default.run(lambda v: v * 3, args=(x,)).tolist() == [3.0, 6.0]
+    assert default.reduce("SUM", x) is x
+    assert default.reduce("MEAN", x) is x
+    assert default.experimental_local_results(x) == (x,)
+    out = dv.get_replica_context().all_reduce("SUM", x)
+    np.testing.assert_array_equal(out, x)
+    assert out is not x
+    merged = dv.get_replica_context().merge_call(lambda s, v: (s, v + 1), args=(1,))
+    assert merged == (default, 2)
+    with default.scope():
+        assert not dv.has_strategy()
+
+
+def test_scope(s2):
+    with s2.scope() as entered:
+        assert entered is s2
+        assert dv.get_strategy() is s2
+        assert dv.has_strategy()
+        assert dv.in_cross_replica_context()
+        assert dv.get_replica_context() is None
+    assert not dv.has_strategy()
+    assert dv.get_replica_context() is not None
+
+
+def test_same_scope_twice_nests(s2):
+    with s2.scope():
+        with s2.scope():
+            assert dv.get_strategy() is s2
+        assert dv.get_strategy() is s2
+    assert not dv.has_strategy()
+
+
+def test_another_strategys_scope_inside_is_an_error(s2, s3):
+    with s2.scope():
+        with pytest.raises(RuntimeError, match="mixing different strategies"):
+            with s3.scope():
+                pass
+        assert dv.get_strategy() is s2  # nothing was left behind
+    assert not dv.has_strategy()
+
+
+def test_replica_context_inside_run(s3):
+    def fn():
+        ctx = dv.get_replica_context()
+        return (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync, ctx.strategy is s3,
+                dv.get_strategy() is s3, dv.has_strategy(), dv.in_cross_replica_context(), ctx.devices)
+
+    ids, nums, same, current, has, cross, devices = s3.run(fn)
+    assert ids.values == (0, 1, 2)
+    # Python numbers and bools stay per replica (identity means nothing for them).
+    assert nums.values == (3, 3, 3) and same.values == current.values == has.values == (True,) * 3
+    assert cross.values == (False,) * 3
+    # A tuple per replica regroups into a tuple of PerReplica.
+    assert devices[0].values == s3.extended.worker_devices
+    # After run the calling thread is back where it was.
+    assert not dv.has_strategy()
+
+
+def test_run_inside_scope_and_back(s2):
+    with s2.scope():
+        ids = s2.run(lambda: dv.get_replica_context().replica_id_in_sync_group)
+        assert ids.values == (0, 1)
+        assert dv.in_cross_replica_context()
+
+
+def test_scope_inside_run_is_an_error(s2):
+    def fn():
+        with s2.scope():
+            pass
+
+    with pytest.raises(RuntimeError, match="cross-replica context"):
+        s2.run(fn)
+
+
+def test_merge_call_runs_once_in_cross_replica_context(s3):
+    calls = []
+
+    def merge_fn(strategy, value, scale=1):
+        calls.append(threading.get_ident())
+        assert strategy is s3
+        assert dv.in_cross_replica_context() and dv.get_replica_context() is None
+        assert isinstance(value, dv.PerReplica)
+        return strategy.reduce("SUM", value) * scale
+
+    def fn():
+        ctx = dv.get_replica_context()
+        x = np.array([float(ctx.replica_id_in_sync_group + 1)])
+        out = ctx.merge_call(merge_fn, args=(x,), kwargs={"scale": 10})
+        # Back in replica context after merge_call.
+        assert dv.get_replica_context() is ctx
+        return out
+
+    result = s3.run(fn)
+    assert len(calls) == 1
+    # The same object to every replica: returned as is.
+    np.testing.assert_array_equal(result, [60.0])
+
+
+def test_merge_call_hands_per_replica_results_back_by_replica(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        mine = ctx.replica_id_in_sync_group * 10
+        return ctx.merge_call(lambda s, v: dv.PerReplica(tuple(p + 1 for p in v.values)), args=(mine,))
+
+    assert s2.run(fn).values == (1, 11)
+
+
+def test_merge_call_identical_args_stay_plain(s2):
+    seen = []
+    shared = object()
+
+    def fn():
+        return dv.get_replica_context().merge_call(lambda s, v: seen.append(v), args=(shared,))
+
+    s2.run(fn)
+    assert seen == [shared]
+
+
+def test_merge_call_missing_in_one_replica_is_an_error(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            ctx.merge_call(lambda s: None)
+
+    with pytest.raises(RuntimeError, match="replica 0: .*replica\\(s\\) 1, which returned without calling merge_call"):
+        s2.run(fn)
+    assert s2.run(lambda: 5).values == (5, 5)
+
+
+def test_merge_fn_error_reaches_caller(s3):
+    def merge_fn(strategy):
+        raise KeyError("from merge")
+
+    def fn():
+        dv.get_replica_context().merge_call(merge_fn)
+
+    with pytest.raises(KeyError, match="from merge"):
+        s3.run(fn)
+    assert s3.run(lambda: 1).values == (1, 1, 1)
+
+
+def test_merge_call_bad_args(s2):
+    with pytest.raises(ValueError, match="args must be a list or tuple"):
+        dv.get_replica_context().merge_call(lambda s: None, args=5)
+
+
+def test_contexts_are_per_thread(s2):
+    seen = {}
+
+    def other():
+        seen["has"] = dv.has_strategy()
+        seen["ctx"] = dv.get_replica_context()
+
+    with s2.scope():
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+    assert seen["has"] is False
+    assert seen["ctx"] is not None and seen["ctx"].num_replicas_in_sync == 1
+
+
+def test_experimental_set_strategy(s2):
+    with dv.experimental_set_strategy(s2):
+        assert dv.get_strategy() is s2
+    with dv.experimental_set_strategy(None):
+        assert not dv.has_strategy()
+    assert not dv.has_strategy()
+
+
+def test_replica_context_repr_and_range(s2):
+    assert repr(dv.get_replica_context()) == "ReplicaContext(replica_id_in_sync_group=0, num_replicas_in_sync=1)"
+    with pytest.raises(ValueError, match="out of range"):
+        dv.ReplicaContext(s2, 2)

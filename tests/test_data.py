@@ -1,0 +1,117 @@
+"""distvals.data.Dataset: slices, batches, shuffling, repetition."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import distvals.data
+from distvals.data import Dataset
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+def test_import_path():
+    assert distvals.data.Dataset is Dataset
+
+
+def test_from_tensor_slices_python_floats_become_float32():
+    elements = list(Dataset.from_tensor_slices([5.0, 6.0, 7.0]))
+    assert len(elements) == 3
+    assert all(isinstance(e, np.ndarray) and e.shape == () and e.dtype == np.float32 for e in elements)
+    assert [float(e) for e in elements] == [5.0, 6.0, 7.0]
+
+
+def test_from_tensor_slices_dtypes():
+    assert next(iter(Dataset.from_tensor_slices([1, 2]))).dtype == np.int32
+    assert next(iter(Dataset.from_tensor_slices([2**40, 1]))).dtype == np.int64
+    assert next(iter(Dataset.from_tensor_slices([True, False]))).dtype == np.bool_
+    assert next(iter(Dataset.from_tensor_slices(np.arange(3.0)))).dtype == np.float64  # numpy keeps its dtype
+
+
+def test_from_tensor_slices_structures():
+    x = np.arange(6.0).reshape(3, 2)
+    y = np.array([0, 1, 0])
+    pairs = list(Dataset.from_tensor_slices((x, y)))
+    assert isinstance(pairs[1], tuple)
+    np.testing.assert_array_equal(pairs[1][0], x[1])
+    assert int(pairs[2][1]) == 0
+    dicts = list(Dataset.from_tensor_slices({"b": y, "a": x}))
+    assert list(dicts[0]) == ["b", "a"]
+    np.testing.assert_array_equal(dicts[2]["a"], x[2])
+    points = list(Dataset.from_tensor_slices(Point(x, y)))
+    assert isinstance(points[0], Point)
+
+
+def test_from_tensor_slices_errors():
+    with pytest.raises(ValueError, match="component 0 has 3, component 1 has 2"):
+        Dataset.from_tensor_slices((np.zeros(3), np.zeros(2)))
+    with pytest.raises(ValueError, match="shape \\(\\) and cannot be sliced"):
+        Dataset.from_tensor_slices(1.0)
+
+
+def test_batch():
+    ds = Dataset.from_tensor_slices(np.arange(10)).batch(4)
+    batches = list(ds)
+    assert [b.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    dropped = list(Dataset.from_tensor_slices(np.arange(10)).batch(4, drop_remainder=True))
+    assert [len(b) for b in dropped] == [4, 4]
+    nested = next(iter(Dataset.from_tensor_slices((np.arange(6.0).reshape(3, 2), np.arange(3))).batch(2)))
+    assert nested[0].shape == (2, 2) and nested[1].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="positive int"):
+        Dataset.from_tensor_slices(np.arange(3)).batch(0)
+
+
+def test_shuffle_is_a_permutation_and_seeded():
+    ds = Dataset.from_tensor_slices(np.arange(50)).shuffle(50, seed=3)
+    first = [int(e) for e in ds]
+    second = [int(e) for e in ds]
+    assert sorted(first) == list(range(50)) and sorted(second) == list(range(50))
+    assert first != list(range(50))
+    assert first != second  # reshuffled each pass
+    again = [int(e) for e in Dataset.from_tensor_slices(np.arange(50)).shuffle(50, seed=3)]
+    assert again == first  # the same seed gives the same sequence of orders
+    fixed = Dataset.from_tensor_slices(np.arange(50)).shuffle(50, seed=3, reshuffle_each_iteration=False)
+    assert [int(e) for e in fixed] == [int(e) for e in fixed]
+
+
+def test_shuffle_buffer_bounds_displacement():
+    # With a buffer of k, element i cannot come out before position i - k + 1.
+    k = 4
+    out = [int(e) for e in Dataset.from_tensor_slices(np.arange(100)).shuffle(k, seed=1)]
+    assert sorted(out) == list(range(100))
+    for pos, value in enumerate(out):
+        assert value <= pos + k - 1
+
+
+def test_repeat_take_skip():
+    ds = Dataset.from_tensor_slices(np.arange(3))
+    assert [int(e) for e in ds.repeat(2)] == [0, 1, 2, 0, 1, 2]
+    assert [int(e) for e in ds.repeat().take(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [int(e) for e in ds.take(2)] == [0, 1]
+    assert [int(e) for e in ds.take(-1)] == [0, 1, 2]
+    assert [int(e) for e in ds.skip(1)] == [1, 2]
+    assert list(ds.repeat(0)) == []
+    with pytest.raises(ValueError, match="count"):
+        ds.take(-5)
+
+
+def test_map_and_prefetch():
+    ds = Dataset.from_tensor_slices((np.arange(4.0), np.arange(4))).map(lambda x, y: (x * 2, y + 1)).prefetch(2)
+    out = list(ds)
+    assert [float(x) for x, _ in out] == [0.0, 2.0, 4.0, 6.0]
+    assert [int(y) for _, y in out] == [1, 2, 3, 4]
+
+
+def test_batched_flag_follows_the_pipeline():
+    ds = Dataset.from_tensor_slices(np.arange(8))
+    assert not ds._batched
+    assert ds.batch(2).shuffle(4).repeat(2).take(3)._batched
+
+
+def test_range_and_from_tensors():
+    assert [int(e) for e in Dataset.range(2, 5)] == [2, 3, 4]
+    (only,) = list(Dataset.from_tensors([1.0, 2.0]))
+    assert only.dtype == np.float32 and only.tolist() == [1.0, 2.0]

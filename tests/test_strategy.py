@@ -1,0 +1,811 @@
+"""MirroredStrategy, OneDeviceStrategy and ReplicaContext: run, reduce, gather, extended."""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+import distvals as dv
+from distvals.strategy import _canonical_devices
+
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+@pytest.fixture(scope="module")
+def s2():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def s4():
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(4)])
+    yield s
+    s.close()
+
+
+def per_replica(n, shape=(3,), dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return dv.PerReplica(tuple((rng.integers(-5, 6, size=shape) + 10 * r).astype(dtype) for r in range(n)))
+
+
+def ref(parts, op):
+    stack = np.stack([np.asarray(p, np.float64) for p in parts])
+    return {"SUM": stack.sum(0), "MEAN": stack.mean(0), "MIN": stack.min(0), "MAX": stack.max(0),
+            "PRODUCT": stack.prod(0)}[op]
+
+
+# ---- devices ------------------------------------------------------------------------------
+
+def test_device_names_are_canonicalized():
+    s = dv.MirroredStrategy(["/cpu:0", "/job:localhost/replica:0/task:0/device:CPU:1", "cpu:2"])
+    try:
+        assert s.num_replicas_in_sync == 3
+        assert s.extended.worker_devices == tuple(
+            f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)
+        )
+        assert repr(s) == "MirroredStrategy(devices=['CPU:0', 'CPU:1', 'CPU:2'])"
+    finally:
+        s.close()
+
+
+def test_duplicate_devices_are_an_error():
+    with pytest.raises(ValueError, match=r"'/cpu:0' \(CPU:0\) is listed twice"):
+        dv.MirroredStrategy(["CPU:0", "/cpu:0"])
+
+
+def test_bad_devices():
+    with pytest.raises(ValueError, match="TPU:0"):
+        dv.MirroredStrategy(["TPU:0"])
+    with pytest.raises(TypeError, match="not one string"):
+        dv.MirroredStrategy("CPU:0")
+    with pytest.raises(ValueError, match="must not be empty"):
+        dv.MirroredStrategy([])
+    with pytest.raises(TypeError, match="must be strings"):
+        dv.MirroredStrategy([0, 1])
+
+
+def test_devices_none_means_cpu0_without_gpus(monkeypatch):
+    monkeypatch.delattr(dv, "cuda", raising=False)
+    s = dv.MirroredStrategy()
+    try:
+        assert s.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:0",)
+    finally:
+        s.close()
+
+
+def test_devices_none_means_every_gpu(monkeypatch):
+    monkeypatch.setattr(dv, "cuda", types.SimpleNamespace(device_count=lambda: 2), raising=False)
+    assert _canonical_devices(None, "MirroredStrategy") == ["GPU:0", "GPU:1"]
+
+
+def test_gpu_requested_without_gpus(monkeypatch):
+    monkeypatch.setattr(dv, "cuda", types.SimpleNamespace(device_count=lambda: 0), raising=False)
+    with pytest.raises(ValueError, match="GPU:1 requested, but distvals sees 0 GPU"):
+        dv.MirroredStrategy(["GPU:0", "GPU:1"])
+
+
+def test_many_cpu_replicas():
+    n = 24
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+    try:
+        out = s.run(lambda: dv.get_replica_context().all_reduce(
+            "sum", np.full(5, dv.get_replica_context().replica_id_in_sync_group, np.int64)))
+        for r in range(n):
+            np.testing.assert_array_equal(out.values[r], np.full(5, n * (n - 1) // 2))
+    finally:
+        s.close()
+
+
+# ---- run ----------------------------------------------------------------------------------
+
+def test_run_replaces_distributed_values_at_any_depth(s2):
+    a, b, c, d = (per_replica(2, seed=i) for i in range(4))
+    shared = object()
+
+    def fn(x, nested, pair, z=None):
+        return {"x": x, "y": nested[1]["k"], "p": pair.first, "q": pair.second, "z": z, "same": shared}
+
+    out = s2.run(fn, args=(a, [1, {"k": b}], Pair(c, 5)), kwargs={"z": d})
+    assert set(out) == {"x", "y", "p", "q", "z", "same"}
+    for r in range(2):
+        assert out["x"].values[r] is a.values[r]
+        assert out["y"].values[r] is b.values[r]
+        assert out["p"].values[r] is c.values[r]
+        assert out["z"].values[r] is d.values[r]
+    # Leaves that are the identical object on every replica come back as they are...
+    assert out["same"] is shared
+    # ...but Python numbers are values: equal ones are per replica even when shared.
+    assert isinstance(out["q"], dv.PerReplica) and out["q"].values == (5, 5)
+
+
+def test_run_keeps_the_result_structure(s3):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return Pair([r, (r * 2,)], {"a": r + 0.5})
+
+    out = s3.run(fn)
+    assert isinstance(out, Pair) and isinstance(out.first, list) and isinstance(out.first[1], tuple)
+    assert out.first[0].values == (0, 1, 2)
+    assert out.first[1][0].values == (0, 2, 4)
+    assert out.second["a"].values == (0.5, 1.5, 2.5)
+
+
+def test_run_equal_small_numbers_stay_per_replica(s3):
+    # 12 is one cached object in CPython; it must still count once per replica.
+    counts = s3.run(lambda: 12)
+    assert isinstance(counts, dv.PerReplica) and counts.values == (12, 12, 12)
+    assert s3.reduce("SUM", counts) == 36
+    assert s3.run(lambda: None) is None
+
+
+def test_run_different_structures_is_an_error(s3):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return (1, 2) if r != 2 else [1, 2, 3]
+
+    with pytest.raises(ValueError, match="replicas 0 and 2 returned different structures"):
+        s3.run(fn)
+
+
+def test_run_validates_arguments(s2):
+    with pytest.raises(ValueError, match="positional args must be a list or tuple"):
+        s2.run(lambda x: x, args=np.arange(2))
+    with pytest.raises(ValueError, match="kwargs must be a dict"):
+        s2.run(lambda: 0, kwargs=[1])
+    with pytest.raises(TypeError, match="fn must be callable"):
+        s2.run(5)
+    with pytest.raises(ValueError, match="PerReplica with 3 values was given to a strategy with 2"):
+        s2.run(lambda x: x, args=(dv.PerReplica((1, 2, 3)),))
+
+
+def test_run_inside_run_is_an_error(s2):
+    def fn():
+        return s2.run(lambda: 1)
+
+    with pytest.raises(RuntimeError, match=r"replica \d: strategy.run cannot be called inside strategy.run"):
+        s2.run(fn)
+
+
+def test_replicas_run_in_parallel(s4):
+    # Passing a barrier needs all four replicas inside fn at the same time.
+    barrier = threading.Barrier(4, timeout=10)
+
+    def fn():
+        return barrier.wait()
+
+    out = s4.run(fn)
+    assert sorted(out.values) == [0, 1, 2, 3]
+    threads = s4.run(lambda: threading.get_ident())
+    assert len(set(threads.values)) == 4
+
+
+def test_exception_releases_the_others_and_names_the_replica(s3):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 1:
+            raise ValueError("bad batch")
+        # Replicas 0 and 2 wait in the engine for replica 1, which never comes.
+        return ctx.all_reduce("sum", np.ones(4))
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="^replica 1: bad batch$") as info:
+        s3.run(fn)
+    assert time.monotonic() - t0 < 10
+    cause = info.value.__cause__
+    assert isinstance(cause, ValueError) and str(cause) == "bad batch"
+    assert cause.__traceback__ is not None
+    assert info.value.replica == 1
+    # Still usable, with correct results.
+    out = s3.run(lambda: dv.get_replica_context().all_reduce(
+        "sum", np.full(2, dv.get_replica_context().replica_id_in_sync_group + 1.0)))
+    for r in range(3):
+        np.testing.assert_array_equal(out.values[r], [6.0, 6.0])
+
+
+def test_exception_in_replica_zero(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            raise ZeroDivisionError("division by zero here")
+        ctx.all_reduce("sum", np.ones(3))
+
+    with pytest.raises(ZeroDivisionError, match="^replica 0: division by zero here"):
+        s2.run(fn)
+    assert s2.run(lambda: 3).values == (3, 3)
+
+
+class OddError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+def test_exception_with_unusual_constructor(s2):
+    def fn():
+        if dv.get_replica_context().replica_id_in_sync_group == 1:
+            raise OddError(7, "odd")
+
+    with pytest.raises(OddError, match="replica 1: code 7: odd") as info:
+        s2.run(fn)
+    assert info.value.code == 7
+
+
+def test_keyboard_interrupt_passes_through(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            raise KeyboardInterrupt
+        ctx.all_reduce("sum", np.ones(3))
+
+    with pytest.raises(KeyboardInterrupt):
+        s2.run(fn)
+    out = s2.run(lambda: dv.get_replica_context().all_reduce("max", np.arange(3.0)))
+    np.testing.assert_array_equal(out.values[1], [0.0, 1.0, 2.0])
+
+
+def test_engine_errors_keep_their_type_and_gain_the_replica(s2):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return dv.get_replica_context().all_reduce("sum", np.ones(3 + r))
+
+    with pytest.raises(dv.MismatchError, match=r"^replica \d: "):
+        s2.run(fn)
+    assert s2.run(lambda: 1).values == (1, 1)
+
+
+def test_collective_timeout_names_the_missing_replica():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.5))
+    try:
+        def fn():
+            ctx = dv.get_replica_context()
+            if ctx.replica_id_in_sync_group == 0:
+                ctx.all_reduce("sum", np.ones(2))
+
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="replica 0: .*1"):
+            s.run(fn)
+        assert time.monotonic() - t0 < 10
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
+        np.testing.assert_array_equal(out.values[0], [2.0, 2.0])
+    finally:
+        s.close()
+
+
+def test_run_waits_at_most_the_timeout():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3))
+    try:
+        release = threading.Event()
+
+        def fn():
+            if dv.get_replica_context().replica_id_in_sync_group == 1:
+                release.wait(20)
+
+        with pytest.raises(dv.CollectiveTimeoutError, match="did not finish within 0.3 s"):
+            s.run(fn)
+        with pytest.raises(RuntimeError, match=r"replica\(s\) 1 still run a step that timed out"):
+            s.run(lambda: 0)
+        release.set()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert s.run(lambda: 4).values == (4, 4)
+                break
+            except RuntimeError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        s.close()
+
+
+def test_one_step_at_a_time(s2):
+    inside = threading.Event()
+    release = threading.Event()
+    result = {}
+
+    def slow():
+        if dv.get_replica_context().replica_id_in_sync_group == 0:
+            inside.set()
+            release.wait(20)
+        return 1
+
+    t = threading.Thread(target=lambda: result.setdefault("v", s2.run(slow)))
+    t.start()
+    try:
+        assert inside.wait(20)
+        with pytest.raises(RuntimeError, match="already running a step"):
+            s2.run(lambda: 0)
+    finally:
+        release.set()
+        t.join(20)
+    assert result["v"].values == (1, 1)
+
+
+# ---- reduce -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"])
+def test_reduce_elementwise(s3, op):
+    value = per_replica(3, shape=(2, 3), dtype=np.float64, seed=3)
+    out = s3.reduce(op, value, axis=None)
+    assert out.shape == (2, 3) and out.dtype == np.float64
+    np.testing.assert_allclose(out, ref(value.values, op), rtol=1e-12)
+    # Inputs are untouched.
+    np.testing.assert_array_equal(value.values[0], per_replica(3, (2, 3), np.float64, 3).values[0])
+
+
+def test_reduce_op_strings_any_case(s2):
+    value = per_replica(2, seed=5)
+    expected = ref(value.values, "SUM")
+    for op in ("sum", "Sum", "SUM", dv.ReduceOp.SUM):
+        np.testing.assert_allclose(s2.reduce(op, value), expected)
+    np.testing.assert_allclose(s2.reduce("prod", value), ref(value.values, "PRODUCT"))
+    with pytest.raises(ValueError, match="unknown reduce op 'avg_pool'"):
+        s2.reduce("avg_pool", value)
+    with pytest.raises(TypeError, match="expected a distvals.ReduceOp"):
+        s2.reduce(3, value)
+
+
+def test_reduce_with_axis_sum(s2):
+    value = dv.PerReplica((np.array([5.0], np.float32), np.array([6.0], np.float32)))
+    out = s2.reduce(dv.ReduceOp.SUM, value, axis=0)
+    assert out.shape == () and out.dtype == np.float32 and float(out) == 11.0
+    m = dv.PerReplica((np.arange(6.0).reshape(2, 3), np.arange(6.0, 12.0).reshape(2, 3)))
+    np.testing.assert_allclose(s2.reduce("SUM", m, axis=1), m.values[0].sum(1) + m.values[1].sum(1))
+    np.testing.assert_allclose(s2.reduce("MAX", m, axis=-1), np.maximum(m.values[0].max(1), m.values[1].max(1)))
+
+
+def test_reduce_mean_with_axis_weighs_by_count(s2):
+    value = dv.PerReplica((np.array([1, 1, 1]), np.array([2])))
+    out = s2.reduce("MEAN", value, axis=0)
+    assert out.dtype == np.float64 and float(out) == 1.25
+    f = dv.PerReplica((np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([[5.0, 6.0]], np.float32)))
+    out = s2.reduce("mean", f, axis=0)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, np.concatenate(f.values).mean(0))
+
+
+def test_reduce_mean_with_empty_replica(s2):
+    value = dv.PerReplica((np.array([2.0, 4.0]), np.zeros(0)))
+    assert float(s2.reduce("MEAN", value, axis=0)) == 3.0
+
+
+def test_reduce_axis_out_of_range(s2):
+    with pytest.raises(ValueError, match="axis 1 is out of range for replica 0's value of rank 1"):
+        s2.reduce("SUM", per_replica(2), axis=1)
+
+
+def test_integer_mean_gives_float64(s2):
+    value = dv.PerReplica((np.array([1, 2], np.int32), np.array([2, 5], np.int32)))
+    out = s2.reduce("MEAN", value)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [1.5, 3.5])
+
+
+def test_reduce_non_distributed(s2):
+    x = np.array([1.0, 2.0])
+    assert s2.reduce("MEAN", x) is x
+    np.testing.assert_allclose(s2.reduce("MEAN", x, axis=0), 1.5)
+    with pytest.raises(ValueError, match="non-distributed value cannot be reduced with SUM across 2 replicas"):
+        s2.reduce("SUM", x)
+    one = dv.MirroredStrategy(["CPU:0"])
+    try:
+        assert one.reduce("SUM", x) is x
+    finally:
+        one.close()
+
+
+def test_reduce_mirrored_mean_is_the_value(s2):
+    m = dv.Mirrored((np.array([3, 4]), np.array([3, 4])))
+    out = s2.reduce("MEAN", m)
+    np.testing.assert_array_equal(out, [3, 4])
+    np.testing.assert_array_equal(s2.reduce("SUM", m), [6, 8])
+
+
+def test_reduce_python_scalars(s3):
+    ids = s3.run(lambda: dv.get_replica_context().replica_id_in_sync_group)
+    total = s3.reduce("SUM", ids)
+    assert isinstance(total, np.integer) and total == 3
+    assert s3.reduce("MEAN", ids) == 1.0
+
+
+def test_reduce_nested(s2):
+    value = {"a": per_replica(2, seed=1), "b": (per_replica(2, seed=2, dtype=np.int32),)}
+    out = s2.reduce("SUM", value)
+    np.testing.assert_allclose(out["a"], ref(value["a"].values, "SUM"))
+    np.testing.assert_array_equal(out["b"][0], ref(value["b"][0].values, "SUM"))
+
+
+def test_reduce_mismatched_parts(s2):
+    with pytest.raises(TypeError, match="replica 1 has dtype int32, replica 0 has float32"):
+        s2.reduce("SUM", dv.PerReplica((np.ones(2, np.float32), np.ones(2, np.int32))))
+    with pytest.raises(ValueError, match=r"replica 1 has shape \(3,\), replica 0 has \(2,\)"):
+        s2.reduce("SUM", dv.PerReplica((np.ones(2), np.ones(3))))
+
+
+def test_reduce_inside_run_is_an_error(s2):
+    def fn(x):
+        return s2.reduce("SUM", x)
+
+    with pytest.raises(RuntimeError, match="cross-replica context.*merge_call"):
+        s2.run(fn, args=(per_replica(2),))
+
+
+def test_reduce_uses_the_engine(s2, monkeypatch):
+    calls = []
+    group = s2.extended._group
+    original = group.reduce
+
+    def counting(buffers, root=0, op="sum"):
+        calls.append(op)
+        return original(buffers, root=root, op=op)
+
+    monkeypatch.setattr(group, "reduce", counting)
+    s2.reduce("MAX", per_replica(2))
+    assert calls == ["max"]
+
+
+# ---- gather and local results ---------------------------------------------------------------
+
+def test_gather(s3):
+    value = per_replica(3, shape=(2, 3), seed=8)
+    np.testing.assert_array_equal(s3.gather(value, axis=0), np.concatenate(value.values, 0))
+    np.testing.assert_array_equal(s3.gather(value, axis=1), np.concatenate(value.values, 1))
+    np.testing.assert_array_equal(s3.gather(value, axis=-1), np.concatenate(value.values, -1))
+
+
+def test_gather_uneven_along_axis(s3):
+    parts = (np.arange(6.0).reshape(2, 3), np.arange(3.0).reshape(1, 3), np.zeros((0, 3)))
+    np.testing.assert_array_equal(s3.gather(dv.PerReplica(parts), axis=0), np.concatenate(parts))
+    parts = tuple(np.arange(2 * k, dtype=np.int32).reshape(2, k) for k in (1, 3, 2))
+    np.testing.assert_array_equal(s3.gather(dv.PerReplica(parts), axis=1), np.concatenate(parts, 1))
+
+
+def test_gather_mismatch_names_the_shapes(s2):
+    with pytest.raises(ValueError, match=r"replica 1 has shape \(2, 4\), replica 0 has shape \(2, 3\); "
+                                         r"shapes may differ only along axis 0"):
+        s2.gather(dv.PerReplica((np.ones((2, 3)), np.ones((2, 4)))), axis=0)
+
+
+def test_gather_scalars_and_plain(s2):
+    out = s2.gather(dv.PerReplica((np.float32(1), np.float32(2))), axis=0)
+    np.testing.assert_array_equal(out, np.array([1, 2], np.float32))
+    np.testing.assert_array_equal(s2.gather(np.arange(3), axis=0), np.arange(3))
+    with pytest.raises(RuntimeError, match="cross-replica"):
+        s2.run(lambda: s2.gather(np.arange(3), axis=0))
+
+
+def test_experimental_local_results(s2):
+    value = per_replica(2)
+    assert s2.experimental_local_results(value) == value.values
+    x = np.arange(3)
+    assert s2.experimental_local_results(x) == (x,)
+    nested = s2.experimental_local_results({"v": value, "c": 1})
+    assert nested[0]["v"] is value.values[0] and nested[1]["v"] is value.values[1] and nested[1]["c"] == 1
+
+
+# ---- extended ---------------------------------------------------------------------------------
+
+def test_extended_reduce_to(s3):
+    value = per_replica(3, seed=11)
+    out = s3.extended.reduce_to("SUM", value, destinations=s3.extended.worker_devices)
+    assert isinstance(out, dv.Mirrored) and len(out.values) == 3
+    for part in out.values:
+        np.testing.assert_allclose(part, ref(value.values, "SUM"))
+    assert len({id(p) for p in out.values}) == 3
+    one = s3.extended.reduce_to("MEAN", value, destinations="CPU:0")
+    np.testing.assert_allclose(one, ref(value.values, "MEAN"), rtol=1e-6)
+    with pytest.raises(ValueError, match="non-distributed value"):
+        s3.extended.reduce_to("SUM", np.ones(2), destinations="CPU:0")
+    mirrored = s3.extended.reduce_to("MEAN", np.ones(2), destinations=value)
+    assert isinstance(mirrored, dv.Mirrored) and len(mirrored.values) == 3
+
+
+def test_extended_batch_reduce_to(s2):
+    a, b = per_replica(2, seed=1), per_replica(2, seed=2, dtype=np.int64)
+    out = s2.extended.batch_reduce_to("MAX", [(a, "CPU:0"), (b, s2.extended.worker_devices)])
+    np.testing.assert_allclose(out[0], ref(a.values, "MAX"))
+    assert isinstance(out[1], dv.Mirrored)
+    np.testing.assert_array_equal(out[1].values[1], ref(b.values, "MAX"))
+    with pytest.raises(TypeError, match="item 0 is not a"):
+        s2.extended.batch_reduce_to("SUM", [a])
+
+
+def test_extended_broadcast_to(s3):
+    x = np.arange(4.0)
+    out = s3.extended.broadcast_to(x, destinations=s3.extended.worker_devices)
+    assert isinstance(out, dv.Mirrored)
+    for part in out.values:
+        np.testing.assert_array_equal(part, x)
+        assert part is not x
+    with pytest.raises(ValueError, match="PerReplica"):
+        s3.extended.broadcast_to(per_replica(3), destinations="CPU:0")
+    with pytest.raises(RuntimeError, match="cross-replica"):
+        s3.run(lambda: s3.extended.broadcast_to(x, "CPU:0"))
+
+
+def test_reduction_to_one_device():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"],
+                            cross_device_ops=dv.ReductionToOneDevice(reduce_to_device="/cpu:1"))
+    try:
+        value = per_replica(3, seed=4)
+        np.testing.assert_allclose(s.reduce("SUM", value), ref(value.values, "SUM"))
+        out = s.run(lambda: dv.get_replica_context().all_reduce(
+            "mean", np.full(3, float(dv.get_replica_context().replica_id_in_sync_group))))
+        for r in range(3):
+            np.testing.assert_array_equal(out.values[r], [1.0, 1.0, 1.0])
+        mirrored = s.extended.reduce_to("MIN", value, destinations=s.extended.worker_devices)
+        for part in mirrored.values:
+            np.testing.assert_allclose(part, ref(value.values, "MIN"))
+    finally:
+        s.close()
+    with pytest.raises(ValueError, match="not one of the strategy's devices"):
+        dv.MirroredStrategy(["CPU:0", "CPU:1"], cross_device_ops=dv.ReductionToOneDevice("CPU:5"))
+
+
+def test_cross_device_ops_and_options_validation():
+    with pytest.raises(TypeError, match="cross_device_ops must be"):
+        dv.MirroredStrategy(["CPU:0"], cross_device_ops="ring")
+    with pytest.raises(TypeError, match="communication_options must be"):
+        dv.MirroredStrategy(["CPU:0"], communication_options={"timeout_seconds": 1})
+    with pytest.raises(ValueError, match="unknown algorithm 'star'"):
+        dv.CollectiveAllReduce("star")
+    with pytest.raises(ValueError, match="timeout_seconds must be positive"):
+        dv.CommunicationOptions(timeout_seconds=0)
+    with pytest.raises(ValueError, match="bytes_per_pack must be non-negative"):
+        dv.CommunicationOptions(bytes_per_pack=-1)
+    o = dv.CommunicationOptions(bytes_per_pack=64, timeout_seconds=2, implementation="RING")
+    assert (o.bytes_per_pack, o.timeout_seconds, o.implementation) == (64, 2.0, "ring")
+    assert repr(dv.CollectiveAllReduce("tree")) == "CollectiveAllReduce(algorithm='tree')"
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "direct"])
+def test_collective_all_reduce_algorithms(algorithm):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], cross_device_ops=dv.CollectiveAllReduce(algorithm))
+    try:
+        xs = per_replica(3, shape=(1000,), dtype=np.float64, seed=9)
+        out = s.run(lambda x: dv.get_replica_context().all_reduce("sum", x), args=(xs,))
+        for r in range(3):
+            np.testing.assert_allclose(out.values[r], ref(xs.values, "SUM"))
+    finally:
+        s.close()
+
+
+def test_reduce_op_enum():
+    assert [op.name for op in dv.ReduceOp] == ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"]
+    assert repr(dv.ReduceOp.MEAN) == "ReduceOp.MEAN"
+    with pytest.raises(ValueError, match="only SUM and MEAN"):
+        dv.ReduceOp.from_variable_aggregation("NONE")
+
+
+# ---- ReplicaContext collectives -------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"])
+def test_all_reduce_every_replica_gets_the_result(s3, op):
+    xs = per_replica(3, shape=(4, 5), dtype=np.float64, seed=21)
+    out = s3.run(lambda x: dv.get_replica_context().all_reduce(op.lower(), x), args=(xs,))
+    expected = ref(xs.values, op)
+    for r in range(3):
+        np.testing.assert_allclose(out.values[r], expected, rtol=1e-12)
+        assert out.values[r] is not xs.values[r]
+
+
+def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
+    group = s3.extended._group
+    original = group.replica_all_reduce
+    calls = []
+
+    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
+        calls.append((replica, array.dtype.name, array.size))
+        return original(replica, array, op, algorithm, timeout_seconds)
+
+    monkeypatch.setattr(group, "replica_all_reduce", counting)
+    xs = {
+        "w": per_replica(3, shape=(3, 2), seed=1),
+        "b": per_replica(3, shape=(2,), seed=2),
+        "k": per_replica(3, shape=(4,), dtype=np.int32, seed=3),
+    }
+
+    def fn(d):
+        r = dv.get_replica_context().replica_id_in_sync_group
+        value = {"layers": [d["w"], (d["b"], Pair(d["k"], np.float32(r)))], "scale": float(r)}
+        return dv.get_replica_context().all_reduce("SUM", value)
+
+    out = s3.run(fn, args=(xs,))
+    assert isinstance(out["layers"], list) and isinstance(out["layers"][1][1], Pair)
+    for r in range(3):
+        np.testing.assert_allclose(out["layers"][0].values[r], ref(xs["w"].values, "SUM"))
+        np.testing.assert_allclose(out["layers"][1][0].values[r], ref(xs["b"].values, "SUM"))
+        np.testing.assert_array_equal(out["layers"][1][1].first.values[r], ref(xs["k"].values, "SUM"))
+        assert out["layers"][1][1].second.values[r] == np.float32(3)
+        assert out["scale"].values[r] == 3.0
+    # One engine call per dtype and replica: float32 (w, b, scalar), int32 (k), float64.
+    per_replica_calls = sorted(c for c in calls if c[0] == 0)
+    assert per_replica_calls == [(0, "float32", 6 + 2 + 1), (0, "float64", 1), (0, "int32", 4)]
+    assert len(calls) == 9
+
+
+def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16))
+    try:
+        group = s.extended._group
+        original = group.replica_all_reduce
+        sizes = []
+
+        def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
+            if replica == 0:
+                sizes.append(array.size)
+            return original(replica, array, op, algorithm, timeout_seconds)
+
+        monkeypatch.setattr(group, "replica_all_reduce", counting)
+        leaves = [np.full(n, 1.0, np.float32) for n in (2, 2, 3, 8)]
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", leaves))
+        assert sizes == [4, 3, 8]
+        for got, leaf in zip(out, leaves):
+            np.testing.assert_array_equal(got.values[1], leaf * 2)
+    finally:
+        s.close()
+
+
+def test_all_reduce_scalars_and_integer_mean(s2):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        ctx = dv.get_replica_context()
+        return (ctx.all_reduce("mean", r), ctx.all_reduce("sum", 1.5 + r),
+                ctx.all_reduce("mean", np.array([r, 3 * r], np.int64)), ctx.all_reduce("max", np.array(r * 2.0)))
+
+    mean_ids, total, int_mean, zero_d = s2.run(fn)
+    for r in range(2):
+        assert isinstance(mean_ids.values[r], np.float64) and mean_ids.values[r] == 0.5
+        assert isinstance(total.values[r], np.float64) and total.values[r] == 4.0
+        assert int_mean.values[r].dtype == np.float64
+        np.testing.assert_array_equal(int_mean.values[r], [0.5, 1.5])
+        assert isinstance(zero_d.values[r], np.ndarray) and zero_d.values[r].shape == () and zero_d.values[r] == 2.0
+
+
+def test_all_reduce_dtypes_beyond_the_engine(s2):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        ctx = dv.get_replica_context()
+        return (ctx.all_reduce("max", np.array([r == 0, False])),
+                ctx.all_reduce("sum", np.array([r + 1, 300], np.int16)))
+
+    flags, shorts = s2.run(fn)
+    for r in range(2):
+        np.testing.assert_array_equal(flags.values[r], [True, False])
+        assert shorts.values[r].dtype == np.int16
+        np.testing.assert_array_equal(shorts.values[r], [3, 600])
+
+
+def test_all_reduce_single_replica_strategy():
+    s = dv.MirroredStrategy(["CPU:3"])
+    try:
+        x = np.arange(3.0)
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", x))
+        np.testing.assert_array_equal(out, x)
+        assert out is not x
+    finally:
+        s.close()
+
+
+def test_all_gather(s3):
+    xs = per_replica(3, shape=(2, 2), seed=6)
+
+    def fn(x):
+        ctx = dv.get_replica_context()
+        r = ctx.replica_id_in_sync_group
+        uneven = np.arange(r + 1, dtype=np.int64) + 10 * r
+        return ctx.all_gather(x, axis=0), ctx.all_gather({"u": uneven, "t": (x,)}, axis=-1)
+
+    first, nested = s3.run(fn, args=(xs,))
+    uneven = [np.arange(r + 1, dtype=np.int64) + 10 * r for r in range(3)]
+    for r in range(3):
+        np.testing.assert_array_equal(first.values[r], np.concatenate(xs.values, 0))
+        np.testing.assert_array_equal(nested["u"].values[r], np.concatenate(uneven))
+        np.testing.assert_array_equal(nested["t"][0].values[r], np.concatenate(xs.values, -1))
+
+
+def test_all_gather_mismatch_is_an_error(s2):
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return dv.get_replica_context().all_gather(np.ones((2, 2 + r)), axis=0)
+
+    with pytest.raises(ValueError, match=r"replica 1 has shape \(2, 3\), replica 0 has shape \(2, 2\)"):
+        s2.run(fn)
+
+
+# ---- OneDeviceStrategy ------------------------------------------------------------------------
+
+def test_one_device_strategy():
+    s = dv.OneDeviceStrategy("/cpu:0")
+    try:
+        assert s.num_replicas_in_sync == 1
+        assert repr(s) == "OneDeviceStrategy(device='CPU:0')"
+        x = np.arange(4.0)
+
+        def fn(v):
+            ctx = dv.get_replica_context()
+            assert ctx is not None and ctx.strategy is s and ctx.replica_id_in_sync_group == 0
+            return ctx.all_reduce("sum", v) + 1
+
+        np.testing.assert_array_equal(s.run(fn, args=(x,)), x + 1)
+        assert s.reduce("SUM", x) is x
+        batches = list(s.experimental_distribute_dataset([np.arange(4.0)]))
+        np.testing.assert_array_equal(batches[0], np.arange(4.0))
+        with s.scope():
+            assert dv.get_strategy() is s
+    finally:
+        s.close()
+    with pytest.raises(TypeError, match="device string"):
+        dv.OneDeviceStrategy(["CPU:0"])
+
+
+def test_library_imports_no_framework():
+    assert "tensorflow" not in sys.modules
+    assert "torch" not in sys.modules
+
+
+# ---- interruption, closing, garbage collection -------------------------------------------------
+
+def test_ctrl_c_while_waiting_for_replicas():
+    import signal
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+        main = threading.main_thread().ident
+        if threading.get_ident() != main:
+            pytest.skip("needs the main thread")
+
+        def fn():
+            ctx = dv.get_replica_context()
+            if ctx.replica_id_in_sync_group == 1:
+                # Replica 0 has returned; the caller waits for this replica. Interrupt it,
+                # then block in a collective that only an abort can end.
+                signal.pthread_kill(main, signal.SIGINT)
+                ctx.all_reduce("sum", np.ones(2))
+
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run(fn)
+        assert time.monotonic() - t0 < 20
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
+        np.testing.assert_array_equal(out.values[1], [2.0, 2.0])
+    finally:
+        s.close()
+
+
+def test_closed_strategy():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(dv.ClosedError, match="is closed"):
+        s.run(lambda: 1)
+
+
+def test_strategies_are_garbage_collected_with_their_threads():
+    import gc
+
+    gc.collect()
+    before = threading.active_count()
+    for _ in range(20):
+        s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+        s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
+        del s
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before + 2

@@ -1,0 +1,405 @@
+"""Variables: plain, MirroredVariable and SyncOnReadVariable, with TensorFlow's numbers;
+saving and restoring them."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import distvals as dv
+
+SUM = dv.VariableAggregation.SUM
+MEAN = dv.VariableAggregation.MEAN
+FIRST = dv.VariableAggregation.ONLY_FIRST_REPLICA
+ON_READ = dv.VariableSynchronization.ON_READ
+
+
+@pytest.fixture(scope="module")
+def s2():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+    yield s
+    s.close()
+
+
+def rid():
+    return dv.get_replica_context().replica_id_in_sync_group
+
+
+def copies(v):
+    return [c.numpy() for c in v.values]
+
+
+# ---- creation -----------------------------------------------------------------------------
+
+def test_plain_variable_outside_any_scope():
+    v = dv.Variable([1.0, 2.0], name="w")
+    assert type(v) is dv.Variable and not isinstance(v, dv.DistributedValues)
+    assert v.dtype == np.float32 and v.shape == (2,) and v.name == "w:0" and v.trainable
+    assert v.synchronization is dv.VariableSynchronization.AUTO and v.aggregation is dv.VariableAggregation.NONE
+    assert repr(v) == "<Variable 'w:0' shape=(2,) dtype=float32, numpy=array([1., 2.], dtype=float32)>"
+    assert dv.Variable(3).dtype == np.int32
+    assert dv.Variable(3, dtype=np.float64).dtype == np.float64
+    assert dv.Variable(lambda: np.zeros((2, 3))).shape == (2, 3)
+    assert dv.Variable(1.0, trainable=False).trainable is False
+
+
+def test_under_scope_gives_mirrored_and_sync_on_read(s3):
+    calls = []
+
+    def init():
+        calls.append(1)
+        return np.arange(4.0)
+
+    with s3.scope():
+        m = dv.Variable(init, name="m")
+        auto = dv.Variable(1.0, synchronization="ON_WRITE")
+        r = dv.Variable(0.0, synchronization=ON_READ, aggregation=SUM)
+    assert len(calls) == 1  # the initial value is computed once, then copied
+    assert isinstance(m, dv.MirroredVariable) and isinstance(m, dv.Mirrored) and isinstance(m, dv.Variable)
+    assert isinstance(auto, dv.MirroredVariable)
+    assert isinstance(r, dv.SyncOnReadVariable) and not isinstance(r, dv.Mirrored)
+    assert len(m.values) == 3
+    assert [c.device for c in m.values] == list(s3.extended.worker_devices)
+    assert [c.name for c in m.values] == ["m:0", "m/replica_1:0", "m/replica_2:0"]
+    for c in copies(m):
+        np.testing.assert_array_equal(c, np.arange(4.0))
+    # Each copy has its own memory.
+    assert not np.shares_memory(m.values[0].value(), m.values[1].value())
+    assert repr(m).startswith("MirroredVariable:{\n  0: <Variable 'm:0' shape=(4,) dtype=float64")
+
+
+def test_one_device_strategy_gives_plain_variables():
+    s = dv.OneDeviceStrategy("CPU:0")
+    try:
+        with s.scope():
+            v = dv.Variable(1.0)
+        assert type(v) is dv.Variable
+    finally:
+        s.close()
+
+
+def test_creation_errors(s2):
+    with s2.scope():
+        with pytest.raises(ValueError, match="aggregation MEAN needs a floating dtype, got int32"):
+            dv.Variable(1, aggregation=MEAN)
+        with pytest.raises(ValueError, match="synchronization NONE is not supported under a distribution strategy"):
+            dv.Variable(1.0, synchronization=dv.VariableSynchronization.NONE)
+        with pytest.raises(ValueError, match="aggregation must be one of"):
+            dv.Variable(1.0, aggregation="median")
+    with pytest.raises(RuntimeError, match="create variables in cross-replica context"):
+        s2.run(lambda: dv.Variable(1.0))
+    # Outside a strategy, synchronization NONE is fine.
+    assert dv.Variable(1.0, synchronization="NONE").synchronization is dv.VariableSynchronization.NONE
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+def test_reading_a_mirrored_variable(s2):
+    with s2.scope():
+        v = dv.Variable(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), name="v")
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    np.testing.assert_array_equal(v.value(), a)
+    np.testing.assert_array_equal(v.read_value(), a)
+    np.testing.assert_array_equal(np.asarray(v), a)
+    assert isinstance(v.numpy(), np.ndarray) and v.numpy().flags.writeable
+    assert v.shape == (2, 2) and v.dtype == np.float32 and v.name == "v:0"
+    np.testing.assert_array_equal(v + 1, a + 1)
+    np.testing.assert_array_equal(2 * v, 2 * a)
+    np.testing.assert_array_equal(v @ np.ones(2, np.float32), a @ np.ones(2))
+    np.testing.assert_array_equal(np.ones(2) - v, np.ones(2) - a)
+    np.testing.assert_array_equal(v[1], a[1])
+    # A read value is a snapshot: later updates leave it alone, and it cannot be written.
+    snapshot = v.value()
+    v.assign(a * 10)
+    np.testing.assert_array_equal(snapshot, a)
+    with pytest.raises(ValueError):
+        snapshot[0, 0] = 5
+
+
+def test_reading_inside_run_uses_the_replica_copy(s2):
+    with s2.scope():
+        v = dv.Variable(1.0)
+    v.values[1].assign(5.0)  # make the copies differ, to see which one is read
+    out = s2.run(lambda: (v + 1, v.numpy(), float(v)))
+    assert out[0].values == (2.0, 6.0)
+    assert out[1].values == (1.0, 5.0)
+    assert out[2].values == (1.0, 5.0)
+    assert float(v) == 1.0 and v.numpy() == 1.0  # outside: the first copy
+
+
+def test_run_returns_the_variable(s2):
+    with s2.scope():
+        v = dv.Variable(0.0)
+    assert s2.run(lambda: v) is v
+    assert s2.run(lambda x: x, args=(v,)) is v  # passed whole, not as copies
+
+
+# ---- MirroredVariable updates ----------------------------------------------------------------
+
+def test_mean_assign_of_replica_ids_gives_half(s2):
+    with s2.scope():
+        v = dv.Variable(0.0, aggregation=MEAN)
+    s2.run(lambda: v.assign(np.float32(rid())))
+    assert copies(v) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("agg", [SUM, MEAN])
+def test_replica_updates_all_reduce_through_the_engine(s3, agg, monkeypatch):
+    group = s3.extended._group
+    original = group.replica_all_reduce
+    calls = []
+
+    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
+        calls.append(op)
+        return original(replica, array, op, algorithm, timeout_seconds)
+
+    monkeypatch.setattr(group, "replica_all_reduce", counting)
+    with s3.scope():
+        v = dv.Variable(np.array([10.0, 20.0]), aggregation=agg)
+    deltas = [np.array([r + 1.0, 2.0 * r]) for r in range(3)]
+    s3.run(lambda: v.assign_add(deltas[rid()]))
+    total = np.sum(deltas, axis=0) if agg is SUM else np.mean(deltas, axis=0)
+    for c in copies(v):
+        np.testing.assert_allclose(c, np.array([10.0, 20.0]) + total)
+    assert len(calls) == 3  # one engine call per replica
+    s3.run(lambda: v.assign_sub(deltas[rid()], read_value=False))
+    for c in copies(v):
+        np.testing.assert_allclose(c, [10.0, 20.0], atol=1e-12)
+
+
+def test_replica_update_without_aggregation_is_local(s2):
+    with s2.scope():
+        v = dv.Variable(1.0)
+    returned = s2.run(lambda: v.assign_add(np.float32(rid() + 1)))
+    assert returned is v
+    assert copies(v) == [2.0, 3.0]
+
+
+def test_only_first_replica(s3):
+    with s3.scope():
+        v = dv.Variable(0.0, aggregation=FIRST)
+    s3.run(lambda: v.assign(np.float32(rid() + 7)))
+    assert copies(v) == [7.0, 7.0, 7.0]
+    s3.run(lambda: v.assign_sub(np.float32(rid() + 1)))
+    assert copies(v) == [6.0, 6.0, 6.0]
+
+
+def test_sum_with_the_same_plain_value_is_an_error(s2):
+    with s2.scope():
+        v = dv.Variable(1.0, aggregation=SUM)
+    with pytest.raises(ValueError, match=r"^replica \d: a SUM update \(assign_add\) of variable 'Variable:0' got "
+                                         "the same plain value on every replica"):
+        s2.run(lambda: v.assign_add(1.0))
+    assert copies(v) == [1.0, 1.0]  # untouched
+    with s2.scope():
+        m = dv.Variable(1.0, aggregation=MEAN)
+    s2.run(lambda: m.assign_add(1.0))  # MEAN of the same value is that value
+    assert copies(m) == [2.0, 2.0]
+
+
+def test_read_value_false_returns_none(s2):
+    with s2.scope():
+        v = dv.Variable(1.0, aggregation=MEAN)
+    assert v.assign(2.0, read_value=False) is None
+    assert v.assign_add(1.0) is v
+    out = s2.run(lambda: v.assign_sub(np.float32(1.0), read_value=False))
+    assert out is None
+    assert copies(v) == [2.0, 2.0]
+
+
+def test_cross_replica_updates_every_copy(s3):
+    with s3.scope():
+        v = dv.Variable(np.zeros(2), aggregation=SUM)
+    v.assign([1.0, 2.0])
+    v.assign_add(np.array([1.0, 1.0]))
+    v.assign_sub(np.array([0.5, 0.5]))
+    for c in copies(v):
+        np.testing.assert_array_equal(c, [1.5, 2.5])
+    per_replica = dv.PerReplica(tuple(np.array([r, 1.0]) for r in range(3)))
+    v.assign(per_replica)  # reduced with the aggregation (SUM) first
+    for c in copies(v):
+        np.testing.assert_array_equal(c, [3.0, 3.0])
+    with s3.scope():
+        mean = dv.Variable(np.zeros(2), aggregation=MEAN)
+        first = dv.Variable(np.zeros(2), aggregation=FIRST)
+        none = dv.Variable(np.zeros(2))
+    mean.assign(per_replica)
+    first.assign(per_replica)
+    np.testing.assert_array_equal(copies(mean)[2], [1.0, 1.0])
+    np.testing.assert_array_equal(copies(first)[1], [0.0, 1.0])
+    with pytest.raises(ValueError, match="aggregation is NONE"):
+        none.assign(per_replica)
+
+
+def test_update_shape_and_dtype_errors(s2):
+    with s2.scope():
+        v = dv.Variable(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"value has shape \(2,\), the variable \(3,\)"):
+        v.assign(np.zeros(2))
+    with pytest.raises(TypeError, match="cannot use a complex128 value for a float32 variable"):
+        v.assign(np.zeros(3, complex))
+    i = dv.Variable(np.zeros(2, np.int32))
+    with pytest.raises(TypeError, match="cannot use a float64 value for a int32 variable"):
+        i.assign(np.array([1.5, 2.5]))
+
+
+def test_variable_of_another_strategy_inside_run(s2, s3):
+    with s3.scope():
+        v = dv.Variable(1.0)
+    with pytest.raises(RuntimeError, match="belongs to"):
+        s2.run(lambda: v + 1)
+
+
+# ---- SyncOnReadVariable --------------------------------------------------------------------
+
+def test_sync_on_read_sum_numbers_of_tensorflow(s2):
+    with s2.scope():
+        v = dv.Variable(0.0, synchronization=ON_READ, aggregation=SUM)
+    s2.run(lambda: v.assign_add(np.float32(1.0)))
+    assert copies(v) == [1.0, 1.0]  # local copies only
+    assert v.numpy() == 2.0 and float(s2.extended.read_var(v)) == 2.0
+    v.assign(6.0)
+    assert copies(v) == [3.0, 3.0]
+    assert float(v.read_value()) == 6.0 and float(s2.extended.read_var(v)) == 6.0
+
+
+def test_sync_on_read_aggregations(s3):
+    with s3.scope():
+        mean = dv.Variable(np.zeros(2), synchronization=ON_READ, aggregation=MEAN)
+        first = dv.Variable(np.zeros(2), synchronization=ON_READ, aggregation=FIRST)
+        none = dv.Variable(np.zeros(2), synchronization=ON_READ)
+
+    def fn():
+        r = rid()
+        for v in (mean, first, none):
+            v.assign(np.array([r, 10.0 * r]))
+        return mean.value()
+
+    local = s3.run(fn)
+    np.testing.assert_array_equal(local.values[2], [2.0, 20.0])  # in replica context: the local copy
+    np.testing.assert_array_equal(mean.read_value(), [1.0, 10.0])
+    np.testing.assert_array_equal(np.asarray(first), [0.0, 0.0])
+    with pytest.raises(ValueError, match="aggregation is NONE"):
+        none.read_value()
+    np.testing.assert_array_equal(none.values[1].numpy(), [1.0, 10.0])
+    mean.assign(np.array([4.0, 4.0]))
+    np.testing.assert_array_equal(copies(mean)[1], [4.0, 4.0])
+    mean.assign_add(np.array([1.0, 1.0]))
+    np.testing.assert_array_equal(mean.read_value(), [5.0, 5.0])
+
+
+def test_sync_on_read_sum_cross_replica_add_is_an_error(s2):
+    with s2.scope():
+        v = dv.Variable(0.0, synchronization=ON_READ, aggregation=SUM)
+    with pytest.raises(ValueError, match="does not support assign_add in cross-replica context"):
+        v.assign_add(1.0)
+
+
+def test_sync_on_read_integer_sum_division_truncates_as_tf(s3):
+    with s3.scope():
+        v = dv.Variable(0, synchronization=ON_READ, aggregation=SUM)
+    v.assign(7)
+    assert copies(v) == [2, 2, 2]  # 7 / 3 cast back to int32
+    assert v.numpy() == 6
+
+
+# ---- extended.update and read_var ---------------------------------------------------------------
+
+def test_extended_update_and_read_var(s3):
+    with s3.scope():
+        v = dv.Variable(np.zeros(2))
+    seen = []
+
+    def fn(copy, delta, scale=1.0):
+        seen.append(copy)
+        return copy.assign_add(delta * scale)
+
+    per_replica = dv.PerReplica(tuple(np.full(2, float(r)) for r in range(3)))
+    out = s3.extended.update(v, fn, args=(per_replica,), kwargs={"scale": 2.0})
+    assert seen == list(v.values)
+    assert isinstance(out, dv.Mirrored) and out.values == v.values
+    assert [c.tolist() for c in copies(v)] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]
+    np.testing.assert_array_equal(s3.extended.read_var(v), [0.0, 0.0])
+    grouped = s3.extended.update(v, lambda c: c.assign([1.0, 1.0]), group=False)
+    assert isinstance(grouped, tuple) and len(grouped) == 3
+    with pytest.raises(TypeError, match="var must be a variable"):
+        s3.extended.update(np.zeros(2), fn)
+    with pytest.raises(RuntimeError, match="cross-replica"):
+        s3.run(lambda: s3.extended.read_var(v))
+
+
+# ---- save and restore ---------------------------------------------------------------------
+
+def test_save_and_load_round_trip(s2, tmp_path):
+    with s2.scope():
+        w = dv.Variable(np.arange(4.0, dtype=np.float32), name="w", aggregation=MEAN)
+        count = dv.Variable(0.0, name="count", synchronization=ON_READ, aggregation=SUM)
+    s2.run(lambda: count.assign_add(np.float32(rid() + 1)))  # copies 1 and 2: reads 3
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, [w, count])
+    with np.load(path) as data:
+        assert sorted(data.files) == ["count", "w"]
+        assert float(data["count"]) == 3.0  # the aggregated value is stored
+        np.testing.assert_array_equal(data["w"], np.arange(4.0))
+    w.assign(np.zeros(4, np.float32))
+    count.assign(0.0)
+    dv.load_variables(path, [w, count])
+    for c in copies(w):
+        np.testing.assert_array_equal(c, np.arange(4.0))
+    assert copies(count) == [1.5, 1.5]  # divided across the replicas, as TF does
+    assert count.numpy() == 3.0
+    plain = dv.Variable(np.zeros(4, np.float32))
+    dv.load_variables(path, {"w": plain})
+    np.testing.assert_array_equal(plain.numpy(), np.arange(4.0))
+
+
+def test_save_is_atomic(s2, tmp_path, monkeypatch):
+    v = dv.Variable(np.ones(3), name="v")
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, [v])
+    before = path.read_bytes()
+    v.assign(np.zeros(3))
+
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        dv.save_variables(path, [v])
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # the old checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.npz"]  # no temporary left behind
+
+
+def test_load_checks_everything_first(tmp_path):
+    a = dv.Variable(np.ones(2), name="a")
+    b = dv.Variable(np.ones(3), name="b")
+    path = tmp_path / "c.npz"
+    dv.save_variables(path, [a, b])
+    a2 = dv.Variable(np.zeros(2), name="a")
+    b2 = dv.Variable(np.zeros(4), name="b")
+    with pytest.raises(ValueError, match=r"'b' is stored with shape \(3,\), the variable has \(4,\)"):
+        dv.load_variables(path, [a2, b2])
+    np.testing.assert_array_equal(a2.numpy(), [0.0, 0.0])  # nothing was assigned
+    with pytest.raises(KeyError, match="has no value for 'c'"):
+        dv.load_variables(path, {"c": a2})
+    with pytest.raises(ValueError, match="two variables are named 'a'"):
+        dv.save_variables(path, [a, a2])
+    f32 = dv.Variable(np.zeros(2, np.float32), name="a")
+    with pytest.raises(TypeError, match="stored as float64, the variable is float32"):
+        dv.load_variables(path, [f32])
+
+
+def test_save_inside_run_is_an_error(s2, tmp_path):
+    v = dv.Variable(1.0)
+    with pytest.raises(RuntimeError, match="cross-replica context"):
+        s2.run(lambda: dv.save_variables(tmp_path / "x.npz", [v]))
