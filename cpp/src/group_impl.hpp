@@ -46,6 +46,7 @@ struct group::impl {
     call_desc desc[2];
     buffer_view in[2], out[2];
     std::string error[2];  // non-empty: this replica's own arguments were invalid
+    bool type_error[2] = {false, false};  // ... and the error is about a dtype
   };
   std::unique_ptr<replica_state[]> reps;
 
@@ -69,6 +70,9 @@ struct group::impl {
   // ---- workers of the single-call style -----------------------------------------
   struct alignas(64) worker_slot {
     std::atomic<std::uint64_t> go{0};  // the job number this worker should run
+    // The job number whose share has been taken, by the worker itself or by the caller.
+    // Whoever moves it to the job number first runs the share; the other leaves it alone.
+    std::atomic<std::uint64_t> taken{0};
     std::thread thread;
   };
   std::unique_ptr<worker_slot[]> workers;  // threads - 1 of them
@@ -99,6 +103,13 @@ struct group::impl {
   /// Runs the programs of replicas `owned` of schedule `s` for call `seq`.
   void run_programs(const schedule& s, std::uint64_t seq, const int* owned, int nowned,
                     clock_type::time_point deadline, int me);
+  /// Runs thread `thread`'s share of a single-call job split over `threads` threads:
+  /// the programs of replicas thread, thread + threads, thread + 2*threads, ...
+  void run_share(const schedule& s, std::uint64_t seq, int thread, int threads,
+                 clock_type::time_point deadline);
+  /// Claims worker `index`'s share of job `seq` (see worker_slot::taken); true when the
+  /// caller won and must run the share itself.
+  static bool take(worker_slot& w, std::uint64_t seq) noexcept;
   /// Executes one step of call `seq` (reads posted buffers of slot seq & 1).
   void exec_step(const step& st, std::uint64_t seq) noexcept;
   /// Waits until no thread executes a step (every replica's `busy` is false). Once the

@@ -179,6 +179,29 @@ TEST_CASE("all-reduce schedules compute the sum in any valid order and have no h
   }
 }
 
+TEST_CASE("direct schedules cut into fewer slices than replicas (one per thread)") {
+  for (collective c : {collective::all_reduce, collective::reduce}) {
+    for (int n : {2, 3, 8, 13}) {
+      for (int parts : {1, 2, 3}) {
+        for (std::size_t count : {0ul, 1ul, 61ul, 200ul}) {
+          schedule_key key{c, algorithm::direct, n, count, 0, 0, 4};
+          key.parts = parts;
+          const schedule s = make_schedule(key);
+          int busy = 0;
+          for (const auto& p : s.programs) busy += p.empty() ? 0 : 1;
+          CHECK(busy <= parts);
+          const std::string what = std::string(collective_name(c)) + " direct n=" + std::to_string(n) +
+                                   " parts=" + std::to_string(parts) + " count=" + std::to_string(count);
+          if (c == collective::all_reduce) {
+            for (bool inplace : {false, true}) simulate(s, inplace, 1, what);
+          }
+          check_hazards(s, false, what);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("split_range covers the range with aligned boundaries") {
   for (std::size_t count : {0ul, 1ul, 15ul, 16ul, 1000ul, 12345ul}) {
     for (int parts : {1, 2, 3, 7, 64}) {

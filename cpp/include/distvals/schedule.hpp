@@ -83,10 +83,14 @@ struct schedule_key {
   int root = 0;                              ///< reduce and broadcast only
   std::size_t chunk = 0;                     ///< pipelining chunk in elements; 0: one chunk
   std::size_t align = 16;  ///< slice boundaries are multiples of this many elements
+  /// `direct` only: into how many slices the work is cut (programs 0 .. parts-1 get one
+  /// each, the others none); 0 means one per replica. A backend that runs the replicas
+  /// on fewer threads passes its thread count, so each thread gets one long slice.
+  int parts = 0;
   /// All fields equal (schedules are cached by key). Never throws; any thread.
   bool operator==(const schedule_key& o) const noexcept {
     return kind == o.kind && algo == o.algo && replicas == o.replicas && count == o.count &&
-           root == o.root && chunk == o.chunk && align == o.align;
+           root == o.root && chunk == o.chunk && align == o.align && parts == o.parts;
   }
 };
 

@@ -36,14 +36,19 @@ step slice_reduce(int n, std::size_t b, std::size_t e, std::vector<slot_ref> dst
   return st;
 }
 
+// Number of slices: one per replica unless the key asks for fewer.
+int slices(const schedule_key& key) {
+  return key.parts > 0 && key.parts < key.replicas ? key.parts : key.replicas;
+}
+
 }  // namespace
 
 schedule direct_all_reduce(const schedule_key& key) {
   schedule s = empty_schedule(key);
-  const int n = key.replicas;
-  for (int r = 0; r < n; ++r) {
+  const int n = key.replicas, parts = slices(key);
+  for (int r = 0; r < parts; ++r) {
     std::size_t b = 0, e = 0;
-    split_range(key.count, n, r, key.align, &b, &e);
+    split_range(key.count, parts, r, key.align, &b, &e);
     if (b == e) continue;
     std::vector<slot_ref> dsts;
     for (int j = 0; j < n; ++j) dsts.push_back({j, true, b});
@@ -54,10 +59,10 @@ schedule direct_all_reduce(const schedule_key& key) {
 
 schedule direct_reduce(const schedule_key& key) {
   schedule s = empty_schedule(key);
-  const int n = key.replicas;
-  for (int r = 0; r < n; ++r) {
+  const int n = key.replicas, parts = slices(key);
+  for (int r = 0; r < parts; ++r) {
     std::size_t b = 0, e = 0;
-    split_range(key.count, n, r, key.align, &b, &e);
+    split_range(key.count, parts, r, key.align, &b, &e);
     if (b == e) continue;
     s.programs[r].push_back(slice_reduce(n, b, e, {{key.root, true, b}}));
   }

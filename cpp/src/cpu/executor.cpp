@@ -200,6 +200,27 @@ std::shared_ptr<const schedule> group::impl::get_schedule(const schedule_key& ke
   return s;
 }
 
+bool group::impl::take(worker_slot& w, std::uint64_t seq) noexcept {
+  std::uint64_t cur = w.taken.load();
+  return cur != seq && w.taken.compare_exchange_strong(cur, seq);
+}
+
+void group::impl::run_share(const schedule& s, std::uint64_t seq, int thread, int threads,
+                            clock_type::time_point deadline) {
+  constexpr int kInline = 64;
+  int owned_inline[kInline];
+  std::vector<int> owned_heap;
+  int* own = owned_inline;
+  const int most = (n + threads - 1) / threads;
+  if (most > kInline) {
+    owned_heap.resize(most);
+    own = owned_heap.data();
+  }
+  int nown = 0;
+  for (int r = thread; r < n; r += threads) own[nown++] = r;
+  run_programs(s, seq, own, nown, deadline, -1);
+}
+
 void group::impl::worker_main(int index) noexcept {
   worker_slot& me = workers[index - 1];
   std::uint64_t seen = 0;
@@ -222,19 +243,11 @@ void group::impl::worker_main(int index) noexcept {
     }
     if (stopping.load()) return;
     seen = me.go.load(std::memory_order_acquire);
-    // Our replicas: index, index + T, index + 2T, ...
-    const int t = job_threads;
-    int owned[64];
-    std::vector<int> owned_heap;
-    int* own = owned;
-    int nown = 0;
-    if ((n + t - 1) / t > 64) {
-      owned_heap.resize((n + t - 1) / t);
-      own = owned_heap.data();
-    }
-    for (int r = index; r < n; r += t) own[nown++] = r;
+    // The caller may already have taken our share (we woke late); then the job's fields
+    // may already belong to a later job, and we must not read them.
+    if (!take(me, seen)) continue;
     try {
-      run_programs(*job_sched, job_seq, own, nown, job_deadline, -1);
+      run_share(*job_sched, job_seq, index, job_threads, job_deadline);
     } catch (...) {
       {
         std::lock_guard<std::mutex> lk(job_error_mu);
