@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The C++ engine and its tests under the sanitizers and valgrind:
-#   1. AddressSanitizer + UndefinedBehaviorSanitizer (DISTVALS_SANITIZE=address,undefined)
-#   2. ThreadSanitizer                             (DISTVALS_SANITIZE=thread)
-#   3. valgrind memcheck over a plain optimized build (skipped when valgrind is missing)
-# each built into its own folder under _build/ and run through ctest. Any sanitizer
-# report or memcheck error fails the script.
+#   asan        AddressSanitizer + UndefinedBehaviorSanitizer (DISTVALS_SANITIZE=address,undefined)
+#   tsan        ThreadSanitizer (DISTVALS_SANITIZE=thread)
+#   memcheck    valgrind memcheck over a plain optimized build (skipped without valgrind)
+# each built into its own folder under _build/ and run through ctest, and
+#   python-asan the Python package built with address,undefined into its own venv, and
+#               the engine-facing Python tests run with the sanitizer runtime preloaded
+#               (CPython itself is not instrumented; the engine and bindings are)
+# Any sanitizer report or memcheck error fails the script.
 #
-# Usage: .ci/sanitizers.sh [asan] [tsan] [memcheck]     (no argument: all three)
+# Usage: .ci/sanitizers.sh [asan] [tsan] [memcheck] [python-asan]   (none: all four)
 # Environment:
+#   PYTHON                interpreter for the python-asan venv (default: python3); that
+#                         step installs the package's build and test requirements with pip
 #   DISTVALS_TEST_QUICK   1 (default here): the tests run their reduced matrix; set 0 for
 #                         the full one (about 4 minutes under ThreadSanitizer on 2 cores)
 #   DISTVALS_BUILD_ROOT   where the build folders go (default: <repo>/_build)
@@ -28,7 +33,7 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:exitcode=66}"
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(asan tsan memcheck)
+[ ${#steps[@]} -eq 0 ] && steps=(asan tsan memcheck python-asan)
 
 log() { printf '\n== %s ==\n' "$*"; }
 
@@ -88,13 +93,40 @@ memcheck() {
   return "$status"
 }
 
+python_asan() {
+  local dir="$build_root/python-asan" t0=$SECONDS status=0
+  local py="${PYTHON:-python3}" venv="$build_root/python-asan/venv"
+  log "python-asan: the package built with DISTVALS_SANITIZE=address,undefined, engine-facing pytest"
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "$root[test]" -C build-dir="$dir/build" \
+    -C cmake.define.DISTVALS_ENABLE_CUDA=OFF -C cmake.define.DISTVALS_SANITIZE=address,undefined \
+    -C cmake.build-type=RelWithDebInfo
+  # The sanitizer runtime must come first in the process; libstdc++ is preloaded too so
+  # that AddressSanitizer finds the real __cxa_throw (python itself does not link it).
+  local cxx="${CXX:-g++}"
+  local preload
+  preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libstdc++.so)"
+  local tests=() t
+  for t in test_group test_hardening_group test_hardening_strategy test_strategy test_context \
+           test_variables test_input; do
+    [ -f "$root/tests/$t.py" ] && tests+=("tests/$t.py")
+  done
+  # Leaks are not checked: CPython keeps much of its memory until exit by design.
+  (cd "$root" && LD_PRELOAD="$preload" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+    "$venv/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider "${tests[@]}") || status=$?
+  log "python-asan: exit status $status after $((SECONDS - t0)) s"
+  return "$status"
+}
+
 failed=0
 for s in "${steps[@]}"; do
   case "$s" in
     asan) sanitizer asan address,undefined || failed=1 ;;
     tsan) sanitizer tsan thread || failed=1 ;;
     memcheck) memcheck || failed=1 ;;
-    *) echo "unknown step '$s' (expected asan, tsan or memcheck)" >&2; exit 2 ;;
+    python-asan) python_asan || failed=1 ;;
+    *) echo "unknown step '$s' (expected asan, tsan, memcheck or python-asan)" >&2; exit 2 ;;
   esac
 done
 exit "$failed"

@@ -36,6 +36,8 @@ assert n > 0, 'no CUDA device: ' + distvals.cuda.unavailable_reason()
 
 echo "== GPU tests"
 DISTVALS_REQUIRE_GPU=1 timeout 60 "$PY" -m pytest tests/test_cuda.py -q -x --timeout 50
+echo "== GPU replicas in the strategy layer"
+timeout 60 "$PY" -m pytest tests/test_gpu_strategy.py -m gpu -q -x --timeout 50
 
 echo "== GPU bench"
 timeout 100 "$PY" -m distvals.bench.gpu --replicas 2,4,8 --min 4K --max 1G --budget-seconds 80

@@ -22,7 +22,8 @@ namespace distvals {
 
 using clock_type = std::chrono::steady_clock;
 
-struct group::impl {
+// Hidden: the implementation is not part of the library's ABI, even though `group` is exported.
+struct __attribute__((visibility("hidden"))) group::impl {
   // ---- configuration -----------------------------------------------------------
   int n = 0;
   std::vector<device> devices;

@@ -2,6 +2,7 @@
 // the number of failures, and ctest runs every binary. No outside dependency.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,13 +48,16 @@ inline int run_all() {
   int ran = 0;
   for (auto& t : registry()) {
     const int before = failures();
+    const auto start = std::chrono::steady_clock::now();
     try {
       t.fn();
     } catch (const std::exception& e) {
       fail(__FILE__, __LINE__, std::string(t.name) + " threw " + e.what());
     }
     ++ran;
-    std::printf("[%s] %s\n", failures() == before ? "ok" : "FAIL", t.name);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("[%s] %s (%.2f s)\n", failures() == before ? "ok" : "FAIL", t.name, secs);
+    std::fflush(stdout);
   }
   std::printf("%d tests, %d failed checks\n", ran, failures());
   return failures() == 0 ? 0 : 1;

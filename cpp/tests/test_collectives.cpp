@@ -154,6 +154,10 @@ TEST_CASE("all_reduce: algorithm x replicas x dtype x size x op, both call style
           for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::mean}) {
             if (op == reduce_op::mean && !is_floating(t)) continue;
             if (count == 70001 && op != reduce_op::sum && op != reduce_op::mean) continue;
+            // The long pipelined case once per element size (4, 2 and 1 bytes) when quick.
+            if (count == 70001 && quick() && t != dtype::float32 && t != dtype::bfloat16 && t != dtype::int8) {
+              continue;
+            }
             for (style how : {style::single_call, style::per_replica}) {
               for (bool inplace : {false, true}) {
                 run_case(g, {collective::all_reduce, a, n, t, count, op, how, inplace, 0});

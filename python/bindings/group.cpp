@@ -164,6 +164,61 @@ void run_one(group& g, int replica, const call_desc& d, buffer_view in, buffer_v
   raise_pending_interrupt();
 }
 
+// One replica's checked arguments of a per-replica call.
+struct call_args {
+  call_desc desc;
+  buffer_view in, out;
+  std::chrono::milliseconds timeout{0};
+  py::object result;  // the new output array, for collectives that return one
+};
+
+// Tells the other replicas that this replica's arguments are invalid, so that each of
+// them raises the error instead of waiting for a replica that never comes. Returns once
+// they have all arrived (or on timeout, abort or close): the caller then raises its own
+// error, which is more useful than anything this call could say.
+void report_invalid(group& g, int replica, const std::string& why, bool type_error, const py::object& timeout) {
+  std::chrono::milliseconds t{0};  // the group's timeout when the given one is bad too
+  try {
+    t = to_ms(timeout);
+  } catch (const std::exception&) {
+    PyErr_Clear();
+  }
+  py::gil_scoped_release nogil;
+  try {
+    g.report_invalid(replica, why, type_error, t);
+  } catch (const std::exception&) {
+  }
+}
+
+// Runs `prepare` (checks and conversions of one replica's arguments) and returns its
+// result; when it raises ValueError or TypeError, reports that to the other replicas
+// first (see report_invalid), then raises it.
+template <class Prepare>
+call_args checked_call(group& g, int replica, const py::object& timeout, Prepare&& prepare) {
+  try {
+    return prepare();
+  } catch (const py::type_error& e) {
+    report_invalid(g, replica, e.what(), true, timeout);
+    throw;
+  } catch (const py::value_error& e) {
+    report_invalid(g, replica, e.what(), false, timeout);
+    throw;
+  } catch (const distvals::dtype_error& e) {
+    report_invalid(g, replica, e.what(), true, timeout);
+    throw;
+  } catch (const distvals::invalid_argument_error& e) {
+    report_invalid(g, replica, e.what(), false, timeout);
+    throw;
+  } catch (py::error_already_set& e) {
+    // Raised in Python code (the zero-copy converter); its message is the value's str.
+    const bool type_error = e.matches(PyExc_TypeError);
+    if (type_error || e.matches(PyExc_ValueError)) {
+      report_invalid(g, replica, py::str(e.value()).cast<std::string>(), type_error, timeout);
+    }
+    throw;
+  }
+}
+
 int check_replica(const group& g, int replica) {
   if (replica < 0 || replica >= g.size()) {
     throw py::value_error("replica " + std::to_string(replica) + " is out of range for a group of " +
@@ -280,17 +335,21 @@ void register_group(py::module_& m) {
            },
            py::arg("buffers"), py::arg("op") = "sum")
       // ---- per-replica style: one thread per replica -----------------------------------
+      // Arguments are checked inside checked_call: when one replica's are bad, it still
+      // meets the others to report it, and every replica raises the same error at once.
       .def("replica_all_reduce",
            [](group& g, int replica, const py::object& arr, const std::string& op, const std::string& algo,
               const py::object& timeout) {
              check_replica(g, replica);
-             py::array a = as_array(arr, replica, true, "array");
-             const auto t = to_dtype(a.dtype(), replica);
-             const auto v = view_of(a, t);
-             run_one(g, replica,
-                     call_desc{collective::all_reduce, t, distvals::parse_reduce_op(op), distvals::parse_algorithm(algo),
-                               v.count, 0},
-                     v, v, to_ms(timeout));
+             call_args c = checked_call(g, replica, timeout, [&]() {
+               py::array a = as_array(arr, replica, true, "array");
+               const auto t = to_dtype(a.dtype(), replica);
+               const auto v = view_of(a, t);
+               return call_args{call_desc{collective::all_reduce, t, distvals::parse_reduce_op(op),
+                                          distvals::parse_algorithm(algo), v.count, 0},
+                                v, v, to_ms(timeout), py::none()};
+             });
+             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
            py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("algorithm") = "auto",
            py::arg("timeout_seconds") = py::none(),
@@ -298,50 +357,62 @@ void register_group(py::module_& m) {
       .def("replica_all_gather",
            [](group& g, int replica, const py::object& arr, const py::object& timeout) {
              check_replica(g, replica);
-             py::array a = as_array(arr, replica, false, "array");
-             const auto t = to_dtype(a.dtype(), replica);
-             py::array out = new_like(a, t, gathered_shape(a, g.size()));
-             run_one(g, replica, call_desc{collective::all_gather, t, distvals::reduce_op::sum, distvals::algorithm::direct,
-                                           static_cast<std::size_t>(a.size()), 0},
-                     view_of(a, t), view_of(out, t), to_ms(timeout));
-             return out;
+             call_args c = checked_call(g, replica, timeout, [&]() {
+               py::array a = as_array(arr, replica, false, "array");
+               const auto t = to_dtype(a.dtype(), replica);
+               py::array out = new_like(a, t, gathered_shape(a, g.size()));
+               return call_args{call_desc{collective::all_gather, t, distvals::reduce_op::sum,
+                                          distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
+                                view_of(a, t), view_of(out, t), to_ms(timeout), out};
+             });
+             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
+             return c.result;
            },
            py::arg("replica"), py::arg("array"), py::arg("timeout_seconds") = py::none())
       .def("replica_broadcast",
            [](group& g, int replica, const py::object& arr, int root, const py::object& timeout) {
              check_replica(g, replica);
-             check_replica(g, root);
-             py::array a = as_array(arr, replica, true, "array");
-             const auto t = to_dtype(a.dtype(), replica);
-             const auto v = view_of(a, t);
-             run_one(g, replica, call_desc{collective::broadcast, t, distvals::reduce_op::sum, distvals::algorithm::direct,
-                                           v.count, root},
-                     v, v, to_ms(timeout));
+             call_args c = checked_call(g, replica, timeout, [&]() {
+               check_replica(g, root);
+               py::array a = as_array(arr, replica, true, "array");
+               const auto t = to_dtype(a.dtype(), replica);
+               const auto v = view_of(a, t);
+               return call_args{call_desc{collective::broadcast, t, distvals::reduce_op::sum,
+                                          distvals::algorithm::direct, v.count, root},
+                                v, v, to_ms(timeout), py::none()};
+             });
+             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
            py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("timeout_seconds") = py::none())
       .def("replica_reduce",
            [](group& g, int replica, const py::object& arr, int root, const std::string& op, const py::object& timeout) {
              check_replica(g, replica);
-             check_replica(g, root);
-             py::array a = as_array(arr, replica, replica == root, "array");
-             const auto t = to_dtype(a.dtype(), replica);
-             const auto v = view_of(a, t);
-             run_one(g, replica, call_desc{collective::reduce, t, distvals::parse_reduce_op(op), distvals::algorithm::direct,
-                                           v.count, root},
-                     v, v, to_ms(timeout));
+             call_args c = checked_call(g, replica, timeout, [&]() {
+               check_replica(g, root);
+               py::array a = as_array(arr, replica, replica == root, "array");
+               const auto t = to_dtype(a.dtype(), replica);
+               const auto v = view_of(a, t);
+               return call_args{call_desc{collective::reduce, t, distvals::parse_reduce_op(op),
+                                          distvals::algorithm::direct, v.count, root},
+                                v, v, to_ms(timeout), py::none()};
+             });
+             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
            py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("op") = "sum",
            py::arg("timeout_seconds") = py::none())
       .def("replica_reduce_scatter",
            [](group& g, int replica, const py::object& arr, const std::string& op, const py::object& timeout) {
              check_replica(g, replica);
-             py::array a = as_array(arr, replica, false, "array");
-             const auto t = to_dtype(a.dtype(), replica);
-             py::array out = new_like(a, t, scattered_shape(a, g.size(), replica));
-             run_one(g, replica, call_desc{collective::reduce_scatter, t, distvals::parse_reduce_op(op),
-                                           distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
-                     view_of(a, t), view_of(out, t), to_ms(timeout));
-             return out;
+             call_args c = checked_call(g, replica, timeout, [&]() {
+               py::array a = as_array(arr, replica, false, "array");
+               const auto t = to_dtype(a.dtype(), replica);
+               py::array out = new_like(a, t, scattered_shape(a, g.size(), replica));
+               return call_args{call_desc{collective::reduce_scatter, t, distvals::parse_reduce_op(op),
+                                          distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
+                                view_of(a, t), view_of(out, t), to_ms(timeout), out};
+             });
+             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
+             return c.result;
            },
            py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("timeout_seconds") = py::none())
       // ---- failure handling ------------------------------------------------------------

@@ -22,6 +22,7 @@ from .options import (
 )
 from .reduce_op import ReduceOp
 from .strategy import MirroredStrategy, OneDeviceStrategy, Strategy, StrategyExtended
+from .multi_worker import MultiWorkerMirroredStrategy
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
     MirroredVariable,
@@ -51,6 +52,7 @@ __all__ = [
     "StrategyExtended",
     "MirroredStrategy",
     "OneDeviceStrategy",
+    "MultiWorkerMirroredStrategy",
     "ReplicaContext",
     "get_replica_context",
     "get_strategy",

@@ -61,11 +61,24 @@ def save_variables(path: Union[str, os.PathLike], variables: Variables) -> None:
     """Writes the variables' values to ``path`` (an ``.npz`` file) atomically: into a
     temporary file in the same directory first, then renamed over ``path``, so a crash
     never leaves a half-written checkpoint. Keys are the variables' names (without
-    ":0"), or the dict's keys."""
+    ":0"), or the dict's keys. Under a ``MultiWorkerMirroredStrategy`` every worker calls
+    it, only the chief writes, and every worker returns once the file is written."""
     _require_cross_replica("save_variables")
     items = _named(variables, "save_variables")
     arrays = {key: np.array(v.read_value(), copy=True) for key, v in items}
-    path = os.fspath(path)
+    _strategy_of(items).extended._write_checkpoint(lambda: _write_npz(os.fspath(path), arrays))
+
+
+def _strategy_of(items: List[Tuple[str, Variable]]) -> Any:
+    # The variables' strategy decides who writes (with several workers: the chief only).
+    for _, v in items:
+        strategy = getattr(v, "distribute_strategy", None)
+        if strategy is not None:
+            return strategy
+    return context.get_strategy()
+
+
+def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:

@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import nest
+from . import devices, nest
 from .reduce_op import ReduceOp
 from .values import DistributedValues
 
@@ -67,20 +67,16 @@ def work_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
 
 def as_array(x: Any) -> np.ndarray:
     """``x`` (array-like, number, variable, tensor) as a numpy array, without a copy where
-    possible."""
+    possible; device arrays (cupy, torch CUDA, DeviceArray) are copied to the host."""
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
-        try:
-            return np.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            pass
-    return np.asarray(x)
+    return devices.to_host(x)
 
 
-def restore_kind(result: np.ndarray, original: Any) -> Any:
-    """An ndarray stays an ndarray; a scalar input gives a numpy scalar back."""
-    if isinstance(original, np.ndarray) or result.ndim:
+def restore_kind(result: Any, original: Any) -> Any:
+    """An ndarray stays an ndarray; a scalar input gives a numpy scalar back; a device
+    array (a GPU replica's result) stays as it is."""
+    if isinstance(original, np.ndarray) or not isinstance(result, np.ndarray) or result.ndim:
         return result
     return result[()]
 

@@ -224,7 +224,7 @@ class DeviceArray:
         """Overwrite the data with a host array of the same shape and dtype."""
         if self._readonly:
             raise ValueError("this DeviceArray is read-only")
-        a = np.ascontiguousarray(host)
+        a = np.asarray(host, order="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
         if a.shape != self._shape or a.dtype != self._dtype:
             raise ValueError(
                 f"copy_from needs shape {self._shape} and dtype {self._dtype.name}, "
@@ -280,7 +280,7 @@ def empty(shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0) -> D
 
 def to_device(host: Any, device: Union[int, str] = 0) -> DeviceArray:
     """A DeviceArray holding a copy of the host array ``host``."""
-    a = np.ascontiguousarray(host)
+    a = np.asarray(host, order="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
     out = DeviceArray(a.shape, a.dtype, device)
     out.copy_from(a)
     return out

@@ -8,6 +8,12 @@ shape and dtype. The parts are views of the batch, not copies.
 The dataset may be a ``distvals.data.Dataset``, any iterable of batches (lists,
 generators), a ``tf.data.Dataset`` or a torch ``DataLoader``; their leaves are turned
 into numpy arrays without a copy where possible, and neither library is imported.
+
+GPU replicas get their part of each batch in their GPU's memory: every per-replica
+part is copied host-to-device onto that replica's GPU (a ``DeviceArray``). Leaves that
+are already device arrays (cupy, torch CUDA tensors) are split on the GPU and only
+copied when they live on another GPU than the replica's; leaves of dtypes a GPU cannot
+hold (bool, strings, ...) stay on the host.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
-from . import nest
+from . import devices, nest
 from .values import regroup
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "DistributedDatasetsFromFunction",
     "DistributedIterator",
     "split_batch_sizes",
+    "place_element",
 ]
 
 
@@ -105,8 +112,11 @@ class ValueContext:
 
 
 class InputOptions:
-    """Accepted for compatibility with ``tf.distribute.InputOptions``; host memory is
-    the only placement here, so the options change nothing."""
+    """Options of distributed datasets, as ``tf.distribute.InputOptions``.
+
+    ``experimental_fetch_to_device``: None or True (the default) copies GPU replicas'
+    batches to their GPUs; False keeps them in host memory. The other options are
+    accepted for compatibility and change nothing."""
 
     def __init__(self, experimental_fetch_to_device: Optional[bool] = None,
                  experimental_replication_mode: Any = None, experimental_place_dataset_on_device: bool = False,
@@ -133,9 +143,12 @@ def split_batch_sizes(batch: int, n: int) -> List[int]:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A leaf of an input element as a numpy array, without a copy where possible."""
+    """A leaf of an input element as a numpy array, without a copy where possible (a
+    device array is copied to the host)."""
     if isinstance(x, np.ndarray):
         return x
+    if devices.is_device_array(x):
+        return devices.to_host(x)
     if hasattr(x, "__dlpack__") and not isinstance(x, np.generic):
         try:
             return np.from_dlpack(x)
@@ -153,6 +166,48 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def _leaf(x: Any, on_gpu: bool) -> Any:
+    """A leaf as an array: device arrays stay on their GPU for GPU replicas."""
+    if on_gpu and devices.is_device_array(x):
+        return devices.as_value(x)
+    return to_numpy(x)
+
+
+def _rows(a: Any, start: int, stop: int) -> Any:
+    return a[start:stop] if isinstance(a, np.ndarray) else devices.slice_rows(a, start, stop)
+
+
+def place_element(element: Any, place: Optional[int]) -> Any:
+    """``element`` (nested allowed) with its array leaves on ``place`` (a CUDA device, or
+    None for the host). A device leaf already there is kept as it is; leaves that are not
+    arrays (Python numbers, strings) and arrays of dtypes a GPU cannot hold are kept."""
+    if place is None:
+        return element
+
+    def one(x: Any) -> Any:
+        if devices.is_device_array(x):
+            return x if devices.place_of(x) == place else devices.to_replica_device(x, place)
+        if isinstance(x, (np.ndarray, np.generic)) and devices.can_place(x.dtype):
+            return devices.to_replica_device(x, place)
+        return x
+
+    if nest.is_nested(element):
+        return nest.pack_sequence_as(element, [one(x) for x in nest.flatten(element)])
+    return one(element)
+
+
+def _gpu_places(strategy: Any, n: int, options: Any = None) -> Optional[tuple]:
+    """Each replica's CUDA device when the strategy runs GPU replicas (and ``options`` do
+    not say ``experimental_fetch_to_device=False``), else None."""
+    if options is not None and getattr(options, "experimental_fetch_to_device", None) is False:
+        return None
+    ext = getattr(strategy, "extended", None)
+    places = tuple(getattr(ext, "_places", ()))
+    if getattr(ext, "_on_gpu", False) and len(places) == n:
+        return places
+    return None
+
+
 def _iterable(dataset: Any, what: str) -> Any:
     if isinstance(dataset, (str, bytes, dict)) or not hasattr(dataset, "__iter__"):
         raise TypeError(
@@ -166,10 +221,11 @@ class DistributedIterator:
     """Iterator over a distributed dataset: each ``next`` gives one global batch as
     PerReplica values (nested like the dataset's elements)."""
 
-    def __init__(self, strategy: Any, iterator: Iterator[Any]) -> None:
+    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None) -> None:
         self._strategy = strategy
         self._iterator = iterator
         self._n = strategy.num_replicas_in_sync
+        self._places = _gpu_places(strategy, self._n, options)
 
     def __iter__(self) -> "DistributedIterator":
         return self
@@ -178,7 +234,8 @@ class DistributedIterator:
         element = next(self._iterator)
         n = self._n
         structured = nest.is_nested(element)
-        leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
+        on_gpu = self._places is not None
+        leaves = [_leaf(x, on_gpu) for x in (nest.flatten(element) if structured else [element])]
         if not leaves:
             raise ValueError("experimental_distribute_dataset: an element has no components")
         for a in leaves:
@@ -198,9 +255,11 @@ class DistributedIterator:
         per_replica = []
         start = 0
         for size in sizes:
-            parts = [a[start: start + size] for a in leaves]
+            parts = [_rows(a, start, start + size) for a in leaves]
             per_replica.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
             start += size
+        if on_gpu:
+            per_replica = [place_element(e, p) for e, p in zip(per_replica, self._places)]
         return regroup(per_replica, what="experimental_distribute_dataset")
 
     def get_next(self) -> Any:
@@ -219,6 +278,7 @@ class DistributedDataset:
     def __init__(self, strategy: Any, dataset: Any, options: Any = None) -> None:
         _check_options(options)
         self._strategy = strategy
+        self._options = options
         self._dataset = _iterable(dataset, "experimental_distribute_dataset")
         if getattr(dataset, "_batched", True) is False:
             raise ValueError(
@@ -227,7 +287,7 @@ class DistributedDataset:
             )
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._strategy, iter(self._dataset))
+        return DistributedIterator(self._strategy, iter(self._dataset), self._options)
 
     def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
         """Folds ``reduce_func(state, element)`` over every distributed element."""
@@ -241,9 +301,10 @@ class DistributedDataset:
 
 
 class _FromFunctionIterator:
-    def __init__(self, strategy: Any, iterator: Iterator[Any]) -> None:
+    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None) -> None:
         self._iterator = iterator
         self._n = strategy.num_replicas_in_sync
+        self._places = _gpu_places(strategy, self._n, options)
 
     def __iter__(self) -> "_FromFunctionIterator":
         return self
@@ -256,7 +317,8 @@ class _FromFunctionIterator:
             except StopIteration:
                 break
             structured = nest.is_nested(element)
-            leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
+            on_gpu = self._places is not None
+            leaves = [_leaf(x, on_gpu) for x in (nest.flatten(element) if structured else [element])]
             values.append(nest.pack_sequence_as(element, leaves) if structured else leaves[0])
         if not values:
             raise StopIteration
@@ -266,9 +328,11 @@ class _FromFunctionIterator:
             leaves = nest.flatten(template) if nest.is_nested(template) else [template]
             if any(a.ndim == 0 for a in leaves):
                 raise StopIteration
-            empty = [np.empty((0,) + a.shape[1:], dtype=a.dtype) for a in leaves]
+            empty = [np.empty((0,) + tuple(a.shape[1:]), dtype=a.dtype) for a in leaves]
             filler = nest.pack_sequence_as(template, empty) if nest.is_nested(template) else empty[0]
             values.extend(filler for _ in range(self._n - len(values)))
+        if self._places is not None:
+            values = [place_element(v, p) for v, p in zip(values, self._places)]
         return regroup(values, what="distribute_datasets_from_function")
 
     def get_next(self) -> Any:
@@ -284,11 +348,12 @@ class DistributedDatasetsFromFunction:
         if not callable(dataset_fn):
             raise TypeError(f"dataset_fn must be callable, got {type(dataset_fn).__name__}")
         self._strategy = strategy
+        self._options = options
         ctx = InputContext(1, 0, strategy.num_replicas_in_sync)
         self._dataset = _iterable(dataset_fn(ctx), "distribute_datasets_from_function (the dataset_fn result)")
 
     def __iter__(self) -> _FromFunctionIterator:
-        return _FromFunctionIterator(self._strategy, iter(self._dataset))
+        return _FromFunctionIterator(self._strategy, iter(self._dataset), self._options)
 
     def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
         state = initial_state

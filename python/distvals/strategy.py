@@ -13,7 +13,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import context, cross_device, nest
+from . import context, cross_device, device_collectives, nest
+from . import devices as device_util
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, parse_device
 from .group import ReplicaGroup
 from .options import (
@@ -37,16 +38,35 @@ def _full_name(device: str) -> str:
 
 
 def _gpu_count() -> int:
+    """How many GPU replicas can run here: logical GPUs (``distvals.config``), so that
+    "GPU:3" works on one GPU after ``set_logical_gpus(4)``."""
     import distvals
 
     cuda = getattr(distvals, "cuda", None)
-    count = getattr(cuda, "device_count", None)
+    count = getattr(cuda, "logical_device_count", None) or getattr(cuda, "device_count", None)
     if count is None:
         return 0
     try:
         return int(count() if callable(count) else count)
     except Exception:  # noqa: BLE001 - no driver, no GPU
         return 0
+
+
+def _no_gpu_hint(have: int) -> str:
+    if have:
+        return ("several replicas can share one GPU: distvals.config.set_logical_gpus(k) makes each GPU "
+                "appear as k logical GPUs")
+    import distvals
+
+    cuda = getattr(distvals, "cuda", None)
+    reason = getattr(cuda, "unavailable_reason", None)
+    why = ""
+    if callable(reason):
+        try:
+            why = str(reason())
+        except Exception:  # noqa: BLE001 - the reason is only a hint
+            why = ""
+    return (f"{why + '; ' if why else ''}use CPU devices such as 'CPU:0', 'CPU:1' for logical replicas")
 
 
 def _canonical_devices(devices: Any, what: str) -> List[str]:
@@ -74,12 +94,17 @@ def _canonical_devices(devices: Any, what: str) -> List[str]:
         out.append(c)
     gpus = [c for c in out if c.startswith("GPU:")]
     if gpus:
+        if len(gpus) != len(out):
+            raise ValueError(
+                f"{what}: {out} mixes CPU and GPU devices; a strategy's replicas are either all CPUs "
+                "or all GPUs"
+            )
         have = _gpu_count()
         missing = [c for c in gpus if int(c.split(":")[1]) >= have]
         if missing:
             raise ValueError(
                 f"{what}: {', '.join(missing)} requested, but distvals sees {have} GPU(s); "
-                "use CPU devices such as 'CPU:0', 'CPU:1' for logical replicas"
+                + _no_gpu_hint(have)
             )
     return out
 
@@ -120,6 +145,11 @@ def _set_replica(e: BaseException, r: int) -> None:
 
 class StrategyExtended:
     """The strategy's lower-level interface (``strategy.extended``)."""
+
+    # GPU replicas: whether there are any, and each replica's place (its CUDA device,
+    # or None for a CPU replica); see distvals.devices.
+    _on_gpu = False
+    _places: Tuple[Optional[int], ...] = ()
 
     def __init__(self, container_strategy: "Strategy", devices: Sequence[str]) -> None:
         self._container = container_strategy
@@ -174,6 +204,17 @@ class StrategyExtended:
         if not out:
             raise ValueError(f"{what}: destinations must not be empty")
         return out
+
+    # ---- hooks for strategies whose replicas span several processes ----------------------
+    def _initial_value(self, value: np.ndarray) -> np.ndarray:
+        """The value a new distributed variable starts from (a multi-worker strategy gives
+        every process the chief's)."""
+        return value
+
+    def _write_checkpoint(self, write: Callable[[], None]) -> None:
+        """Runs ``write``, the file write of ``save_variables`` (a multi-worker strategy
+        lets only the chief write)."""
+        write()
 
     def _require_cross_replica(self, what: str) -> None:
         ctx = context.current_run_context()
@@ -232,6 +273,13 @@ class _LocalExtended(StrategyExtended):
             self._timeout = self._group.timeout_seconds
         else:
             self._timeout = options.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+        self._on_gpu = any(device_util.is_gpu(d) for d in self._devices)
+        if self._on_gpu and self._group is not None:
+            # The CUDA devices the engine group mapped the replicas to when it was made
+            # (a later set_logical_gpus does not move existing replicas).
+            self._places = tuple(self._group.engine.gpus)
+        else:
+            self._places = tuple(device_util.place_of_device(d) for d in self._devices)
         self._runner = ReplicaRunner(self._n)
         self._barrier = MergeBarrier(self._n)
         self._contexts = tuple(context.ReplicaContext(container_strategy, r, _num_replicas=self._n)
@@ -377,6 +425,12 @@ class _LocalExtended(StrategyExtended):
             op = as_reduce_op(reduce_op)
         opts = self._options if options is None else self._options.merge(options)
         algorithm = self._algorithm if options is None or options.implementation == "auto" else options.implementation
+        if self._on_gpu:
+            return device_collectives.replica_all_reduce(
+                self._group, self._places, ctx._replica_id, self._n, op, value,
+                algorithm=algorithm, timeout=self._timeout_for(options), bytes_per_pack=opts.bytes_per_pack,
+                via_one_device=self._via_one_device, root=self._root,
+            )
         return cross_device.replica_all_reduce(
             self._group, ctx._replica_id, self._n, op, value,
             algorithm=algorithm, timeout=self._timeout_for(options), bytes_per_pack=opts.bytes_per_pack,
@@ -406,10 +460,16 @@ class _LocalExtended(StrategyExtended):
 
     def _replica_broadcast(self, ctx: context.ReplicaContext, value: Any, root: int = 0) -> Any:
         """Replica ``root``'s ``value``, on every replica (one engine call)."""
+        if self._on_gpu:
+            return device_collectives.replica_broadcast(self._group, self._places, ctx._replica_id, self._n,
+                                                        value, root)
         return cross_device.replica_broadcast(self._group, ctx._replica_id, self._n, value, root)
 
     def _replica_all_gather(self, ctx: context.ReplicaContext, value: Any, axis: int,
                             options: Optional[CommunicationOptions]) -> Any:
+        if self._on_gpu:
+            return device_collectives.replica_all_gather(self._group, self._places, ctx._replica_id, self._n,
+                                                         value, axis, timeout=self._timeout_for(options))
         return cross_device.replica_all_gather(self._group, ctx._replica_id, self._n, value, axis,
                                                timeout=self._timeout_for(options))
 
@@ -445,21 +505,32 @@ class _LocalExtended(StrategyExtended):
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
         if not isinstance(value, DistributedValues):
             return self._reduce_plain(op, value, axis, what)
+        if self._on_gpu:
+            return self._reduce_one_gpu(op, value, axis, what)
         parts = [cross_device.as_array(p) for p in self._parts(value, what)]
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
             return np.array(parts[0], copy=True)
         if axis is None:
             out = cross_device.reduce_parts(self._group, parts, op, what)
             return cross_device.restore_kind(out, value.values[0])
-        axes = [cross_device._normalize_axis(axis, p.ndim, what, r) for r, p in enumerate(parts)]
-        if op is ReduceOp.MEAN:
-            work = [cross_device.work_dtype(p.dtype, op) for p in parts]
-            numer = [np.asarray(np.sum(p, axis=a, dtype=w)) for p, a, w in zip(parts, axes, work)]
-            count = sum(p.shape[a] if p.ndim else 1 for p, a in zip(parts, axes))
-            total = cross_device.reduce_parts(self._group, numer, ReduceOp.SUM, what)
-            return np.asarray(total / total.dtype.type(count) if count else total * np.nan)
-        local = [_local_reduce(op, p, a) for p, a in zip(parts, axes)]
-        return cross_device.reduce_parts(self._group, local, op, what)
+        return _reduce_along(self._group, op, parts, axis, what)
+
+    def _reduce_one_gpu(self, op: ReduceOp, value: DistributedValues, axis: Optional[int], what: str) -> Any:
+        """``_reduce_one`` for GPU replicas: device parts give a DeviceArray on the first
+        replica's GPU (see distvals.device_collectives)."""
+        parts = self._parts(value, what)
+        if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
+            return device_util.copy(device_collectives.as_values(parts[:1])[0])
+        if axis is None:
+            out = device_collectives.reduce_parts(self._group, self._places, parts, op, what)
+            return cross_device.restore_kind(out, value.values[0])
+        # Along an axis each replica first reduces its own part, which needs kernels the
+        # engine does not have: the parts go through the host, the result back to the GPU.
+        vals = device_collectives.as_values(parts)
+        out = _reduce_along(None, op, [device_util.to_host(v) for v in vals], axis, what)
+        if any(device_util.is_device_array(v) for v in vals):
+            return device_util.to_replica_device(out, self._places[0])
+        return out
 
     def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
         if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._n > 1:
@@ -473,19 +544,33 @@ class _LocalExtended(StrategyExtended):
         a = cross_device.as_array(value)
         ax = cross_device._normalize_axis(axis, a.ndim, what, 0)
         if a.ndim == 0:
-            return a
-        if op is ReduceOp.MEAN:
-            return np.asarray(np.mean(a, axis=ax))
-        return _local_reduce(op, a, ax)
+            out = a
+        elif op is ReduceOp.MEAN:
+            out = np.asarray(np.mean(a, axis=ax))
+        else:
+            out = _local_reduce(op, a, ax)
+        if a is not value and device_util.is_device_array(value):
+            # A GPU value was reduced on the host; its result goes back where it came from.
+            return device_util.to_replica_device(out, device_util.place_of(value))
+        return out
+
+    def _place_of(self, device: str) -> Optional[int]:
+        """The place of a destination device: a replica's own CUDA device, else as named."""
+        if device in self._devices:
+            return self._places[self._devices.index(device)]
+        return device_util.place_of_device(device)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None) -> Any:
         """Reduces ``value`` (a PerReplica, or a plain value present on every replica)
         onto ``destinations``: a Mirrored with one copy per destination device, or the
-        value itself for one destination."""
+        value itself for one destination. With GPU replicas every copy is placed on its
+        destination: a ``DeviceArray`` on a GPU, a numpy array for a CPU device."""
         self._require_cross_replica("extended.reduce_to")
         op = as_reduce_op(reduce_op)
         self._timeout_for(options)
         dests = self._destinations(destinations, "reduce_to")
+        if self._on_gpu:
+            return self._reduce_to_gpu(op, value, dests)
         if not isinstance(value, DistributedValues):
             out = self._reduce_plain(op, value, None, "reduce_to")
             if len(dests) == 1:
@@ -508,6 +593,30 @@ class _LocalExtended(StrategyExtended):
             return out
         return Mirrored(tuple(out if i == 0 else np.array(out, copy=True) for i in range(len(dests))))
 
+    def _reduce_to_gpu(self, op: ReduceOp, value: Any, dests: List[str]) -> Any:
+        """``reduce_to`` for GPU replicas: every result is placed on its destination
+        device (a DeviceArray on a GPU destination)."""
+        places = [self._place_of(d) for d in dests]
+        if isinstance(value, DistributedValues) and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN):
+            parts = self._parts(value, "reduce_to")
+            if dests == list(self._devices) and self._n > 1:
+                outs = device_collectives.all_reduce_parts(self._group, self._places, parts, op, self._algorithm,
+                                                           self._via_one_device, self._root, "reduce_to")
+                return Mirrored(tuple(cross_device.restore_kind(o, parts[0]) for o in outs))
+            out = device_collectives.reduce_parts(self._group, self._places, parts, op, "reduce_to")
+            out = cross_device.restore_kind(out, parts[0])
+        elif isinstance(value, DistributedValues):
+            out = device_collectives.as_values(value.values[:1])[0]  # a Mirrored's MEAN is its value
+        else:
+            out = self._reduce_plain(op, value, None, "reduce_to")
+        if len(dests) == 1:
+            return _put(out, places[0])
+        if dests == list(self._devices):
+            copies = device_collectives.broadcast_value(self._group, self._places, out, self._n)
+        else:
+            copies = [_put(out, p, copy=True) for p in places]
+        return Mirrored(tuple(cross_device.restore_kind(c, out) for c in copies))
+
     def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
                         options: Optional[CommunicationOptions] = None) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
@@ -529,6 +638,15 @@ class _LocalExtended(StrategyExtended):
             raise ValueError("broadcast_to: the value is a PerReplica; reduce it first (reduce_to)")
         dests = self._destinations(destinations, "broadcast_to")
         value = tensor.values[0] if isinstance(tensor, DistributedValues) else tensor
+        if self._on_gpu:
+            places = [self._place_of(d) for d in dests]
+            if len(dests) == 1:
+                return _put(value, places[0])
+            if dests == list(self._devices):
+                copies = device_collectives.broadcast_value(self._group, self._places, value, self._n)
+            else:
+                copies = [_put(value, p, copy=True) for p in places]
+            return Mirrored(tuple(cross_device.restore_kind(c, value) for c in copies))
         if len(dests) == 1:
             return value
         if len(dests) == self._n:
@@ -583,6 +701,30 @@ class _LocalExtended(StrategyExtended):
 
 _OPS = {name: op for op in ReduceOp for name in (op.name, op.name.lower(), op.name.capitalize())}
 _OPS.update({"prod": ReduceOp.PRODUCT, "PROD": ReduceOp.PRODUCT})
+
+
+def _put(value: Any, place: Optional[int], copy: bool = False) -> Any:
+    """``value`` at ``place``: a host value bound for the host stays as it is (or is
+    copied); values whose dtype a GPU cannot hold stay on the host."""
+    if place is None and not device_util.is_device_array(value):
+        return np.array(cross_device.as_array(value), copy=True) if copy else value
+    v = device_collectives.as_values([value])[0]
+    if place is not None and not device_util.can_place(v.dtype):
+        return np.array(v, copy=True) if copy else v
+    return device_util.to_replica_device(v, place, copy=copy)
+
+
+def _reduce_along(group: Any, op: ReduceOp, parts: List[np.ndarray], axis: int, what: str) -> Any:
+    """``strategy.reduce`` with an axis: each host part reduced along it, then across."""
+    axes = [cross_device._normalize_axis(axis, p.ndim, what, r) for r, p in enumerate(parts)]
+    if op is ReduceOp.MEAN:
+        work = [cross_device.work_dtype(p.dtype, op) for p in parts]
+        numer = [np.asarray(np.sum(p, axis=a, dtype=w)) for p, a, w in zip(parts, axes, work)]
+        count = sum(p.shape[a] if p.ndim else 1 for p, a in zip(parts, axes))
+        total = cross_device.reduce_parts(group, numer, ReduceOp.SUM, what)
+        return np.asarray(total / total.dtype.type(count) if count else total * np.nan)
+    local = [_local_reduce(op, p, a) for p, a in zip(parts, axes)]
+    return cross_device.reduce_parts(group, local, op, what)
 
 
 def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int) -> np.ndarray:
@@ -654,6 +796,11 @@ class Strategy:
         mean over all elements along the axis (replicas weigh by their count). A
         non-distributed value: MEAN (MIN, MAX) returns it, SUM with several replicas is
         an error. Integer MEAN gives float64. Nested structures are reduced leaf by leaf.
+
+        On GPU replicas, parts that are device arrays are reduced on the GPUs and the
+        result is a ``DeviceArray`` on the first replica's GPU (read it with
+        ``.numpy()``, or hand it to cupy/torch without a copy); parts that are all host
+        values (a Python float loss) are reduced on the host and come back as numpy.
         """
         self._extended._require_cross_replica("strategy.reduce")
         op = as_reduce_op(reduce_op)
@@ -664,14 +811,18 @@ class Strategy:
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates the replicas' parts along ``axis`` (sizes may differ along it
-        only); a non-distributed value is returned as an array. Nested structures too."""
+        only); a non-distributed value is returned as an array. Nested structures too.
+        On GPU replicas, device parts give a ``DeviceArray`` on the first replica's GPU."""
         ext = self._extended
         ext._require_cross_replica("strategy.gather")
 
         def one(v: Any) -> Any:
             if isinstance(v, DistributedValues):
-                return cross_device.gather_parts(ext._group, ext._parts(v, "strategy.gather"), axis)
-            a = cross_device.as_array(v)
+                parts = ext._parts(v, "strategy.gather")
+                if ext._on_gpu:
+                    return device_collectives.gather_parts(ext._group, ext._places, parts, axis)
+                return cross_device.gather_parts(ext._group, parts, axis)
+            a = device_collectives.as_values([v])[0] if ext._on_gpu else cross_device.as_array(v)
             cross_device._normalize_axis(axis, a.ndim, "strategy.gather", 0)
             return a
 
@@ -706,12 +857,16 @@ class Strategy:
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
         """A PerReplica of ``value_fn(ValueContext(replica_id, num_replicas))`` per replica."""
-        from .input import ValueContext
+        from .input import ValueContext, place_element
 
         if not callable(value_fn):
             raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}")
-        n = self._extended._n
+        ext = self._extended
+        n = ext._n
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
+        if ext._on_gpu:
+            # Array leaves go to their replica's GPU, as a dataset's batches do.
+            values = [place_element(v, ext._places[r]) for r, v in enumerate(values)]
         return regroup(values, what="experimental_distribute_values_from_function")
 
     def close(self) -> None:
@@ -742,6 +897,19 @@ class MirroredStrategy(Strategy):
     ``ReductionToOneDevice(reduce_to_device)``. ``communication_options``:
     ``CommunicationOptions`` (its ``timeout_seconds`` bounds every collective and every
     wait of ``run``; default 300 s).
+
+    GPU replicas: ``MirroredStrategy(["GPU:0", "GPU:1"])`` (a strategy's replicas are all
+    CPUs or all GPUs). ``"GPU:k"`` is a logical GPU (``distvals.config.set_logical_gpus``
+    lets several replicas share one GPU, each with its own stream); the replicas keep
+    the CUDA devices they had when the strategy was made. Values distributed by the
+    strategy (datasets, ``experimental_distribute_values_from_function``, variables)
+    are ``distvals.cuda.DeviceArray`` objects on each replica's GPU; cupy arrays and
+    torch CUDA tensors are accepted wherever a value is. ``run`` passes each replica its
+    part and regroups whatever ``fn`` returns; ``ReplicaContext.all_reduce`` and
+    ``all_gather`` give each replica a DeviceArray on its own GPU. Results read in
+    cross-replica context (``reduce``, ``gather``, SyncOnRead variables) are DeviceArrays
+    on the first replica's GPU. A DeviceArray has no arithmetic: compute with cupy or
+    torch (``cupy.asarray(x)`` views it without a copy) or copy it with ``.numpy()``.
     """
 
     def __init__(self, devices: Optional[Sequence[str]] = None, cross_device_ops: Optional[CrossDeviceOps] = None,

@@ -17,6 +17,13 @@ scope it has one copy per replica:
 
 A variable's value is an immutable snapshot: an update replaces the stored array, so a
 value read earlier never changes under the reader.
+
+On GPU replicas each copy is a read-only ``distvals.cuda.DeviceArray`` on its replica's
+GPU: reading a variable inside ``strategy.run`` gives the replica's DeviceArray, the
+all-reduce of an update runs on the GPUs, and ``assign_add``/``assign_sub`` compute the
+new value on the copy's GPU with the engine. ``numpy()``, ``repr`` and checkpoints copy
+the value to the host. Arithmetic operators on such a variable are not offered (a
+DeviceArray has none): use ``numpy()``, or cupy/torch on the value.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import context, cross_device
+from . import context, cross_device, devices
 from .reduce_op import ReduceOp
 from .values import DistributedValues, Mirrored, PerReplica
 
@@ -76,6 +83,9 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
         initial_value = initial_value()
     if isinstance(initial_value, Variable):
         initial_value = initial_value.read_value()
+    if devices.is_device_array(initial_value):
+        # Placed on every replica's device later, from the host.
+        initial_value = devices.to_host(initial_value)
     if dtype is not None:
         a = np.array(cross_device.as_array(initial_value), dtype=np.dtype(dtype), copy=True)
     else:
@@ -116,9 +126,12 @@ def _create_variable(initial_value: Any = None, trainable: bool = True, name: Op
     value = _initial_array(initial_value, dtype)
     if shape is not None and tuple(shape) != value.shape:
         raise ValueError(f"Variable '{base}': initial value has shape {value.shape}, not the given shape {tuple(shape)}")
+    places = tuple(getattr(ext, "_places", ()))
+    if len(places) != len(ext._devices):
+        places = (None,) * len(ext._devices)
     if not context.has_strategy() or not getattr(ext, "_distributed_variables", False):
-        return type.__call__(Variable, value, trainable=trainable, name=base, synchronization=sync,
-                             aggregation=agg, device=ext._devices[0])
+        return type.__call__(Variable, _placed(value, places[0]), trainable=trainable, name=base,
+                             synchronization=sync, aggregation=agg, device=ext._devices[0])
     if sync is VariableSynchronization.NONE:
         raise ValueError(
             f"Variable '{base}': synchronization NONE is not supported under a distribution strategy; "
@@ -129,15 +142,28 @@ def _create_variable(initial_value: Any = None, trainable: bool = True, name: Op
             f"Variable '{base}': aggregation MEAN needs a floating dtype, got {value.dtype}; use SUM or "
             "a float variable"
         )
+    value = ext._initial_value(value)
     copies = []
     for r, device in enumerate(ext._devices):
         copy_name = base if r == 0 else f"{base}/replica_{r}"
-        stored = value if r == 0 else value.copy()
-        stored.flags.writeable = False
+        if places[r] is not None:
+            stored = _placed(value, places[r])
+        else:
+            stored = value if r == 0 else value.copy()
+            stored.flags.writeable = False
         copies.append(type.__call__(Variable, stored, trainable=trainable, name=copy_name, synchronization=sync,
                                     aggregation=agg, device=device))
     kind = SyncOnReadVariable if sync is VariableSynchronization.ON_READ else MirroredVariable
     return type.__call__(kind, strategy, tuple(copies), base, sync, agg, trainable)
+
+
+def _placed(value: np.ndarray, place: Any) -> Any:
+    """The initial value as a copy's stored value: the host array itself for a CPU copy,
+    a read-only DeviceArray on the GPU for a GPU copy (dtypes a GPU cannot hold stay on
+    the host)."""
+    if place is None or not devices.can_place(value.dtype):
+        return value
+    return devices.freeze(devices.to_replica_device(value, place))
 
 
 def _unwrap(o: Any) -> Any:
@@ -183,8 +209,8 @@ class Variable(metaclass=_VariableMeta):
         return self._read()
 
     def numpy(self) -> Any:
-        """A writable copy of the value (a numpy scalar for a 0-d variable)."""
-        a = np.array(self.read_value(), copy=True)
+        """A writable host copy of the value (a numpy scalar for a 0-d variable)."""
+        a = np.array(devices.to_host(self.read_value()), copy=True)
         return a[()] if a.ndim == 0 else a
 
     @property
@@ -232,8 +258,14 @@ class Variable(metaclass=_VariableMeta):
             )
         return _coerce_value(self, _unwrap(value), what)
 
-    def _apply(self, kind: str, value: np.ndarray) -> None:
+    def _apply(self, kind: str, value: Any) -> None:
         # `value` is already checked and of this variable's dtype and shape.
+        if not isinstance(self._value, np.ndarray):
+            # A copy on a GPU: the new value is computed there (see distvals.devices).
+            self._value = devices.freeze(_device_update(kind, self._value, value))
+            return
+        if not isinstance(value, np.ndarray):
+            value = devices.to_host(value)
         if kind == "assign":
             new = np.array(value, copy=True)
         elif kind == "assign_add":
@@ -306,21 +338,31 @@ class Variable(metaclass=_VariableMeta):
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        a = self._value
+        a = devices.to_host(self._value)
         shown = repr(a.item()) if a.ndim == 0 else repr(a)
         return f"<{type(self).__name__} '{self.name}' shape={a.shape} dtype={a.dtype}, numpy={shown}>"
 
 
-def _coerce_value(var: Any, value: Any, what: str) -> np.ndarray:
+def _device_update(kind: str, current: Any, value: Any) -> Any:
+    """The new value of a GPU copy holding ``current``."""
+    if kind == "assign":
+        return devices.to_replica_device(value, devices.place_of(current), copy=True)
+    if kind == "assign_add":
+        return devices.add(current, value)
+    return devices.subtract(current, value)
+
+
+def _coerce_value(var: Any, value: Any, what: str) -> Any:
     dtype, shape = var.dtype, var.shape
-    a = cross_device.as_array(value)
-    if a.shape != shape:
-        raise ValueError(f"{what} of variable '{var.name}': value has shape {a.shape}, the variable {shape}")
+    # A device array stays where it is (as a DeviceArray); anything else becomes numpy.
+    a = devices.as_value(value)
+    if tuple(a.shape) != shape:
+        raise ValueError(f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape}")
     if a.dtype != dtype:
-        python_number = not isinstance(value, (np.ndarray, np.generic))
+        python_number = not isinstance(value, (np.ndarray, np.generic)) and not devices.is_device_array(value)
         if not python_number and not np.can_cast(a.dtype, dtype, casting="same_kind"):
             raise TypeError(f"{what} of variable '{var.name}': cannot use a {a.dtype} value for a {dtype} variable")
-        a = a.astype(dtype)
+        a = devices.cast(a, dtype)
     return a
 
 
@@ -372,8 +414,9 @@ class DistributedVariable(DistributedValues, Variable):
             return self._values[ctx._replica_id]
         return self._cross_replica_part()
 
-    def _read(self) -> np.ndarray:
-        return np.asarray(self._current())
+    def _read(self) -> Any:
+        part = self._current()
+        return part._read() if isinstance(part, Variable) else part
 
     def value(self) -> np.ndarray:
         return self._read()
@@ -404,7 +447,7 @@ class MirroredVariable(DistributedVariable, Mirrored):
             self._update_cross_replica(kind, value)
             return self if read_value else None
         r = ctx._replica_id
-        if agg is VariableAggregation.NONE or self._n == 1:
+        if agg is VariableAggregation.NONE or self._strategy.num_replicas_in_sync == 1:
             self._values[r]._apply(kind, self._coerce_parts(value, kind))
             return self if read_value else None
         ext = self._strategy.extended
@@ -420,7 +463,7 @@ class MirroredVariable(DistributedVariable, Mirrored):
                     f"on every replica, which would count it {self._n} times; pass each replica's own value, "
                     "or use aggregation MEAN or ONLY_FIRST_REPLICA"
                 )
-        self._values[r]._apply(kind, np.asarray(result, dtype=self.dtype))
+        self._values[r]._apply(kind, devices.cast(devices.as_value(result), self.dtype))
         return self if read_value else None
 
     def _update_cross_replica(self, kind: str, value: Any) -> None:
@@ -464,10 +507,10 @@ class SyncOnReadVariable(DistributedVariable):
             )
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         parts = [c._value for c in self._values]
-        out = cross_device.reduce_parts(self._strategy.extended._group, parts, op, "read")
-        out = np.asarray(out, dtype=self.dtype)
-        out.flags.writeable = False
-        return out
+        out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read")
+        # A DeviceArray on the first replica's GPU for GPU copies (see device_collectives).
+        out = devices.cast(devices.as_value(out), self.dtype)
+        return devices.freeze(np.asarray(out) if isinstance(out, np.ndarray) else out)
 
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
         ctx = self._replica_context()
@@ -491,7 +534,7 @@ class SyncOnReadVariable(DistributedVariable):
         coerced = self._coerce_parts(value, kind)
         if kind == "assign" and agg is VariableAggregation.SUM:
             # Keep the sum: each copy stores value/N (cast back to the dtype, as TF does).
-            coerced = np.asarray(coerced / self._n).astype(self.dtype)
+            coerced = np.asarray(devices.to_host(coerced) / self._strategy.num_replicas_in_sync).astype(self.dtype)
         for c in self._values:
             c._apply(kind, coerced)
         return self if read_value else None

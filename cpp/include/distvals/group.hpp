@@ -140,6 +140,16 @@ class DISTVALS_EXPORT group {
   void run(int replica, const call_desc& desc, buffer_view in, buffer_view out,
            std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
 
+  /// Replica `replica`'s part of the next per-replica collective when its arguments were
+  /// found invalid before a call_desc could be built (a language binding's own checks):
+  /// it arrives like run() and, once all replicas have arrived, every replica of that
+  /// call throws `why` (dtype_error when `type_error`, invalid_argument_error otherwise;
+  /// the others' messages add which replica reported it). No data is touched and the
+  /// group stays usable. The other replicas call run() as usual. Same waits, timeout and
+  /// failure exceptions as run().
+  void report_invalid(int replica, const std::string& why, bool type_error,
+                      std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+
   // ----- failure handling: any thread --------------------------------------------
 
   /// Aborts the collective in flight and every later one until reset(): every waiting

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from .peers import bench_data as bd
 
-__all__ = ["build_plan", "main", "parse_size", "parse_args"]
+__all__ = ["build_plan", "main", "parse_args", "parse_size", "sweep_sizes"]
 
 _QUICK = {"min_bytes": 8, "max_bytes": 1 << 20, "iters": 50, "min_iters": 3}
 

@@ -22,10 +22,10 @@ BOUND_FROM_BYTES = 64 * 1024
 
 def require_matplotlib() -> None:
     """Fail early, before any measurement, when plotting was asked for but cannot work."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'distvals[bench]'") from None
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("--plot needs matplotlib: pip install 'distvals[bench]'")
 
 
 def _series(rows: Sequence[Row]) -> Dict[str, List[Row]]:

@@ -25,6 +25,8 @@ __all__ = [
     "DTYPES",
     "OPS",
     "PERIOD",
+    "canonical_op",
+    "check_op_dtype",
     "count_wrong",
     "emit",
     "fill",
@@ -45,7 +47,9 @@ OPS = ("sum", "prod", "min", "max", "mean")
 # Values repeat with this period (a prime, so no power-of-two chunking of the engines
 # lines up with it); inputs are built by tiling one period, which keeps building and
 # checking 256 MiB buffers at memory speed.
-PERIOD = 1_000_003
+PERIOD = 65_521
+# Elements compared per numpy call when checking (bounds the float64 temporaries).
+_CHECK_BLOCK = 1 << 20
 
 # Largest magnitude up to which every integer is exact in the dtype.
 _EXACT = {
@@ -149,14 +153,19 @@ def _reference(n: int, dtype: str, op: str) -> Tuple[np.ndarray, np.ndarray]:
     return ref, tol
 
 
+def _periods(flat: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``flat`` as (whole periods as a 2-D view, the remaining tail)."""
+    whole = flat.size // PERIOD * PERIOD
+    return flat[:whole].reshape(-1, PERIOD), flat[whole:]
+
+
 def fill(arr: np.ndarray, n: int, replica: int, dtype: str, op: str) -> np.ndarray:
     """Write replica ``replica``'s starting values into ``arr`` (any shape, C-contiguous)."""
     op = canonical_op(op)
-    flat = arr.reshape(-1)
     pat = _pattern(n, replica, dtype, op)
-    for start in range(0, flat.size, PERIOD):
-        stop = min(flat.size, start + PERIOD)
-        flat[start:stop] = pat[: stop - start]
+    rows, tail = _periods(arr.reshape(-1))
+    rows[...] = pat
+    tail[...] = pat[: tail.size]
     return arr
 
 
@@ -186,20 +195,22 @@ def count_wrong(results: Sequence[np.ndarray], n: int, dtype: str, op: str) -> i
     op = canonical_op(op)
     ref, tol = _reference(n, dtype, op)
     exact = _exact_reference(n, dtype, op)
+    step = max(1, _CHECK_BLOCK // PERIOD)
     wrong = 0
     for res in results:
         flat = np.asarray(res).reshape(-1)
         ex = exact.get(flat.dtype)
-        for start in range(0, flat.size, PERIOD):
-            stop = min(flat.size, start + PERIOD)
-            seg = flat[start:stop]
+        rows, tail = _periods(flat)
+        blocks = [rows[i:i + step] for i in range(0, rows.shape[0], step)] + [tail]
+        for seg in blocks:
+            m = seg.shape[-1]
             if ex is not None:
                 # Exact results: one comparison in the native dtype (NaN != x counts).
-                wrong += int(np.count_nonzero(seg != ex[: stop - start]))
+                wrong += int(np.count_nonzero(seg != ex[:m]))
             else:
-                err = np.abs(seg.astype(np.float64) - ref[: stop - start])
+                err = np.abs(seg.astype(np.float64) - ref[:m])
                 # ``not (err <= tol)`` so that NaN counts as wrong.
-                wrong += int(np.count_nonzero(~(err <= tol[: stop - start])))
+                wrong += int(np.count_nonzero(~(err <= tol[:m])))
     return wrong
 
 

@@ -8,7 +8,6 @@ bench_data.emit). With ``--probe`` it runs without mpirun and only reports the v
 from __future__ import annotations
 
 import sys
-import time
 
 try:
     import numpy as np

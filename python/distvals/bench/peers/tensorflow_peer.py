@@ -23,6 +23,12 @@ except ImportError as e:
 __all__ = ["main"]
 
 
+def _distribute(tf, strategy, arrays):
+    """A PerReplica value whose replica r holds ``arrays[r]`` on its own logical device."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group]))
+
+
 def main(argv=None) -> int:
     a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
     op = bd.canonical_op(a.op)
@@ -65,8 +71,7 @@ def main(argv=None) -> int:
     for nbytes, iters in bd.parse_plan(a.plan):
         count = max(1, nbytes // dt.itemsize)
         arrays = [bd.make_input(n, r, count, a.dtype, op) for r in range(n)]
-        values = strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group]))
+        values = _distribute(tf, strategy, arrays)
         out = step(values)
         results = [t.numpy() for t in strategy.experimental_local_results(out)]
         wrong = bd.count_wrong(results, n, a.dtype, op)
@@ -82,7 +87,7 @@ def main(argv=None) -> int:
             times.append(perf() - t0)
         bd.emit("result", bytes=count * dt.itemsize, count=count, iters=iters,
                 time_us=bd.median_us(times), wrong=wrong, checked=n * count)
-        del values, arrays
+        values = arrays = None  # free this size's buffers before the next
     bd.emit("done")
     return 0
 

@@ -1,0 +1,529 @@
+"""``MultiWorkerMirroredStrategy``: synchronous data parallelism over several processes.
+
+One process per host (or per group of devices) is started by ``mpirun``; each process
+is a *worker* with its own local replicas, run exactly as by ``MirroredStrategy`` (the
+C++ engine between them), while MPI (mpi4py) carries the traffic between workers, see
+``distvals.mpi_collectives``. Every worker runs the same program: the same steps, the
+same collective calls in the same order.
+
+Replicas are numbered globally: worker w's replicas are ``offset(w)`` ..
+``offset(w) + count(w) - 1``, where the workers' local counts may differ.
+``strategy.run`` returns PerReplica values of this worker's replicas (as in
+TensorFlow); ``strategy.reduce``, ``strategy.gather``, ``ReplicaContext.all_reduce``
+and ``all_gather``, ``extended.reduce_to`` and variable updates combine all replicas of
+all workers.
+
+When a step fails on one worker (an exception inside ``run``), the other workers wait
+in a collective that will never complete; MPI cannot cancel it, so the failing worker
+prints a message naming itself and aborts the whole job (``MPI.COMM_WORLD.Abort``). A
+worker that never arrives (hung, killed) makes the others abort once
+``CommunicationOptions.timeout_seconds`` has passed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import context, cross_device, nest
+from .options import CommunicationOptions
+from .reduce_op import ReduceOp, as_reduce_op
+from .strategy import Strategy, _LocalExtended, _local_reduce
+from .values import DistributedValues, Mirrored, PerReplica, regroup, select_replica
+
+__all__ = ["MultiWorkerMirroredStrategy", "MPIClusterResolver"]
+
+_NAME_BYTES = 256
+
+
+class MPIClusterResolver:
+    """Where this process stands among the workers (the part of TensorFlow's
+    ``ClusterResolver`` that applies): ``task_type`` ("worker"), ``task_id`` (the MPI
+    rank), ``num_workers``, ``is_chief`` (rank 0), ``hosts`` (each worker's host name)."""
+
+    def __init__(self, task_id: int, num_workers: int, hosts: Sequence[str], local_counts: Sequence[int]) -> None:
+        self.task_type = "worker"
+        self.task_id = int(task_id)
+        self.num_workers = int(num_workers)
+        self.hosts = tuple(hosts)
+        self.rpc_layer = "mpi"
+        self._local_counts = tuple(local_counts)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_id == 0
+
+    def cluster_spec(self) -> dict:
+        """``{"worker": [host of worker 0, host of worker 1, ...]}``."""
+        return {"worker": list(self.hosts)}
+
+    def num_accelerators(self) -> dict:
+        """This worker's replicas, as ``{"CPU": count}``."""
+        return {"CPU": self._local_counts[self.task_id]}
+
+    def __repr__(self) -> str:
+        return (f"MPIClusterResolver(task_type='worker', task_id={self.task_id}, "
+                f"num_workers={self.num_workers}, is_chief={self.is_chief})")
+
+
+class _WorkerReplicaContext(context.ReplicaContext):
+    """A replica's context whose id and count are global; inside, the local index still
+    selects this replica's parts and its engine slot."""
+
+    __slots__ = ("_global_id", "_total")
+
+    def __init__(self, strategy: Strategy, local_id: int, global_id: int, total: int, n_local: int) -> None:
+        super().__init__(strategy, local_id, _num_replicas=n_local)
+        self._global_id = global_id
+        self._total = total
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        """This replica's index among all replicas of all workers."""
+        return self._global_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._total
+
+    def __repr__(self) -> str:
+        return (f"ReplicaContext(replica_id_in_sync_group={self._global_id}, "
+                f"num_replicas_in_sync={self._total})")
+
+
+def _chunk_bytes() -> int:
+    """The pipeline's chunk size: ``DISTVALS_MPI_CHUNK_BYTES`` (the same on every worker),
+    else the default."""
+    from .mpi_collectives import DEFAULT_CHUNK_BYTES
+
+    text = os.environ.get("DISTVALS_MPI_CHUNK_BYTES", "").strip()
+    if not text:
+        return DEFAULT_CHUNK_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"DISTVALS_MPI_CHUNK_BYTES must be a positive number of bytes, got {text!r}")
+    return value
+
+
+def _wrap_arrays(structure: Any) -> Any:
+    def one(x: Any) -> Any:
+        return PerReplica((x,)) if isinstance(x, (np.ndarray, np.generic)) else x
+
+    if nest.is_nested(structure):
+        return nest.map_structure(one, structure)
+    return one(structure)
+
+
+def _local_devices(devices: Any) -> List[str]:
+    from .strategy import _canonical_devices
+
+    if devices is None:
+        return ["CPU:0"]
+    out = _canonical_devices(devices, "MultiWorkerMirroredStrategy")
+    gpus = [d for d in out if d.startswith("GPU:")]
+    if gpus:
+        raise ValueError(
+            f"MultiWorkerMirroredStrategy: {', '.join(gpus)}: replicas on GPUs are not supported across "
+            "workers yet; use CPU devices such as ['CPU:0', 'CPU:1']"
+        )
+    return out
+
+
+class _MultiWorkerExtended(_LocalExtended):
+    """The local replicas of one worker (as MirroredStrategy's) plus the workers' MPI
+    communicator; every collective goes through ``HierarchicalCollectives``."""
+
+    def __init__(self, container_strategy: Strategy, devices: Sequence[str],
+                 options: Optional[CommunicationOptions], communicator: Any) -> None:
+        from .mpi_collectives import HierarchicalCollectives, load_mpi
+
+        mpi = load_mpi()
+        comm = mpi.COMM_WORLD if communicator is None else communicator
+        if not isinstance(comm, mpi.Intracomm) or comm == mpi.COMM_NULL:
+            raise TypeError(
+                f"MultiWorkerMirroredStrategy: communicator must be an mpi4py intra-communicator such as "
+                f"MPI.COMM_WORLD, got {type(comm).__name__}"
+            )
+        super().__init__(container_strategy, devices, None, options, "MultiWorkerMirroredStrategy")
+        self._mpi = mpi
+        self._distributed_variables = True
+        # A communicator of its own: the strategy's collectives never match the user's.
+        timeout = float(self._timeout)
+        self._comm, req = comm.Idup()
+        self._wait_setup(req, timeout)
+        self._rank = self._comm.Get_rank()
+        self._num_workers = self._comm.Get_size()
+        counts = np.empty(self._num_workers, dtype=np.int64)
+        self._wait_setup(self._comm.Iallgather(np.array([self._n], dtype=np.int64), counts), timeout)
+        name = mpi.Get_processor_name().encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+        names = np.empty((self._num_workers, _NAME_BYTES), dtype=np.uint8)
+        self._wait_setup(self._comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
+        hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
+        self._hier = HierarchicalCollectives(self._group, self._comm, counts.tolist(), timeout,
+                                             chunk_bytes=_chunk_bytes(), on_fatal=self._fatal)
+        self._total = self._hier.total
+        self._offset = self._hier.offset
+        # As in TensorFlow, when every worker has one replica a plain value (what run
+        # returns there) is that replica's value. When only some workers have one, their
+        # run results are wrapped as PerReplica instead, so that every worker treats
+        # every value alike and makes the same collective calls.
+        self._plain_is_local = self._num_workers > 1 and max(counts.tolist()) == 1
+        self._wrap_results = self._n == 1 and self._total > 1 and not self._plain_is_local
+        self._resolver = MPIClusterResolver(self._rank, self._num_workers, hosts, counts.tolist())
+        self._contexts = tuple(_WorkerReplicaContext(container_strategy, r, self._offset + r, self._total, self._n)
+                               for r in range(self._n))
+        self._entries = tuple(c._entry for c in self._contexts)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        if cores == 1 and self._n > 1 and (os.cpu_count() or 1) > 1:
+            # mpirun binds each process to one core by default: the replica threads (and
+            # the engine's) would then all share it.
+            warnings.warn(
+                f"MultiWorkerMirroredStrategy: worker {self._rank} may run on 1 core only, for "
+                f"{self._n} replicas; launch with `mpirun --bind-to none` (or bind each process to enough "
+                "cores) so that its replicas run in parallel", RuntimeWarning, stacklevel=3)
+
+    def _wait_setup(self, req: Any, timeout: float) -> None:
+        """Waits for a request of the strategy's set-up (every worker constructs the
+        strategy) at most ``timeout`` seconds; the job aborts past it."""
+        from .mpi_collectives import report_and_abort
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if req.Test():
+                return
+            if time.monotonic() > deadline:
+                report_and_abort(self._mpi.COMM_WORLD, (
+                    f"MPI rank {self._mpi.COMM_WORLD.Get_rank()}: MultiWorkerMirroredStrategy waited "
+                    f"{timeout:g} s for the other workers to create it too"))
+            time.sleep(1e-4)
+
+    # ---- where this worker stands ----------------------------------------------------------
+    @property
+    def worker_devices(self) -> Tuple[str, ...]:
+        """This worker's replicas' devices, e.g. "/job:worker/replica:0/task:1/device:CPU:0"."""
+        return tuple(f"/job:worker/replica:0/task:{self._rank}/device:{d}" for d in self._devices)
+
+    @property
+    def parameter_devices(self) -> Tuple[str, ...]:
+        return self.worker_devices
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """True on the chief (worker 0), the one worker that writes checkpoints."""
+        return self._rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._rank == 0
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self._num_workers > 1
+
+    # ---- failure ---------------------------------------------------------------------------
+    def _fatal(self, message: str) -> None:
+        """Ends the job: the other workers wait in collectives that cannot be cancelled."""
+        from .mpi_collectives import report_and_abort
+
+        world = self._mpi.COMM_WORLD
+        report_and_abort(world, f"worker {self._rank} (MPI rank {world.Get_rank()} of {world.Get_size()}) "
+                                f"failed: {message}")
+
+    def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
+        try:
+            result = super()._step(fn, args, kwargs)
+        except BaseException as e:
+            if self._num_workers > 1:
+                r = getattr(e, "replica", None)
+                where = (f" in replica {self._offset + r} (local replica {r} of this worker)"
+                         if isinstance(r, int) and 0 <= r < self._n else "")
+                self._fatal(f"strategy.run raised {type(e).__name__}{where}: {e}")
+            raise
+        if self._wrap_results:
+            from .multi_worker_input import wrap_single
+
+            return wrap_single(result)
+        return result
+
+    def _merge_call(self, ctx: context.ReplicaContext, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+        if not self._wrap_results:
+            return super()._merge_call(ctx, merge_fn, args, kwargs)
+        # The only replica of this worker: its arrays reach merge_fn as PerReplica values,
+        # as the other workers' replicas' arrays do.
+        result = super()._merge_call(ctx, merge_fn, _wrap_arrays(args), _wrap_arrays(kwargs))
+        return select_replica(0, result)
+
+    # ---- replica context collectives ---------------------------------------------------------
+    def _replica_all_reduce(self, ctx: context.ReplicaContext, reduce_op: Any, value: Any,
+                            options: Optional[CommunicationOptions]) -> Any:
+        op = as_reduce_op(reduce_op)
+        opts = self._options if options is None else self._options.merge(options)
+        return cross_device.replica_all_reduce(
+            self._hier, ctx._replica_id, self._total, op, value,
+            algorithm=self._algorithm, timeout=self._timeout_for(options), bytes_per_pack=opts.bytes_per_pack,
+        )
+
+    def _replica_all_reduce_checked(self, ctx: context.ReplicaContext, op: ReduceOp, local: Any,
+                                    original: Any) -> Tuple[Any, bool]:
+        if self._n > 1:
+            return super()._replica_all_reduce_checked(ctx, op, local, original)
+        # One local replica: a plain value is its own, nothing is counted twice here.
+        return self._replica_all_reduce(ctx, op, local, None), False
+
+    def _replica_broadcast(self, ctx: context.ReplicaContext, value: Any, root: int = 0) -> Any:
+        return cross_device.replica_broadcast(self._hier, ctx._replica_id, self._total, value, root)
+
+    def _replica_all_gather(self, ctx: context.ReplicaContext, value: Any, axis: int,
+                            options: Optional[CommunicationOptions]) -> Any:
+        return cross_device.replica_all_gather(self._hier, ctx._replica_id, self._total, value, axis,
+                                               timeout=self._timeout_for(options))
+
+    # ---- cross-replica collectives ---------------------------------------------------------------
+    def _as_local_parts(self, value: Any) -> Any:
+        if self._plain_is_local and not isinstance(value, DistributedValues):
+            return PerReplica((value,))
+        return value
+
+    def _local_destinations(self, destinations: Any, what: str) -> List[str]:
+        # With one local replica a plain value is that replica's value, so as destinations
+        # it means the replica's device (numpy arrays have a `device` of their own, "cpu").
+        if (self._n == 1 and self._num_workers > 1 and destinations is not None
+                and not isinstance(destinations, (str, list, tuple, DistributedValues))):
+            return list(self._devices)
+        return self._destinations(destinations, what)
+
+    def _reduce_parts_global(self, parts: Sequence[Any], op: ReduceOp, what: str,
+                             timeout: Optional[float] = None) -> np.ndarray:
+        """The reduction of ``parts`` (this worker's) with every other worker's: the engine
+        reduces locally, MPI across workers. Integer MEAN gives float64."""
+        arrays = [cross_device.as_array(p) for p in parts]
+        dtype = arrays[0].dtype
+        work = cross_device.work_dtype(dtype, op)
+        if work != dtype:
+            arrays = [a.astype(work) for a in arrays]
+        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        local = cross_device.reduce_parts(self._group, arrays, local_op, what)
+        out = self._hier.all_reduce_workers(local, local_op.name, what, timeout)
+        if op is ReduceOp.MEAN:
+            out = out / out.dtype.type(self._total) if out.dtype.kind in "fc" else out / self._total
+        return np.asarray(out)
+
+    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+        value = self._as_local_parts(value)
+        if not isinstance(value, DistributedValues):
+            return self._reduce_plain(op, value, axis, what)
+        parts = [cross_device.as_array(p) for p in self._parts(value, what)]
+        if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
+            return np.array(parts[0], copy=True)
+        if axis is None:
+            return cross_device.restore_kind(self._reduce_parts_global(parts, op, what), value.values[0])
+        axes = [cross_device._normalize_axis(axis, p.ndim, what, self._offset + r) for r, p in enumerate(parts)]
+        if op is ReduceOp.MEAN:
+            work = [cross_device.work_dtype(p.dtype, op) for p in parts]
+            numer = [np.asarray(np.sum(p, axis=a, dtype=w)) for p, a, w in zip(parts, axes, work)]
+            count = sum(p.shape[a] if p.ndim else 1 for p, a in zip(parts, axes))
+            total = self._reduce_parts_global(numer, ReduceOp.SUM, what)
+            count = self._hier.sum_counts(count, what)
+            return np.asarray(total / total.dtype.type(count) if count else total * np.nan)
+        local = [_local_reduce(op, p, a) for p, a in zip(parts, axes)]
+        return self._reduce_parts_global(local, op, what)
+
+    def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+        if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._total > 1:
+            raise ValueError(
+                f"{what}: a non-distributed value cannot be reduced with {op.name} across "
+                f"{self._total} replicas (it is not one value per replica); pass a PerReplica, such "
+                "as the result of strategy.run"
+            )
+        return super()._reduce_plain(op, value, axis, what)
+
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None) -> Any:
+        """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
+        worker's devices): a Mirrored, or the value itself for one destination."""
+        self._require_cross_replica("extended.reduce_to")
+        op = as_reduce_op(reduce_op)
+        value = self._as_local_parts(value)
+        if not isinstance(value, PerReplica):
+            return super().reduce_to(op, value, self._local_destinations(destinations, "reduce_to"), options)
+        timeout = self._timeout_for(options)
+        dests = self._local_destinations(destinations, "reduce_to")
+        parts = self._parts(value, "reduce_to")
+        out = cross_device.restore_kind(self._reduce_parts_global(parts, op, "reduce_to", timeout), parts[0])
+        return self._spread(out, dests)
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Copies a non-distributed ``tensor`` to this worker's destination devices."""
+        self._require_cross_replica("extended.broadcast_to")
+        return super().broadcast_to(tensor, self._local_destinations(destinations, "broadcast_to"))
+
+    @staticmethod
+    def _spread(out: Any, dests: Sequence[str]) -> Any:
+        if len(dests) == 1:
+            return out
+        return Mirrored(tuple(out if i == 0 else np.array(out, copy=True) for i in range(len(dests))))
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
+                        options: Optional[CommunicationOptions] = None) -> List[Any]:
+        """``reduce_to`` for a list of (value, destinations) pairs; the PerReplica values of
+        one dtype cross MPI packed in one buffer (one MPI call per dtype)."""
+        self._require_cross_replica("extended.batch_reduce_to")
+        op = as_reduce_op(reduce_op)
+        if not isinstance(value_destination_pairs, (list, tuple)):
+            raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
+        timeout = self._timeout_for(options)
+        results: List[Any] = [None] * len(value_destination_pairs)
+        fused: dict = {}
+        for i, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
+            value = self._as_local_parts(pair[0])
+            dests = self._local_destinations(pair[1], "batch_reduce_to")
+            if not isinstance(value, PerReplica):
+                results[i] = self.reduce_to(op, value, dests, options)
+                continue
+            parts = [cross_device.as_array(p) for p in self._parts(value, "batch_reduce_to")]
+            work = cross_device.work_dtype(parts[0].dtype, op)
+            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+            local = cross_device.reduce_parts(self._group, [p.astype(work, copy=False) for p in parts],
+                                              local_op, "batch_reduce_to")
+            fused.setdefault(local.dtype, []).append((i, local, dests, value.values[0]))
+        # Every worker has the same pairs, so the same packs in the same order.
+        for dtype, items in fused.items():
+            flat = np.concatenate([local.reshape(-1) for _, local, _, _ in items]) if len(items) > 1 else \
+                np.array(items[0][1].reshape(-1), copy=True)
+            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+            flat = self._hier.all_reduce_workers(flat, local_op.name, "batch_reduce_to", timeout)
+            if op is ReduceOp.MEAN:
+                flat = flat / flat.dtype.type(self._total)
+            o = 0
+            for i, local, dests, first in items:
+                out = np.array(flat[o: o + local.size].reshape(local.shape), copy=True)
+                o += local.size
+                results[i] = self._spread(cross_device.restore_kind(out, first), dests)
+        return results
+
+    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
+        value = self._as_local_parts(value)
+        if isinstance(value, DistributedValues):
+            local = cross_device.gather_parts(self._group, self._parts(value, what), axis, what)
+        else:
+            a = cross_device.as_array(value)
+            cross_device._normalize_axis(axis, a.ndim, what, 0)
+            return a
+        ax = cross_device._normalize_axis(axis, local.ndim, what, self._offset)
+        return self._hier.gather_workers(local, ax, what)
+
+    # ---- variables and checkpoints -------------------------------------------------------------------
+    def _initial_value(self, value: np.ndarray) -> np.ndarray:
+        """Every worker's new variable starts from the chief's initial value."""
+        out = self._hier.broadcast_from_chief(value, "Variable")
+        if out is not value:
+            out.flags.writeable = False
+        return out
+
+    def _write_checkpoint(self, write: Callable[[], None]) -> None:
+        """The chief writes; every worker returns once it has (or raises if it failed)."""
+        error: Optional[BaseException] = None
+        if self._rank == 0:
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001 - reported to every worker, then raised
+                error = e
+        ok = self._hier.chief_flag(error is None, "save_variables")
+        if error is not None:
+            raise error
+        if not ok:
+            raise OSError(f"save_variables: worker {self._rank}: the chief (worker 0) failed to write the "
+                          "checkpoint; its error is in its output")
+
+    def close(self) -> None:
+        super().close()
+        self._hier.close()
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous data parallelism over the replicas of several MPI processes.
+
+    ``devices``: this worker's replicas, e.g. ``["CPU:0", "CPU:1"]`` (default
+    ``["CPU:0"]``; workers may have different counts). ``communication_options``:
+    ``CommunicationOptions``; its ``timeout_seconds`` bounds every wait, local and MPI
+    (default 300 s). ``communicator``: an mpi4py intra-communicator whose processes are
+    the workers (default ``MPI.COMM_WORLD``). Every process of the communicator must
+    create the strategy.
+
+    Needs mpi4py and an MPI library: ``pip install "distvals[mpi]"``; launch with
+    ``mpirun -n 2 python train.py``.
+    """
+
+    def __init__(self, devices: Optional[Sequence[str]] = None,
+                 communication_options: Optional[CommunicationOptions] = None, *, communicator: Any = None) -> None:
+        devs = _local_devices(devices)
+        super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator))
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas run each step, over all workers."""
+        return self._extended._total
+
+    @property
+    def cluster_resolver(self) -> MPIClusterResolver:
+        """This worker's place: ``task_id``, ``num_workers``, ``is_chief``, ``hosts``."""
+        return self._extended._resolver
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenates every replica's part (all workers, in global replica order) along
+        ``axis``; sizes may differ along it only. Nested structures too."""
+        ext = self._extended
+        ext._require_cross_replica("strategy.gather")
+        if nest.is_nested(value):
+            return nest.map_structure(lambda v: ext._gather_one(v, axis, "strategy.gather"), value)
+        return ext._gather_one(value, axis, "strategy.gather")
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None):
+        """Splits every global batch over all replicas of all workers; this worker gets
+        its replicas' parts (every worker must iterate the same dataset in the same
+        order). See ``distvals.multi_worker_input``."""
+        from .multi_worker_input import WorkerDistributedDataset
+
+        return WorkerDistributedDataset(self, dataset, options)
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
+        """Calls ``dataset_fn(InputContext(num_workers, rank, num_replicas_in_sync))`` on
+        every worker; consecutive elements go to this worker's consecutive replicas."""
+        from .multi_worker_input import WorkerDatasetsFromFunction
+
+        return WorkerDatasetsFromFunction(self, dataset_fn, options)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
+        """A PerReplica of ``value_fn(ValueContext(global replica id, num_replicas_in_sync))``
+        for this worker's replicas."""
+        from .input import ValueContext
+
+        if not callable(value_fn):
+            raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}")
+        ext = self._extended
+        values = [value_fn(ValueContext(ext._offset + r, ext._total)) for r in range(ext._n)]
+        if ext._wrap_results:
+            from .multi_worker_input import wrap_single
+
+            return wrap_single(values[0])
+        return regroup(values, what="experimental_distribute_values_from_function")
+
+    def __repr__(self) -> str:
+        ext = self._extended
+        return (f"MultiWorkerMirroredStrategy(devices={list(ext._devices)!r}, task_id={ext._rank}, "
+                f"num_workers={ext._num_workers})")

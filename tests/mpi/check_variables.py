@@ -1,0 +1,130 @@
+"""Worker script: variables stay in sync across workers; checkpoints come from the chief.
+
+``--dir`` is a directory every worker can see (the tests give a temporary one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _check import counts_of, expect, expect_close, expect_raises, make_strategy, parse_args  # noqa: E402
+
+import distvals as dv  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+
+def copies_equal(var, want, rank: int, what: str, tol: float = 0.0) -> None:
+    for i, c in enumerate(var.values):
+        expect_close(c.numpy(), want, rank, f"{what}: copy {i}", tol)
+
+
+def main() -> int:
+    a = parse_args()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    counts = counts_of(a.replicas, size)
+    total, offset, n = sum(counts), sum(counts[:rank]), counts[rank]
+    s = make_strategy(a.replicas, a.timeout)
+    gid = lambda: dv.get_replica_context().replica_id_in_sync_group  # noqa: E731
+    checks = 0
+
+    with s.scope():
+        # Every worker passes its own initial value: all start from the chief's.
+        w = dv.Variable(np.full(3, 10.0 * (rank + 1), np.float32), name="w",
+                        aggregation=dv.VariableAggregation.MEAN)
+        c = dv.Variable(np.zeros(2, np.int64), name="c", aggregation=dv.VariableAggregation.SUM)
+        first = dv.Variable(np.float64(-1.0), name="first",
+                            aggregation=dv.VariableAggregation.ONLY_FIRST_REPLICA)
+        own = dv.Variable(np.float32(0.0), name="own")  # aggregation NONE: each copy its own
+        sor_sum = dv.Variable(np.float32(0.0), name="sor_sum", synchronization=dv.VariableSynchronization.ON_READ,
+                              aggregation=dv.VariableAggregation.SUM)
+        sor_mean = dv.Variable(np.float64(0.0), name="sor_mean", synchronization=dv.VariableSynchronization.ON_READ,
+                               aggregation=dv.VariableAggregation.MEAN)
+    expect(isinstance(w, dv.MirroredVariable) and len(w.values) == n, rank, "a MirroredVariable with local copies")
+    copies_equal(w, np.full(3, 10.0), rank, "initial value from the chief")
+    checks += 2
+
+    def step():
+        g = gid()
+        w.assign_add(np.full(3, float(g), np.float32))  # MEAN over all replicas
+        c.assign_add(np.array([g, 1], np.int64))  # SUM over all replicas
+        first.assign(np.float64(100 + g))  # replica 0's value everywhere
+        own.assign(np.float32(g))
+        sor_sum.assign_add(np.float32(g + 1))
+        sor_mean.assign(np.float64(g))
+        return w.read_value()
+
+    out = s.run(step)
+    mean_id = sum(range(total)) / total
+    copies_equal(w, np.full(3, 10.0 + mean_id), rank, "MEAN update", 1e-6)
+    copies_equal(c, [sum(range(total)), total], rank, "SUM update")
+    copies_equal(first, 100.0, rank, "ONLY_FIRST_REPLICA update")
+    expect([float(v.numpy()) for v in own.values] == [float(offset + r) for r in range(n)], rank,
+           "NONE updates only the replica's own copy")
+    for part in s.experimental_local_results(out):
+        expect_close(part, np.full(3, 10.0 + mean_id), rank, "the value read inside run after the update", 1e-6)
+    expect_close(sor_sum.read_value(), sum(g + 1 for g in range(total)), rank, "SyncOnRead SUM read", 1e-6)
+    expect_close(sor_mean.read_value(), mean_id, rank, "SyncOnRead MEAN read", 1e-12)
+    checks += 7
+
+    # Cross-replica context: a PerReplica argument is reduced over every worker first.
+    # (With one replica per worker, run returns plain values, as in TensorFlow.)
+    def distributed(v):
+        return v if isinstance(v, dv.DistributedValues) else dv.PerReplica((v,))
+
+    per = distributed(s.run(lambda: np.full(3, 2.0 * gid(), np.float32)))
+    w.assign(per)
+    copies_equal(w, np.full(3, 2.0 * mean_id), rank, "cross-replica assign of a PerReplica (MEAN)", 1e-6)
+    c.assign_sub(distributed(s.run(lambda: np.array([1, gid()], np.int64))))
+    copies_equal(c, [sum(range(total)) - total, total - sum(range(total))], rank, "cross-replica assign_sub (SUM)")
+    sor_sum.assign(np.float32(total * 3.0))  # value/N per copy, so that the sum reads back
+    expect_close(sor_sum.read_value(), total * 3.0, rank, "SyncOnRead SUM assign in cross-replica context", 1e-6)
+    checks += 3
+
+    # A few training-like steps keep every copy on every worker identical (bitwise).
+    for i in range(5):
+        s.run(lambda i=i: w.assign_sub(np.full(3, 0.01 * (gid() + i), np.float32)))
+    mine = w.values[0].numpy()
+    everyone = world.allgather(mine.tobytes())
+    expect(all(b == everyone[0] for b in everyone), rank, "copies identical on every worker after 5 steps")
+    checks += 1
+
+    # save_variables: every worker calls it, the chief alone writes, all return after.
+    path = os.path.join(a.dir, "shared.npz")
+    dv.save_variables(path, [w, c, sor_sum])
+    expect(os.path.exists(path), rank, "the checkpoint exists once save_variables returns")
+    with np.load(path) as data:
+        expect_close(data["w"], w.numpy(), rank, "saved w")
+        expect_close(data["sor_sum"], total * 3.0, rank, "saved SyncOnRead value", 1e-6)
+    own_path = os.path.join(a.dir, f"worker{rank}.npz")
+    dv.save_variables(own_path, {"w": w})
+    world.Barrier()
+    written = sorted(f for f in os.listdir(a.dir) if f.startswith("worker"))
+    expect(written == ["worker0.npz"], rank, f"only the chief writes: found {written}")
+    leftovers = [f for f in os.listdir(a.dir) if f.endswith(".tmp")]
+    expect(not leftovers, rank, f"no temporary files left: {leftovers}")
+    # Loading (every worker reads the chief's file) restores the saved values everywhere.
+    w.assign(np.zeros(3, np.float32))
+    dv.load_variables(path, [w, c, sor_sum])
+    with np.load(path) as data:
+        copies_equal(w, data["w"], rank, "loaded w")
+    checks += 5
+
+    # Workers that create differently shaped variables get an error on every worker.
+    if size > 1:
+        with s.scope():
+            expect_raises(ValueError, lambda: dv.Variable(np.zeros(2 + (rank == size - 1))), rank,
+                          "variable shape mismatch", f"worker {size - 1}")
+        checks += 1
+
+    s.close()
+    print(f"worker {rank}: {checks} checks passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

