@@ -9,6 +9,7 @@ timeout, so nothing can hang the suite.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -227,3 +228,25 @@ def test_core_package_imports_without_mpi4py():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 'pip install "distvals[mpi]"' in proc.stdout, proc.stdout
     assert "MultiWorkerMirroredStrategy needs mpi4py" in proc.stdout, proc.stdout
+
+
+@needs_mpi
+def test_mpi_bench_checks_every_method_and_reports_the_ratio(tmp_path):
+    """``python -m distvals.bench --mpi`` under mpirun: 2 workers x 2 replicas against plain
+    Allreduce over 2 and (spawned) 4 processes, every result verified in the run."""
+    report = tmp_path / "mpi.json"
+    proc = mpirun(2, "-m", "distvals.bench", "--mpi", "--sizes", "64K,1M", "--iters", "3", "--min-iters", "2",
+                  "--json", str(report), module_mpi4py=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "2 worker(s) x 2 replica(s) = 4 replicas in sync" in proc.stdout, out
+    doc = json.loads(report.read_text())
+    assert [r["bytes"] for r in doc["rows"]] == [64 << 10, 1 << 20]
+    for row in doc["rows"]:
+        assert row["wrong"] == 0, row
+        for key in ("hier_us", "run_us", "mpi_w_us"):
+            assert row[key] > 0, row
+        if row["mpi_wxr_us"] is None:  # spawning may be refused; then the table says why
+            assert any("could not spawn" in n for n in doc["notes"]), doc
+        else:
+            assert f"{row['mpi_wxr_us'] / row['hier_us']:.2f}" in proc.stdout

@@ -512,6 +512,10 @@ def test_extended_reduce_to(s3):
         s3.extended.reduce_to("SUM", np.ones(2), destinations="CPU:0")
     mirrored = s3.extended.reduce_to("MEAN", np.ones(2), destinations=value)
     assert isinstance(mirrored, dv.Mirrored) and len(mirrored.values) == 3
+    # a host array as destinations means the host, as a tensor means its device in TF
+    host = s3.extended.reduce_to("SUM", value, destinations=np.zeros(1))
+    assert not isinstance(host, dv.DistributedValues)
+    np.testing.assert_allclose(host, ref(value.values, "SUM"))
 
 
 def test_extended_batch_reduce_to(s2):

@@ -29,10 +29,6 @@ thread in order, so the calls reach MPI in the same order on every worker.
 
 from __future__ import annotations
 
-import collections
-import os
-import sys
-import threading
 import time
 import zlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -41,23 +37,18 @@ import numpy as np
 
 from ._core import AbortedError, MismatchError
 from .cross_device import _numpy_reduce
+from .mpi_runtime import WAIT_SLICE, MpiJob, LocalMeeting, MpiThread, poll
 from .reduce_op import ReduceOp
 
-__all__ = ["load_mpi", "HierarchicalCollectives", "DEFAULT_CHUNK_BYTES", "BLOCKING_MIN_BYTES", "mpi_op_name",
-           "report_and_abort"]
+__all__ = ["HierarchicalCollectives", "DEFAULT_CHUNK_BYTES", "BLOCKING_MIN_BYTES", "mpi_op_name"]
 
 #: Chunk size of the pipelined hierarchical all-reduce.
 DEFAULT_CHUNK_BYTES = 4 << 20
 
 _monotonic = time.monotonic
-# A polling wait first spins (yielding the core) this long, then naps this long per poll.
-_SPIN = 1e-3
-_NAP = 1e-4
 #: Buffers of at least this many bytes are all-reduced by blocking MPI calls on the MPI
 #: thread; smaller ones by a nonblocking call that the calling thread polls.
 BLOCKING_MIN_BYTES = 64 << 10
-# Longest single blocking wait on a thread event, in seconds (keeps Ctrl-C responsive).
-_SLICE = 0.1
 
 # Header kinds: which collective a worker is in.
 _ALL_REDUCE, _ALL_GATHER, _BROADCAST, _GATHER, _VALUE, _FLAG = 1, 2, 3, 4, 5, 6
@@ -72,18 +63,6 @@ _BY_NAME = {"sum": ReduceOp.SUM, "mean": ReduceOp.MEAN, "min": ReduceOp.MIN, "ma
 # Shapes in headers: rank, then up to this many dimensions.
 _MAX_RANK = 32
 _F32 = np.dtype(np.float32)
-
-
-def load_mpi(what: str = "MultiWorkerMirroredStrategy"):
-    """``mpi4py.MPI`` (initializing MPI), or ImportError saying how to install it."""
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
-        raise ImportError(
-            f"{what} needs mpi4py and an MPI library (Open MPI); install them with "
-            f'pip install "distvals[mpi]" (cannot import mpi4py.MPI: {e})'
-        ) from e
-    return MPI
 
 
 def mpi_op_name(op: Any) -> str:
@@ -131,147 +110,6 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-class _Job:
-    """One MPI all-reduce of a buffer (a chunk): posted nonblocking by the calling thread
-    (``req``), or run blocking by the MPI thread (``done`` is set when it returns)."""
-
-    __slots__ = ("buf", "target", "req", "done", "error")
-
-    def __init__(self, buf: np.ndarray, target: Optional[np.ndarray]) -> None:
-        # float16/bfloat16 chunks travel as float32 in `buf`, copied back into `target`.
-        self.buf = buf
-        self.target = target
-        self.req: Any = None
-        self.done: Optional[threading.Event] = None
-        self.error: Optional[BaseException] = None
-
-
-class _MpiThread:
-    """Runs blocking MPI all-reduces in order, one after the other, so that the thread
-    that hands them over can go on reducing the next chunk in the engine meanwhile.
-
-    Blocking calls, because Open MPI's blocking all-reduce algorithms are much faster
-    than its nonblocking ones (measured: 1 MiB between 2 processes, ~110-140 us against
-    ~220-260 us with Iallreduce, even when polled without pause). The thread that waits
-    for a job does so against the deadline; an MPI call cannot be cancelled, so a job
-    that never returns means the job is aborted.
-    """
-
-    def __init__(self) -> None:
-        self._items: "collections.deque[Tuple[_Job, Callable[[], None]]]" = collections.deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._stop = False
-        self._thread: Optional[threading.Thread] = None
-
-    def submit(self, job: _Job, run: Callable[[], None]) -> None:
-        job.done = threading.Event()
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="distvals-mpi", daemon=True)
-                self._thread.start()
-            self._items.append((job, run))
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._items and not self._stop:
-                    cond.wait(1.0)
-                if not self._items:
-                    return
-                job, run = self._items.popleft()
-            try:
-                run()
-            except BaseException as e:  # noqa: BLE001 - an MPI error reaches the waiting thread
-                job.error = e
-            job.done.set()
-            job = run = None
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-
-
-class _LocalMeeting:
-    """Where a worker's replica threads meet for an all-reduce inside ``strategy.run``:
-    each leaves its buffer, and local replica 0 runs the worker's single-call
-    all-reduce over all of them (one meeting per call, instead of two engine meetings
-    per chunk; the engine then works on its own threads)."""
-
-    def __init__(self, n: int) -> None:
-        self._n = n
-        self._cond = threading.Condition(threading.Lock())
-        self._bufs: List[Optional[np.ndarray]] = [None] * n
-        self._count = 0
-        self._generation = 0
-        self._error: Optional[BaseException] = None
-
-    def run(self, replica: int, buf: np.ndarray, collective: Callable[[List[np.ndarray]], None],
-            check: Callable[[List[int]], None]) -> None:
-        """Leaves ``buf``; replica 0 runs ``collective(bufs)`` once all are there, the
-        others wait for it. ``check(missing)`` is called while waiting (it raises to stop:
-        a failed replica, a passed deadline)."""
-        cond = self._cond
-        with cond:
-            generation = self._generation
-            self._bufs[replica] = buf
-            self._count += 1
-            if replica != 0:
-                if self._count == self._n:
-                    cond.notify_all()
-                while self._generation == generation:
-                    check([0])
-                    cond.wait(_SLICE)
-                if self._error is not None:
-                    raise AbortedError(f"released because local replica 0 failed in the all-reduce: "
-                                       f"{type(self._error).__name__}: {self._error}")
-                return
-            while self._count < self._n:
-                check([r for r, b in enumerate(self._bufs) if b is None])
-                cond.wait(_SLICE)
-            bufs = list(self._bufs)
-        error: Optional[BaseException] = None
-        try:
-            collective(bufs)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting replicas, then raised
-            error = e
-        with cond:
-            self._bufs = [None] * self._n
-            self._count = 0
-            self._error = error
-            self._generation += 1
-            cond.notify_all()
-        if error is not None:
-            raise error
-
-
-def _poll(req: Any, deadline: float, stop: Optional[Callable[[], None]] = None) -> bool:
-    """Tests ``req`` until it completes (True) or the deadline passes (False); ``stop()``
-    is called while napping (it raises to give up, e.g. when a local replica failed)."""
-    test = req.Test
-    if test():
-        return True
-    spin_until = _monotonic() + _SPIN
-    while True:
-        if test():
-            return True
-        now = _monotonic()
-        if now < spin_until:
-            # Give the core to whoever needs it (a peer process, an engine thread) but
-            # come back at once: small collectives finish within microseconds.
-            os.sched_yield()
-            continue
-        if now > deadline:
-            return False
-        if stop is not None:
-            stop()
-        # Then back off: a waiter that keeps a core busy slows the workers it waits for
-        # when there are more processes than cores.
-        time.sleep(_NAP)
-
-
 class HierarchicalCollectives:
     """Collectives over every replica of every worker: the engine inside a worker, MPI
     between workers.
@@ -300,8 +138,8 @@ class HierarchicalCollectives:
         self.total = int(sum(self.local_counts))
         self.timeout = float(timeout)
         self.chunk_bytes = max(1, int(chunk_bytes))
-        self._mpi_thread = _MpiThread()
-        self._meeting = _LocalMeeting(self.n_local)
+        self._mpi_thread = MpiThread()
+        self._meeting = LocalMeeting(self.n_local)
         self._on_fatal = on_fatal
         from mpi4py import MPI
 
@@ -316,7 +154,7 @@ class HierarchicalCollectives:
     def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
         """Polls ``req`` until it completes; past the timeout the job is aborted."""
         t, deadline = self._deadline(timeout)
-        if not _poll(req, deadline, lambda: self._stop_if_aborted(what)):
+        if not poll(req, deadline, lambda: self._stop_if_aborted(what)):
             self._timed_out(what, t)
 
     def _stop_if_aborted(self, what: str) -> None:
@@ -379,10 +217,10 @@ class HierarchicalCollectives:
         return [_dtype_code(a.dtype), a.ndim, *a.shape, *([-1] * (_MAX_RANK - a.ndim))]
 
     # ---- MPI all-reduce of buffers (local roots) ----------------------------------------------
-    def _start(self, view: np.ndarray, op: str, blocking: bool) -> _Job:
+    def _start(self, view: np.ndarray, op: str, blocking: bool) -> MpiJob:
         """Starts the all-reduce of ``view`` between the workers."""
         buf = view.astype(_F32) if _via_float32(view.dtype) else view
-        job = _Job(buf, view if buf is not view else None)
+        job = MpiJob(buf, view if buf is not view else None)
         mpi_op = self._ops[op]
         in_place = self._MPI.IN_PLACE
         if blocking:
@@ -392,13 +230,13 @@ class HierarchicalCollectives:
             job.req = self._comm.Iallreduce(in_place, buf, mpi_op)
         return job
 
-    def _complete(self, job: _Job, what: str, timeout: float, deadline: float) -> None:
+    def _complete(self, job: MpiJob, what: str, timeout: float, deadline: float) -> None:
         """Waits for ``job`` (at most until ``deadline``), then copies a float32 stand-in back."""
         if job.req is not None:
-            if not _poll(job.req, deadline, lambda: self._stop_if_aborted(what)):
+            if not poll(job.req, deadline, lambda: self._stop_if_aborted(what)):
                 self._timed_out(what, timeout)
         else:
-            while not job.done.wait(_SLICE):
+            while not job.done.wait(WAIT_SLICE):
                 self._stop_if_aborted(what)
                 if _monotonic() > deadline:
                     self._timed_out(what, timeout)
@@ -425,7 +263,7 @@ class HierarchicalCollectives:
         chunks = self._chunks(flat.size, flat.itemsize)
         # Decided by the size alone, so every worker makes the same kind of calls.
         blocking = flat.nbytes >= BLOCKING_MIN_BYTES
-        jobs: List[_Job] = []
+        jobs: List[MpiJob] = []
         # Steps 1 and 2 overlap: chunk i travels between the workers (on the MPI
         # thread) while the engine reduces chunk i+1.
         for lo, hi in chunks:
@@ -650,17 +488,3 @@ class HierarchicalCollectives:
     def __repr__(self) -> str:
         return (f"HierarchicalCollectives(worker={self.rank}, num_workers={self.num_workers}, "
                 f"local_counts={list(self.local_counts)})")
-
-
-def report_and_abort(comm_world: Any, message: str, code: int = 1) -> None:
-    """Prints ``message`` to stderr (flushed, so it survives the abort) and aborts every
-    process of the job."""
-    try:
-        sys.stdout.flush()
-    except Exception:  # noqa: BLE001 - a closed stdout must not stop the abort
-        pass
-    try:
-        sys.stderr.write(f"distvals: {message}\ndistvals: aborting the MPI job\n")
-        sys.stderr.flush()
-    finally:
-        comm_world.Abort(code)

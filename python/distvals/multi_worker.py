@@ -142,7 +142,8 @@ class _MultiWorkerExtended(_LocalExtended):
 
     def __init__(self, container_strategy: Strategy, devices: Sequence[str],
                  options: Optional[CommunicationOptions], communicator: Any) -> None:
-        from .mpi_collectives import HierarchicalCollectives, load_mpi
+        from .mpi_collectives import HierarchicalCollectives
+        from .mpi_runtime import load_mpi
 
         mpi = load_mpi()
         comm = mpi.COMM_WORLD if communicator is None else communicator
@@ -192,7 +193,7 @@ class _MultiWorkerExtended(_LocalExtended):
     def _wait_setup(self, req: Any, timeout: float) -> None:
         """Waits for a request of the strategy's set-up (every worker constructs the
         strategy) at most ``timeout`` seconds; the job aborts past it."""
-        from .mpi_collectives import report_and_abort
+        from .mpi_runtime import report_and_abort
 
         deadline = time.monotonic() + timeout
         while True:
@@ -237,7 +238,7 @@ class _MultiWorkerExtended(_LocalExtended):
     # ---- failure ---------------------------------------------------------------------------
     def _fatal(self, message: str) -> None:
         """Ends the job: the other workers wait in collectives that cannot be cancelled."""
-        from .mpi_collectives import report_and_abort
+        from .mpi_runtime import report_and_abort
 
         world = self._mpi.COMM_WORLD
         report_and_abort(world, f"worker {self._rank} (MPI rank {world.Get_rank()} of {world.Get_size()}) "

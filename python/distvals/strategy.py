@@ -184,6 +184,9 @@ class StrategyExtended:
             items = [destinations]
         elif isinstance(destinations, (list, tuple)):
             items = list(destinations)
+        elif isinstance(destinations, np.ndarray):
+            # A host array lives on the host (numpy 2's array-API `.device` is "cpu").
+            items = ["CPU:0"]
         else:
             dev = getattr(destinations, "device", None)
             if isinstance(dev, str):

@@ -77,9 +77,9 @@ class _Clock:
         self.comm, self.mpi, self.timeout = comm, mpi, timeout
 
     def wait(self, req: Any, what: str) -> None:
-        from ..mpi_collectives import _poll
+        from ..mpi_runtime import poll
 
-        if not _poll(req, time.monotonic() + self.timeout):
+        if not poll(req, time.monotonic() + self.timeout):
             sys.stderr.write(f"distvals.bench --mpi: {what} waited {self.timeout:g} s; aborting\n")
             sys.stderr.flush()
             self.mpi.COMM_WORLD.Abort(1)
@@ -222,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     import distvals as dv
-    from ..mpi_collectives import load_mpi
+    from ..mpi_runtime import load_mpi
 
     mpi = load_mpi("python -m distvals.bench --mpi")
     if a.child:
