@@ -305,3 +305,29 @@ def test_many_groups_and_64_replicas():
             cur = [b.copy() for b in bufs]
             g.all_reduce(cur, algorithm=algo)
             check_all(cur, want, np.float32)
+
+
+def test_per_replica_out_of_place_keeps_inputs():
+    n = 3
+    g = dv.ReplicaGroup(n, timeout_seconds=30)
+    ins = distinct_values(n, (7, 5), np.float64)
+    keep = [a.copy() for a in ins]
+    outs = [np.full((7, 5), np.nan) for _ in range(n)]
+    errors = []
+
+    def replica(r):
+        try:
+            g.replica_all_reduce(r, ins[r], op="max", out=outs[r])
+        except Exception as e:
+            errors.append(e)
+
+    ts = [threading.Thread(target=replica, args=(r,)) for r in range(n)]
+    [t.start() for t in ts]
+    [t.join(30) for t in ts]
+    assert not errors
+    check_all(outs, reference(keep, "max"), np.float64)
+    for a, k in zip(ins, keep):
+        np.testing.assert_array_equal(a, k)
+    with pytest.raises(ValueError, match="replica 0: out has dtype float32"):
+        g.replica_all_reduce(0, ins[0], out=np.empty((7, 5), np.float32), timeout_seconds=1)
+    g.close()

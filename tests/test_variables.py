@@ -158,9 +158,9 @@ def test_replica_updates_all_reduce_through_the_engine(s3, agg, monkeypatch):
     original = group.replica_all_reduce
     calls = []
 
-    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
+    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None, out=None):
         calls.append(op)
-        return original(replica, array, op, algorithm, timeout_seconds)
+        return original(replica, array, op, algorithm, timeout_seconds, out=out)
 
     monkeypatch.setattr(group, "replica_all_reduce", counting)
     with s3.scope():

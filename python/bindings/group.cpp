@@ -339,21 +339,34 @@ void register_group(py::module_& m) {
       // meets the others to report it, and every replica raises the same error at once.
       .def("replica_all_reduce",
            [](group& g, int replica, const py::object& arr, const std::string& op, const std::string& algo,
-              const py::object& timeout) {
+              const py::object& timeout, const py::object& out) {
              check_replica(g, replica);
              call_args c = checked_call(g, replica, timeout, [&]() {
-               py::array a = as_array(arr, replica, true, "array");
+               py::array a = as_array(arr, replica, out.is_none(), "array");
                const auto t = to_dtype(a.dtype(), replica);
                const auto v = view_of(a, t);
+               buffer_view o = v;
+               if (!out.is_none()) {
+                 // Out of place: the engine reads `array` and writes `out`, no copy first.
+                 py::array b = as_array(out, replica, true, "out");
+                 if (to_dtype(b.dtype(), replica) != t || !same_shape(a, b)) {
+                   throw py::value_error("replica " + std::to_string(replica) + ": out has dtype " +
+                                         std::string(py::str(b.dtype())) + " and shape " + shape_str(b) +
+                                         ", the array has " + std::string(py::str(a.dtype())) + " and " +
+                                         shape_str(a));
+                 }
+                 o = view_of(b, t);
+               }
                return call_args{call_desc{collective::all_reduce, t, distvals::parse_reduce_op(op),
                                           distvals::parse_algorithm(algo), v.count, 0},
-                                v, v, to_ms(timeout), py::none()};
+                                v, o, to_ms(timeout), py::none()};
              });
              run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
            py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("algorithm") = "auto",
-           py::arg("timeout_seconds") = py::none(),
-           "Replica `replica`'s part of an in-place all-reduce; all replicas call it from their own threads.")
+           py::arg("timeout_seconds") = py::none(), py::arg("out") = py::none(),
+           "Replica `replica`'s part of an all-reduce, in place or into `out`; all replicas call it "
+           "from their own threads.")
       .def("replica_all_gather",
            [](group& g, int replica, const py::object& arr, const py::object& timeout) {
              check_replica(g, replica);

@@ -245,9 +245,13 @@ def replica_all_reduce(group, replica: int, n: int, op: ReduceOp, value: Any, *,
         # The common case (one array of an engine dtype) without the packing machinery.
         dtype = value.dtype
         if dtype in _ENGINE_DTYPES and (op is not ReduceOp.MEAN or dtype.kind == "f"):
-            buf = np.array(value, order="C")
-            if n > 1:
-                group.replica_all_reduce(replica, buf, op.engine_name, algorithm, timeout)
+            if n == 1:
+                return np.array(value, order="C")
+            # Out of place: the engine reads the value and writes a new array, so the
+            # result costs no copy of the input first.
+            buf = np.empty(value.shape, dtype)
+            group.replica_all_reduce(replica, np.asarray(value, order="C"), op.engine_name, algorithm,
+                                     timeout, out=buf)
             return buf
     if isinstance(value, np.ndarray):
         leaves, single = [value], True

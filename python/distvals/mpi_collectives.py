@@ -278,13 +278,17 @@ class HierarchicalCollectives:
 
     # ---- per-replica style (inside strategy.run) -----------------------------------------------
     def replica_all_reduce(self, replica: int, array: np.ndarray, op: str = "sum", algorithm: str = "auto",
-                           timeout_seconds: Optional[float] = None) -> None:
-        """All-reduce ``array`` in place over every replica of every worker (``replica`` is
-        the local index; every local replica calls this from its own thread)."""
+                           timeout_seconds: Optional[float] = None, out: Optional[np.ndarray] = None) -> None:
+        """All-reduce ``array`` in place (or into ``out``) over every replica of every worker
+        (``replica`` is the local index; every local replica calls this from its own thread)."""
         local = self._local
         if self.num_workers == 1:
-            local.replica_all_reduce(replica, array, op, algorithm, timeout_seconds)
+            local.replica_all_reduce(replica, array, op, algorithm, timeout_seconds, out=out)
             return
+        if out is not None:
+            # The pipeline below works in place: start from a copy of the input.
+            np.copyto(out, array)
+            array = out
         name = mpi_op_name(op)
         if name == "mean" and array.dtype.kind not in "fc" and array.dtype.name != "bfloat16":
             raise TypeError(f"replica {self.offset + replica}: mean all-reduce needs a floating dtype, got {array.dtype}")
