@@ -48,3 +48,27 @@ def tolerance(dtype):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def _cpu_strategy(n: int):
+    import distvals as dv
+
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+    yield s
+    s.close()
+
+
+# Strategies over 2, 3 and 4 CPU replicas, one per test module.
+@pytest.fixture(scope="module")
+def s2():
+    yield from _cpu_strategy(2)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    yield from _cpu_strategy(3)
+
+
+@pytest.fixture(scope="module")
+def s4():
+    yield from _cpu_strategy(4)

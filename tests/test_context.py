@@ -10,20 +10,6 @@ import pytest
 import distvals as dv
 
 
-@pytest.fixture(scope="module")
-def s2():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def s3():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
-    yield s
-    s.close()
-
-
 def test_default_context_outside_any_scope():
     assert not dv.has_strategy()
     assert not dv.in_cross_replica_context()

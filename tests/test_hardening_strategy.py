@@ -337,8 +337,6 @@ def test_ctrl_c_while_replica_zero_waits_in_the_engine():
     s.close()
 
 
-@pytest.mark.xfail(strict=True, reason="strategy.run waits for replicas busy in their own code after Ctrl-C "
-                                       "(ReplicaRunner.step), up to the strategy's timeout")
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
 def test_ctrl_c_returns_within_a_second_while_a_replica_computes():
     s = mirrored(2, timeout=10)
@@ -355,12 +353,27 @@ def test_ctrl_c_returns_within_a_second_while_a_replica_computes():
         with pytest.raises(KeyboardInterrupt):
             s.run(step)
         took = time.monotonic() - t0
+        # Replica 1 still computes: the next step refuses at once instead of mixing steps.
+        t1 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"replica\(s\) 1 still run a step"):
+            s.run(lambda: 0)
+        refused_after = time.monotonic() - t1
+        release.set()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert_usable(s)
+                break
+            except RuntimeError as e:
+                assert "still run a step" in str(e) and time.monotonic() < deadline, str(e)
+                time.sleep(0.05)
     finally:
         signal.signal(signal.SIGINT, previous)
         release.set()
         time.sleep(0.2)
         s.close()
     assert took < 0.2 + 1.0, f"returned {took:.2f} s after the start"
+    assert refused_after < 1.0, f"the next run was refused after {refused_after:.2f} s"
 
 
 # ---- misuse -------------------------------------------------------------------------------------
@@ -396,6 +409,99 @@ def test_replicas_calling_different_collectives(s3):
     assert_usable(s3)
 
 
+@pytest.mark.parametrize("odd", [0, 2])
+def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
+    """complex128 goes through the engine as raw bytes while float64 is reduced by it:
+    the error still speaks of dtypes, not of the engine calls."""
+    def step():
+        r = replica_id()
+        x = np.arange(3, dtype=np.complex128 if r == odd else np.float64) + r
+        return dv.get_replica_context().all_reduce("sum", x)
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError) as info:
+        s3.run(step)
+    assert time.monotonic() - t0 < 5
+    msg = str(info.value)
+    assert msg.startswith(f"replica {odd}: "), msg
+    assert f"replica {odd} passes dtype complex128" in msg and "passes float64" in msg, msg
+    assert "all_gather" not in msg and "uint8" not in msg, msg
+    assert info.value.replica == odd
+    assert_usable(s3)
+
+    # Same for nested values: every leaf dtype is shown.
+    def nested():
+        r = replica_id()
+        return dv.get_replica_context().all_reduce(
+            "sum", {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32 if r == odd else np.int64)})
+
+    with pytest.raises(dv.MismatchError, match=f"^replica {odd}: .*(float32, int32).*(float32, int64)"):
+        s3.run(nested)
+    assert_usable(s3)
+
+
+@pytest.mark.parametrize("bad", [object(), "text", np.array([object(), object()])])
+def test_values_that_are_not_numbers_are_refused_by_name(s3, bad):
+    def step():
+        r = replica_id()
+        return dv.get_replica_context().all_reduce("sum", bad if r == 1 else np.ones(2))
+
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match="^replica 1: all_reduce cannot reduce a value of type") as info:
+        s3.run(step)
+    assert time.monotonic() - t0 < 5
+    assert "Cannot change data-type" not in str(info.value)
+    assert ("object" if not isinstance(bad, str) else "str") in str(info.value)
+    assert info.value.replica == 1
+    assert_usable(s3)
+
+    if not isinstance(bad, str):
+        with pytest.raises(TypeError, match="^replica 1: all_gather cannot send a value of type .*object"):
+            s3.run(lambda: dv.get_replica_context().all_gather(bad if replica_id() == 1 else np.ones(2), axis=0))
+        assert_usable(s3)
+
+
+def test_strategy_reduce_of_objects_names_the_type(s3):
+    parts = s3.run(lambda: object())
+    with pytest.raises(TypeError, match="^strategy.reduce: cannot reduce replica 0's value of type object with SUM"):
+        s3.reduce("sum", parts, axis=None)
+    words = s3.run(lambda: "abc"[replica_id()])
+    with pytest.raises(TypeError, match="strategy.reduce: cannot reduce .* str_ \\(dtype <U1\\) with MAX"):
+        s3.reduce("max", words, axis=None)
+    # Python numbers that numpy reduces as objects still work.
+    from fractions import Fraction
+
+    thirds = s3.run(lambda: Fraction(replica_id() + 1, 3))
+    assert s3.reduce("sum", thirds, axis=None) == sum(Fraction(r + 1, 3) for r in range(3))
+
+
+def test_with_statement_closes_the_strategy_and_releases_its_threads():
+    gc.collect()
+    base = settle_threads(os_threads())
+    with mirrored(4) as s:
+        assert isinstance(s, dv.MirroredStrategy)
+        assert_usable(s)
+        assert os_threads() >= base + 3  # three replica threads, plus engine workers
+    assert settle_threads(base) <= base
+    with pytest.raises(dv.ClosedError):
+        s.run(lambda: 1)
+    s.close()  # closing again is harmless
+    s.__exit__(None, None, None)
+
+    # An exception in the block still closes it, and is not swallowed.
+    with pytest.raises(StepError, match="inside the block"):
+        with mirrored(3) as s2:
+            raise StepError("inside the block")
+    with pytest.raises(dv.ClosedError):
+        s2.run(lambda: 1)
+    assert settle_threads(base) <= base
+
+    # The default strategy cannot be closed: it serves every call outside a scope.
+    with dv.get_strategy() as default:
+        pass
+    assert default.run(lambda: 5) == 5
+
+
 def test_different_ops_shapes_and_dtypes_across_replicas(s3):
     for make in (lambda r: ("sum" if r else "max", np.ones(3)),
                  lambda r: ("sum", np.ones(3 + r)),
@@ -429,8 +535,6 @@ def test_all_reduce_in_cross_replica_context_has_no_replica_context(s3):
         assert dv.get_replica_context() is None
 
 
-@pytest.mark.xfail(strict=True, reason="a ReplicaContext kept from a finished run still starts a per-replica "
-                                       "collective: it waits for the timeout and leaves the group timed out")
 def test_replica_context_used_after_its_run_is_refused():
     s = mirrored(2, timeout=1.0)
     try:
@@ -440,6 +544,33 @@ def test_replica_context_used_after_its_run_is_refused():
             contexts.values[1].all_reduce("sum", np.ones(2))
         assert time.monotonic() - t0 < 0.5
         assert_usable(s)
+        for call in (lambda c: c.all_gather(np.ones(2), axis=0),
+                     lambda c: c.merge_call(lambda strategy: 1)):
+            for c in contexts.values:
+                with pytest.raises(RuntimeError, match=f"replica {c.replica_id_in_sync_group} called outside"):
+                    call(c)
+        assert time.monotonic() - t0 < 0.5
+        assert_usable(s)
+
+        # Inside a run, another replica's context (from the earlier run) is refused too.
+        def uses_a_stale_context():
+            return contexts.values[0].all_reduce("sum", np.ones(2))
+
+        with pytest.raises(RuntimeError, match="^replica \\d: ReplicaContext.all_reduce of replica 0"):
+            s.run(uses_a_stale_context)
+        assert time.monotonic() - t0 < 0.5
+        assert_usable(s)
+    finally:
+        s.close()
+
+
+def test_group_aborted_outside_a_step_is_reset_by_the_next_run():
+    s = mirrored(2, timeout=1.0)
+    try:
+        s.extended._group.abort(1, "aborted between steps")
+        assert s.extended._group.aborted
+        assert_usable(s)
+        assert not s.extended._group.aborted
     finally:
         s.close()
 

@@ -14,20 +14,6 @@ from distvals.input import split_batch_sizes
 Example = collections.namedtuple("Example", ["x", "y"])
 
 
-@pytest.fixture(scope="module")
-def s2():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def s4():
-    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(4)])
-    yield s
-    s.close()
-
-
 def expected_split(batch: np.ndarray, n: int):
     sizes = [len(part) for part in np.array_split(np.arange(len(batch)), n)]
     out, start = [], 0

@@ -1,8 +1,8 @@
 """Microbenchmarks of the hot paths (pytest-benchmark).
 
-CI runs them with ``--benchmark-disable``: each body then runs once, so the paths are
-exercised and their results checked, but nothing is timed there. Locally,
-``pytest tests/test_microbench.py`` prints the timings. Every benchmark checks the result
+The test suite runs them with ``--benchmark-disable`` (set in pyproject's addopts): each
+body then runs once, so the paths are exercised and their results checked, but nothing is
+timed. ``pytest tests/test_microbench.py --benchmark-enable`` prints the timings. Every benchmark checks the result
 of the calls it timed against a float64 reference computed from distinct inputs.
 """
 

@@ -17,27 +17,6 @@ from distvals.strategy import _canonical_devices
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
 
-@pytest.fixture(scope="module")
-def s2():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def s3():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def s4():
-    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(4)])
-    yield s
-    s.close()
-
-
 def per_replica(n, shape=(3,), dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     return dv.PerReplica(tuple((rng.integers(-5, 6, size=shape) + 10 * r).astype(dtype) for r in range(n)))

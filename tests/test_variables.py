@@ -16,20 +16,6 @@ FIRST = dv.VariableAggregation.ONLY_FIRST_REPLICA
 ON_READ = dv.VariableSynchronization.ON_READ
 
 
-@pytest.fixture(scope="module")
-def s2():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
-def s3():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
-    yield s
-    s.close()
-
-
 def rid():
     return dv.get_replica_context().replica_id_in_sync_group
 

@@ -211,16 +211,35 @@ class ReplicaContext:
         """This replica's device, as a one-element tuple."""
         return (self._strategy.extended.worker_devices[self._replica_id],)
 
+    def _require_current(self, what: str) -> None:
+        """Refuses a collective unless this is the context of the ``strategy.run`` now
+        running on this thread: a context kept from a finished run (or used from another
+        thread) would wait for replicas that never come and leave the group timed out."""
+        if not self._in_run:
+            return  # the default strategy's context: one replica, no collective to wait for
+        s = _local.stack
+        if s and s[-1][1] is self:
+            lock = getattr(self._strategy.extended, "_run_lock", None)
+            if lock is None or lock.locked():
+                return
+        raise RuntimeError(
+            f"ReplicaContext.{what} of replica {self._replica_id} called outside the strategy.run "
+            "that made it (after that run returned, from another thread, or from merge_fn); "
+            "call dv.get_replica_context() inside strategy.run and use that context"
+        )
+
     def all_reduce(self, reduce_op, value, options=None):
         """All-reduce ``value`` (an array, number or nested structure of them) across the
         replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
         gets the result. Leaves of one dtype travel together in one engine call. Integer
-        MEAN gives float64."""
+        MEAN gives float64. Only inside the ``strategy.run`` this context belongs to."""
+        self._require_current("all_reduce")
         return self._strategy.extended._replica_all_reduce(self, reduce_op, value, options)
 
     def all_gather(self, value, axis: int, options=None):
         """Concatenate every replica's ``value`` (nested structures too) along ``axis``;
         sizes may differ along ``axis`` only."""
+        self._require_current("all_gather")
         return self._strategy.extended._replica_all_gather(self, value, axis, options)
 
     def merge_call(self, merge_fn, args=(), kwargs=None):
@@ -228,6 +247,7 @@ class ReplicaContext:
         after every replica has called ``merge_call``; arguments that differ across
         replicas arrive as PerReplica values. Every replica gets the result (its own part
         when the result is a PerReplica)."""
+        self._require_current("merge_call")
         if not isinstance(args, (list, tuple)):
             raise ValueError(f"merge_call: args must be a list or tuple, got {type(args).__name__}")
         if kwargs is None:

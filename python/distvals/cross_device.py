@@ -23,6 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import devices, nest
+from ._core import AbortedError, MismatchError
 from .reduce_op import ReduceOp
 from .values import DistributedValues
 
@@ -103,6 +104,59 @@ def _check_same(arrays: Sequence[np.ndarray], what: str, check_shape: bool = Tru
             )
 
 
+# Kinds numpy reduces element-wise: bool, integers, floats, complex, timedelta.
+_REDUCIBLE_KINDS = frozenset("biufcm")
+
+
+def _type_name(leaf: Any, a: np.ndarray) -> str:
+    """What the user passed, for error messages: the Python type, and the dtype of arrays."""
+    if a.ndim == 0:
+        return type(a[()]).__name__ if a.dtype.hasobject else f"{type(a[()]).__name__} (dtype {a.dtype})"
+    if isinstance(leaf, np.ndarray):
+        return f"numpy array of dtype {a.dtype}"
+    return f"{type(leaf).__name__} (dtype {a.dtype})"
+
+
+def _check_reducible(leaves: Sequence[Any], arrays: Sequence[np.ndarray], replica: int, what: str) -> None:
+    """Refuses, naming the replica, values that are not numbers (before any collective)."""
+    for leaf, a in zip(leaves, arrays):
+        if a.dtype.kind not in _REDUCIBLE_KINDS and not engine_supports(a.dtype):
+            raise TypeError(
+                f"replica {replica}: {what} cannot reduce a value of type {_type_name(leaf, a)}; "
+                "pass numbers or arrays of numbers"
+            )
+
+
+def _check_no_objects(leaves: Sequence[Any], arrays: Sequence[np.ndarray], replica: int, what: str) -> None:
+    """Refuses, naming the replica, values that are Python objects (they have no bytes to send)."""
+    for leaf, a in zip(leaves, arrays):
+        if a.dtype.hasobject:
+            raise TypeError(
+                f"replica {replica}: {what} cannot send a value of type {_type_name(leaf, a)}; "
+                "pass numbers, strings or arrays of them"
+            )
+
+
+def _numpy_reduce_parts(arrays: Sequence[np.ndarray], parts: Sequence[Any], op: ReduceOp, dtype: np.dtype,
+                        what: str) -> np.ndarray:
+    """Reduces with numpy the parts the engine cannot (other dtypes; Python objects that
+    support the operation, such as Decimal); anything else is a TypeError naming the type."""
+    if dtype.kind not in _REDUCIBLE_KINDS and not dtype.hasobject:
+        raise TypeError(
+            f"{what}: cannot reduce replica 0's value of type {_type_name(parts[0], arrays[0])} with "
+            f"{op.name}; pass numbers or arrays of numbers"
+        )
+    try:
+        return _numpy_reduce(np.stack(arrays), op, dtype)
+    except TypeError as e:
+        if not dtype.hasobject:
+            raise
+        raise TypeError(
+            f"{what}: cannot reduce replica 0's value of type {_type_name(parts[0], arrays[0])} with "
+            f"{op.name} ({e}); pass numbers or arrays of numbers"
+        ) from None
+
+
 # ---- cross-replica: one thread holds every part --------------------------------------
 
 def reduce_parts(group, parts: Sequence[Any], op: ReduceOp, what: str = "reduce",
@@ -115,7 +169,7 @@ def reduce_parts(group, parts: Sequence[Any], op: ReduceOp, what: str = "reduce"
     dtype = arrays[0].dtype
     work = work_dtype(dtype, op)
     if not engine_supports(work) or group is None:
-        return _numpy_reduce(np.stack(arrays), op, dtype)
+        return _numpy_reduce_parts(arrays, parts, op, dtype, what)
     bufs = [np.asarray(a, dtype=work, order="C") for a in arrays]
     bufs[root] = np.array(arrays[root], dtype=work, order="C", copy=True)
     if n > 1:
@@ -135,7 +189,7 @@ def all_reduce_parts(group, parts: Sequence[Any], op: ReduceOp, algorithm: str =
     dtype = arrays[0].dtype
     work = work_dtype(dtype, op)
     if not engine_supports(work) or group is None:
-        out = _numpy_reduce(np.stack(arrays), op, dtype)
+        out = _numpy_reduce_parts(arrays, parts, op, dtype, what)
         return [out] + [out.copy() for _ in range(n - 1)]
     bufs = [np.array(a, dtype=work, order="C", copy=True) for a in arrays]
     if n > 1:
@@ -240,7 +294,12 @@ def _leaf_array(leaf: Any) -> np.ndarray:
 def replica_all_reduce(group, replica: int, n: int, op: ReduceOp, value: Any, *, algorithm: str = "auto",
                        timeout: Optional[float] = None, bytes_per_pack: int = 0,
                        via_one_device: bool = False, root: int = 0) -> Any:
-    """This replica's part of an all-reduce of ``value`` (a nested structure allowed)."""
+    """This replica's part of an all-reduce of ``value`` (a nested structure allowed).
+
+    When the engine finds the replicas' calls different (or is aborted because of it),
+    the exception carries this replica's leaf dtypes as ``_distvals_dtypes``, so that the
+    strategy, which sees every replica's error, can name the replica whose dtype differs.
+    """
     if type(value) is np.ndarray and not via_one_device:
         # The common case (one array of an engine dtype) without the packing machinery.
         dtype = value.dtype
@@ -250,8 +309,12 @@ def replica_all_reduce(group, replica: int, n: int, op: ReduceOp, value: Any, *,
             # Out of place: the engine reads the value and writes a new array, so the
             # result costs no copy of the input first.
             buf = np.empty(value.shape, dtype)
-            group.replica_all_reduce(replica, np.asarray(value, order="C"), op.engine_name, algorithm,
-                                     timeout, out=buf)
+            try:
+                group.replica_all_reduce(replica, np.asarray(value, order="C"), op.engine_name, algorithm,
+                                         timeout, out=buf)
+            except (MismatchError, AbortedError) as e:
+                _tag_dtypes(e, [value])
+                raise
             return buf
     if isinstance(value, np.ndarray):
         leaves, single = [value], True
@@ -259,18 +322,30 @@ def replica_all_reduce(group, replica: int, n: int, op: ReduceOp, value: Any, *,
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)
     arrays = [_leaf_array(x) for x in leaves]
+    _check_reducible(leaves, arrays, replica, "all_reduce")
     results: List[Any] = [None] * len(arrays)
     # Group the leaves by the dtype they reduce in, in order of first appearance, so
     # every replica forms the same packs in the same order.
     groups: dict = {}
     for i, a in enumerate(arrays):
         groups.setdefault(work_dtype(a.dtype, op), []).append(i)
-    for work, idx in groups.items():
-        for pack in _packs(idx, arrays, work, bytes_per_pack):
-            _reduce_pack(group, replica, n, op, arrays, pack, work, results, algorithm, timeout,
-                         via_one_device, root)
+    try:
+        for work, idx in groups.items():
+            for pack in _packs(idx, arrays, work, bytes_per_pack):
+                _reduce_pack(group, replica, n, op, arrays, pack, work, results, algorithm, timeout,
+                             via_one_device, root)
+    except (MismatchError, AbortedError) as e:
+        _tag_dtypes(e, arrays)
+        raise
     out = [restore_kind(r, leaf) for r, leaf in zip(results, leaves)]
     return out[0] if single else nest.pack_sequence_as(value, out)
+
+
+def _tag_dtypes(error: BaseException, arrays: Sequence[np.ndarray]) -> None:
+    try:
+        error._distvals_dtypes = tuple(str(a.dtype) for a in arrays)
+    except (AttributeError, TypeError):  # an exception type without a __dict__
+        pass
 
 
 def _packs(idx: List[int], arrays: List[np.ndarray], work: np.dtype, bytes_per_pack: int) -> List[List[int]]:
@@ -343,6 +418,7 @@ def replica_all_gather(group, replica: int, n: int, value: Any, axis: int, *,
     leaves = [value] if single else nest.flatten(value)
     arrays = [_leaf_array(x) for x in leaves]
     what = "all_gather"
+    _check_no_objects(leaves, arrays, replica, what)
     axes = [_normalize_axis(axis, a.ndim, what, replica) for a in arrays]
     if n == 1:
         out = [a.reshape(1) if a.ndim == 0 else np.array(a, copy=True) for a in arrays]
@@ -401,6 +477,7 @@ def replica_broadcast(group, replica: int, n: int, value: Any, root: int = 0, *,
     """This replica's part of a broadcast: every replica gets replica ``root``'s value
     (all replicas pass values of the same shape and dtype)."""
     buf = np.array(as_array(value), order="C", copy=True)
+    _check_no_objects([value], [buf], replica, "broadcast")
     if n == 1:
         return buf
     if engine_supports(buf.dtype):

@@ -28,6 +28,10 @@ _EMPTY: dict = {}
 _monotonic = time.monotonic
 # Longest single blocking wait of the calling thread, in seconds.
 _SLICE = 0.1
+# After Ctrl-C, how long the caller waits for the replicas the abort released (those
+# blocked in a collective return within milliseconds); replicas busy in their own code
+# are left running, marked busy, so that control returns at once.
+_INTERRUPT_GRACE = 0.2
 
 
 class ReplicaFailure:
@@ -124,8 +128,11 @@ class ReplicaRunner:
         self.failures.append(ReplicaFailure(next(self._order), replica, error))
 
     # ---- one step -----------------------------------------------------------------------
-    def busy_replicas(self) -> List[int]:
-        """Replicas still running a step that was abandoned after a timeout."""
+    def busy_replicas(self, wait: float = 0.0) -> List[int]:
+        """Replicas still running a step that was abandoned after a timeout or an
+        interrupt, after waiting at most ``wait`` seconds for them to return."""
+        if wait > 0:
+            self._wait_released(wait)
         out = []
         for w in self._workers:
             if w.busy:
@@ -157,16 +164,23 @@ class ReplicaRunner:
         args, kwargs = per_replica_args[0]
         stack = context._stack()
         stack.append(entries[0])
+        interrupted = False
         try:
             r0 = fn(*args, **(kwargs or _EMPTY))
         except BaseException as e:  # noqa: BLE001
             r0 = None
+            interrupted = not isinstance(e, Exception)  # Ctrl-C, SystemExit
             on_error(0, e)
         finally:
             stack.pop()
         results = [r0]
         if not workers:
             return results
+        if interrupted:
+            # on_error released the replicas waiting in collectives; do not wait for the
+            # ones computing: the caller gets control back now.
+            self._wait_released(_INTERRUPT_GRACE)
+            return results + [None] * len(workers)
         deadline = _monotonic() + timeout
         try:
             for w in workers:
@@ -183,16 +197,23 @@ class ReplicaRunner:
             stuck = [w.replica for w in workers if w.busy]
             on_wait_failed(stuck, why)
             # Replicas blocked in the engine or in merge_call come back at once now.
-            grace = _monotonic() + min(timeout, 5.0)
-            for w in workers:
-                while w.busy:
-                    if w.done.acquire(True, _SLICE):
-                        w.busy = False
-                        w.result = None
-                    elif _monotonic() > grace:
-                        break
+            self._wait_released(min(timeout, 5.0) if isinstance(why, Exception) else _INTERRUPT_GRACE)
             raise
         return results
+
+    def _wait_released(self, seconds: float) -> None:
+        """Waits at most ``seconds`` for busy replicas to return; the ones that do not
+        stay marked busy (the next step refuses to start until they return)."""
+        grace = _monotonic() + seconds
+        for w in self._workers:
+            while w.busy:
+                # In slices, so that a signal is handled soon.
+                remaining = grace - _monotonic()
+                if remaining <= 0:
+                    break
+                if w.done.acquire(True, min(remaining, _SLICE)):
+                    w.busy = False
+                    w.result = None
 
     def close(self) -> None:
         """Stops the replica threads (idle ones at once). Idempotent."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import context, cross_device, device_collectives, nest
 from . import devices as device_util
-from ._core import AbortedError, ClosedError, CollectiveTimeoutError, parse_device
+from ._core import AbortedError, ClosedError, CollectiveTimeoutError, MismatchError, parse_device
 from .group import ReplicaGroup
 from .options import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -31,6 +31,9 @@ from .values import DistributedValues, Mirrored, PerReplica, contains_distribute
 __all__ = ["Strategy", "StrategyExtended", "MirroredStrategy", "OneDeviceStrategy"]
 
 _FULL_PREFIX = "/job:localhost/replica:0/task:0/device:"
+# How long a new step waits for replicas of an abandoned step that were just released
+# (they return within milliseconds unless busy in their own code).
+_BUSY_WAIT = 0.2
 
 
 def _full_name(device: str) -> str:
@@ -134,6 +137,36 @@ def _replica_error(failure) -> BaseException:
     _set_replica(new, getattr(e, "replica", r))
     new.__cause__ = e
     return new
+
+
+def _dtype_mismatch(failures, original: BaseException) -> Optional[BaseException]:
+    """When the replicas' all-reduce calls differed because their dtypes did, a
+    MismatchError naming the replica whose dtype differs and both dtypes (the engine only
+    sees the calls, e.g. an all-gather of raw bytes for a dtype it cannot reduce)."""
+    dtypes = {}
+    for f in failures:
+        d = getattr(f.error, "_distvals_dtypes", None)
+        if d is not None:
+            dtypes[f.replica] = d
+    if len(set(dtypes.values())) < 2:
+        return None
+    replicas = sorted(dtypes)
+    counts = {d: sum(1 for r in replicas if dtypes[r] == d) for d in dtypes.values()}
+    # The dtype most replicas pass (ties: the lowest replica's) is the reference.
+    common = max((dtypes[r] for r in replicas), key=lambda d: (counts[d], -replicas.index(
+        next(r for r in replicas if dtypes[r] == d))))
+    odd = next(r for r in replicas if dtypes[r] != common)
+    ref = next(r for r in replicas if dtypes[r] == common)
+
+    def show(d: Tuple[str, ...]) -> str:
+        return d[0] if len(d) == 1 else "(" + ", ".join(d) + ")"
+
+    error = MismatchError(
+        f"replica {odd}: all_reduce: replica {odd} passes dtype {show(dtypes[odd])}, replica {ref} passes "
+        f"{show(common)}; every replica's value needs the same dtype"
+    )
+    _set_replica(error, odd)
+    return error
 
 
 def _set_replica(e: BaseException, r: int) -> None:
@@ -329,21 +362,29 @@ class _LocalExtended(StrategyExtended):
     def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
         n = self._n
         runner = self._runner
+        group = self._group
         if self._dirty:
             # The last step failed, timed out or used merge_call / checked updates:
             # clear that state (a clean step skips all this).
-            busy = runner.busy_replicas()
+            busy = runner.busy_replicas(_BUSY_WAIT)
             if busy:
                 raise RuntimeError(
-                    f"replica(s) {', '.join(map(str, busy))} still run a step that timed out; "
-                    "the strategy can run again once they return"
+                    f"replica(s) {', '.join(map(str, busy))} still run a step that timed out or was "
+                    "interrupted; the strategy can run again once they return"
                 )
-            group = self._group
             if group is not None and group.aborted:
                 group.reset()
             self._barrier.reset()
             self._reset_identity_slots()
             self._dirty = False
+        elif group is not None and group.aborted:
+            # Aborted or timed out outside any step (a collective started on the group
+            # directly): clear it, unless that collective is still inside the engine, in
+            # which case this step's collectives report the abort.
+            try:
+                group.reset()
+            except Exception:  # noqa: BLE001 - a collective is in flight
+                pass
         self._barrier.begin_step()
         if contains_distributed(args, n, "strategy.run") or contains_distributed(kwargs, n, "strategy.run"):
             per = [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
@@ -370,6 +411,10 @@ class _LocalExtended(StrategyExtended):
         if failures:
             runner.failures = []
             primary = min(failures, key=lambda f: (isinstance(f.error, AbortedError), f.order))
+            if isinstance(primary.error, MismatchError):
+                mismatch = _dtype_mismatch(failures, primary.error)
+                if mismatch is not None:
+                    raise mismatch from primary.error
             error = _replica_error(primary)
             if error is primary.error:
                 raise error
@@ -874,8 +919,16 @@ class Strategy:
 
     def close(self) -> None:
         """Stops the replica threads and the engine group (optional: both also go when the
-        strategy is garbage collected)."""
+        strategy is garbage collected). Idempotent; a closed strategy refuses to run."""
         self._extended.close()
+
+    def __enter__(self) -> "Strategy":
+        """``with MirroredStrategy(...) as s:`` closes ``s`` at the end of the block (it does
+        not enter the strategy's scope: use ``s.scope()`` for that)."""
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._extended._devices)!r})"
@@ -944,6 +997,10 @@ class _DefaultStrategy(Strategy):
 
     def scope(self):
         return context._NullScope()
+
+    def close(self) -> None:
+        """Nothing to close: the default strategy has no threads and lives as long as the
+        process (closing it would break every later call outside a scope)."""
 
     def __repr__(self) -> str:
         return "DefaultStrategy()"
