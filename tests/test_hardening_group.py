@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import distvals as dv
+from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from conftest import ENGINE_DTYPES
 
 ALGOS = ["ring", "tree", "direct", "auto"]
@@ -23,39 +24,6 @@ FLOAT_DTYPES = ["float16", "float32", "float64"]
 
 
 # ---- helpers ------------------------------------------------------------------------
-
-def os_threads() -> int:
-    """Threads of this process as the kernel counts them (C++ workers included)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Threads line in /proc/self/status")
-
-
-def _under_asan() -> bool:
-    """AddressSanitizer keeps freed memory in quarantine: RSS says nothing then."""
-    with open("/proc/self/maps") as f:
-        return "libasan" in f.read()
-
-
-needs_plain_malloc = pytest.mark.skipif(_under_asan(), reason="RSS is meaningless under AddressSanitizer")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def settle_threads(expected: int, timeout: float = 5.0) -> int:
-    """The OS thread count once it drops to `expected` (exited threads take a moment)."""
-    end = time.monotonic() + timeout
-    n = os_threads()
-    while n > expected and time.monotonic() < end:
-        time.sleep(0.01)
-        n = os_threads()
-    return n
-
 
 def reduce_ref(arrays, op: str, dtype) -> np.ndarray:
     """numpy's answer: integers wrap in their own dtype (numpy's rule), floats are

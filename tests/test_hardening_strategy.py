@@ -6,7 +6,6 @@ the original traceback and leave the strategy usable."""
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import threading
 import time
@@ -16,43 +15,12 @@ import numpy as np
 import pytest
 
 import distvals as dv
+from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from distvals.options import DEFAULT_TIMEOUT_SECONDS
 
 # Long enough that a test which passes by hitting it would be slow and obvious; every
 # failure below must be seen long before it.
 LONG = 60.0
-
-
-def os_threads() -> int:
-    """Threads of this process as the kernel counts them (engine workers included)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Threads line in /proc/self/status")
-
-
-def _under_asan() -> bool:
-    """AddressSanitizer keeps freed memory in quarantine: RSS says nothing then."""
-    with open("/proc/self/maps") as f:
-        return "libasan" in f.read()
-
-
-needs_plain_malloc = pytest.mark.skipif(_under_asan(), reason="RSS is meaningless under AddressSanitizer")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def settle_threads(limit: int, timeout: float = 10.0) -> int:
-    end = time.monotonic() + timeout
-    n = os_threads()
-    while n > limit and time.monotonic() < end:
-        time.sleep(0.02)
-        n = os_threads()
-    return n
 
 
 def mirrored(n: int, timeout: float = LONG) -> dv.MirroredStrategy:

@@ -408,29 +408,36 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
   impl& m = *this;
   const int slot = static_cast<int>(seq & 1u);
 
+  // Waits until done(j) holds for every replica j; on timeout, message(list of the
+  // replicas it still waits for) says what went wrong.
+  auto wait_every = [&](const auto& done, const auto& message) {
+    m.wait(
+        [&]() {
+          for (int j = 0; j < m.n; ++j) {
+            if (!done(j)) return false;
+          }
+          return true;
+        },
+        deadline, replica,
+        [&]() {
+          std::string who;
+          for (int j = 0; j < m.n; ++j) {
+            if (done(j)) continue;
+            if (!who.empty()) who += ", ";
+            who += std::to_string(j);
+          }
+          return message(who);
+        });
+  };
+
   // Step 2: wait for everybody to arrive.
   const std::uint64_t base = seq << 32;
   auto arrived = [&](int j) { return m.reps[j].progress.load(std::memory_order_acquire) >= base; };
-  m.wait(
-      [&]() {
-        for (int j = 0; j < m.n; ++j) {
-          if (!arrived(j)) return false;
-        }
-        return true;
-      },
-      deadline, replica,
-      [&]() {
-        std::string who;
-        for (int j = 0; j < m.n; ++j) {
-          if (arrived(j)) continue;
-          if (!who.empty()) who += ", ";
-          who += std::to_string(j);
-        }
-        return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
-               std::to_string((timeout.count() > 0 ? timeout : m.opts.timeout).count() / 1000.0) +
-               " s in replica " + std::to_string(replica) + ": replica(s) " + who +
-               " never arrived";
-      });
+  wait_every(arrived, [&](const std::string& who) {
+    return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
+           std::to_string((timeout.count() > 0 ? timeout : m.opts.timeout).count() / 1000.0) + " s in replica " +
+           std::to_string(replica) + ": replica(s) " + who + " never arrived";
+  });
 
   // Step 3: every replica checks every posted call the same way, so they all reach the
   // same verdict and raise the same error; nothing has been touched yet.
@@ -466,24 +473,10 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
   auto finished = [&](int j) {
     return m.reps[j].progress.load(std::memory_order_acquire) >= base + sched->programs[j].size();
   };
-  m.wait(
-      [&]() {
-        for (int j = 0; j < m.n; ++j) {
-          if (!finished(j)) return false;
-        }
-        return true;
-      },
-      deadline, replica,
-      [&]() {
-        std::string who;
-        for (int j = 0; j < m.n; ++j) {
-          if (finished(j)) continue;
-          if (!who.empty()) who += ", ";
-          who += std::to_string(j);
-        }
-        return "distvals: " + std::string(collective_name(desc.kind)) + " timed out in replica " +
-               std::to_string(replica) + " waiting for replica(s) " + who + " to finish";
-      });
+  wait_every(finished, [&](const std::string& who) {
+    return "distvals: " + std::string(collective_name(desc.kind)) + " timed out in replica " +
+           std::to_string(replica) + " waiting for replica(s) " + who + " to finish";
+  });
 }
 
 }  // namespace distvals
