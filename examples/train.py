@@ -44,7 +44,7 @@ def init_params(features: int, hidden: int, classes: int, seed: int = 1) -> Para
     }
 
 
-def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray, scale: float) -> Tuple[np.float32, int, Params]:
+def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray, scale: float) -> Tuple[np.float32, np.int64, Params]:
     """Cross-entropy summed over this batch part times ``scale``, the number of correct
     predictions, and the gradients of that scaled sum."""
     h = np.tanh(x @ p["w1"] + p["b1"])
@@ -54,7 +54,9 @@ def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray, scale: float) -> Tup
     prob = e / e.sum(axis=1, keepdims=True)
     rows = np.arange(len(y))
     loss = np.float32(-np.log(prob[rows, y] + 1e-12).sum() * scale)
-    correct = int((prob.argmax(axis=1) == y).sum())
+    # A numpy integer: one object per replica, so run returns a PerReplica of them (the
+    # very same Python int on every replica would come back as one plain int).
+    correct = np.int64((prob.argmax(axis=1) == y).sum())
     d_logits = prob.copy()
     d_logits[rows, y] -= 1.0
     d_logits *= scale

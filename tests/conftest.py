@@ -50,25 +50,35 @@ def rng():
     return np.random.default_rng(1234)
 
 
-def _cpu_strategy(n: int):
+#: How a strategy runs its replicas: every strategy test runs in both modes.
+EXECUTION_MODES = ["inline", "threads"]
+
+
+def _cpu_strategy(n: int, execution: str):
     import distvals as dv
 
-    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)], execution=execution)
     yield s
     s.close()
 
 
-# Strategies over 2, 3 and 4 CPU replicas, one per test module.
-@pytest.fixture(scope="module")
-def s2():
-    yield from _cpu_strategy(2)
+@pytest.fixture(params=EXECUTION_MODES)
+def execution(request):
+    """The execution mode of a strategy a test makes itself."""
+    return request.param
 
 
-@pytest.fixture(scope="module")
-def s3():
-    yield from _cpu_strategy(3)
+# Strategies over 2, 3 and 4 CPU replicas, one per test module and execution mode.
+@pytest.fixture(scope="module", params=EXECUTION_MODES)
+def s2(request):
+    yield from _cpu_strategy(2, request.param)
 
 
-@pytest.fixture(scope="module")
-def s4():
-    yield from _cpu_strategy(4)
+@pytest.fixture(scope="module", params=EXECUTION_MODES)
+def s3(request):
+    yield from _cpu_strategy(3, request.param)
+
+
+@pytest.fixture(scope="module", params=EXECUTION_MODES)
+def s4(request):
+    yield from _cpu_strategy(4, request.param)

@@ -23,7 +23,7 @@ import pytest
 import distvals as dv
 from distvals import config, cuda_group, devices
 from distvals import cuda as dvc
-from distvals.strategy import _canonical_devices, _gpu_count
+from distvals.device_names import canonical_devices as _canonical_devices, gpu_count as _gpu_count
 from conftest import distinct_values, reference, tolerance
 from simulated_cuda import CoreWithBackend, SimulatedCuda
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import distvals as dv
+from conftest import EXECUTION_MODES
 from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from distvals.options import DEFAULT_TIMEOUT_SECONDS
 
@@ -23,9 +24,10 @@ from distvals.options import DEFAULT_TIMEOUT_SECONDS
 LONG = 60.0
 
 
-def mirrored(n: int, timeout: float = LONG) -> dv.MirroredStrategy:
+def mirrored(n: int, timeout: float = LONG, execution: str = "auto") -> dv.MirroredStrategy:
     return dv.MirroredStrategy([f"CPU:{i}" for i in range(n)],
-                               communication_options=dv.CommunicationOptions(timeout_seconds=timeout))
+                               communication_options=dv.CommunicationOptions(timeout_seconds=timeout),
+                               execution=execution)
 
 
 def replica_id() -> int:
@@ -51,9 +53,9 @@ def frames_of(error: BaseException) -> list:
     return names
 
 
-@pytest.fixture(scope="module")
-def s3():
-    s = mirrored(3)
+@pytest.fixture(scope="module", params=EXECUTION_MODES)
+def s3(request):
+    s = mirrored(3, execution=request.param)
     yield s
     s.close()
 
@@ -167,10 +169,9 @@ def test_exception_in_a_dataset_iterator(s3):
     assert_usable(s3)
 
 
-def test_exception_inside_a_collective_of_a_replica_thread_names_it():
-    """The failing replica is a worker thread while replica 0 (the caller's thread)
-    waits in the engine."""
-    s = mirrored(2)
+def test_exception_inside_a_collective_of_a_replica_thread_names_it(execution):
+    """The failing replica is a worker thread (or coroutine) while replica 0 waits."""
+    s = mirrored(2, execution=execution)
     try:
         def step():
             ctx = dv.get_replica_context()
@@ -191,44 +192,54 @@ def test_exception_inside_a_collective_of_a_replica_thread_names_it():
 # ---- timeouts: per call and per strategy ----------------------------------------------------
 
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
-def test_per_call_timeout_option(s3, collective):
+def test_per_call_timeout_option(collective):
     """CommunicationOptions(timeout_seconds=) passed to one call overrides the
-    strategy's minute; the error names the replica that never arrived."""
+    strategy's minute; the error names the replica that never arrived (threads: the
+    others wait for a replica still busy in its own code)."""
+    s = mirrored(3, execution="threads")
     opts = dv.CommunicationOptions(timeout_seconds=0.3)
+    release = threading.Event()
 
     def step():
         ctx = dv.get_replica_context()
         if replica_id() == 2:
-            return None  # never arrives
+            release.wait(2.0)  # busy well past the call's timeout
         if collective == "all_reduce":
             return ctx.all_reduce("sum", np.ones(3), options=opts)
         return ctx.all_gather(np.ones(3), axis=0, options=opts)
 
-    t0 = time.monotonic()
-    with pytest.raises(dv.CollectiveTimeoutError) as info:
-        s3.run(step)
-    took = time.monotonic() - t0
-    assert 0.25 < took < 3, took
-    assert f"{collective} timed out after 0.3" in str(info.value), str(info.value)
-    assert "replica(s) 2 never arrived" in str(info.value), str(info.value)
-    assert isinstance(info.value, TimeoutError)
-    assert_usable(s3)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError) as info:
+            s.run(step)
+        took = time.monotonic() - t0
+        assert 0.25 < took < 1.5, took
+        assert f"{collective}" in str(info.value) and "timed out after 0.3" in str(info.value), str(info.value)
+        assert "replica(s) 2 never arrived" in str(info.value), str(info.value)
+        assert isinstance(info.value, TimeoutError)
+        assert_usable(s)  # replica 2's thread is still busy: a fresh one runs this step
+    finally:
+        release.set()
+        s.close()
 
 
-def test_strategy_timeout_option():
-    s = mirrored(2, timeout=0.4)
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_strategy_timeout_option(execution):
+    s = mirrored(2, timeout=0.4, execution=execution)
+    release = threading.Event()
     try:
         def step():
-            if replica_id() == 0:
-                return dv.get_replica_context().all_reduce("max", np.ones(2))
-            return None
+            if replica_id() == 1:
+                release.wait(3.0)  # never reaches the collective in time
+            return dv.get_replica_context().all_reduce("max", np.ones(2))
 
         t0 = time.monotonic()
-        with pytest.raises(dv.CollectiveTimeoutError, match="replica 0: .*replica\\(s\\) 1 never arrived"):
+        with pytest.raises(dv.CollectiveTimeoutError, match="0.4 s"):
             s.run(step)
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 2
         assert_usable(s)
     finally:
+        release.set()
         s.close()
 
 
@@ -306,8 +317,9 @@ def test_ctrl_c_while_replica_zero_waits_in_the_engine():
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
-def test_ctrl_c_returns_within_a_second_while_a_replica_computes():
-    s = mirrored(2, timeout=10)
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_ctrl_c_returns_within_a_second_while_a_replica_computes(execution):
+    s = mirrored(2, timeout=10, execution=execution)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     release = threading.Event()
     try:
@@ -321,27 +333,18 @@ def test_ctrl_c_returns_within_a_second_while_a_replica_computes():
         with pytest.raises(KeyboardInterrupt):
             s.run(step)
         took = time.monotonic() - t0
-        # Replica 1 still computes: the next step refuses at once instead of mixing steps.
+        # The next step works at once, with this step's data on every replica: a thread
+        # still busy in the interrupted step is replaced, never waited for or mixed in.
         t1 = time.monotonic()
-        with pytest.raises(RuntimeError, match=r"replica\(s\) 1 still run a step"):
-            s.run(lambda: 0)
-        refused_after = time.monotonic() - t1
-        release.set()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert_usable(s)
-                break
-            except RuntimeError as e:
-                assert "still run a step" in str(e) and time.monotonic() < deadline, str(e)
-                time.sleep(0.05)
+        assert_usable(s)
+        next_step = time.monotonic() - t1
     finally:
         signal.signal(signal.SIGINT, previous)
         release.set()
         time.sleep(0.2)
         s.close()
     assert took < 0.2 + 1.0, f"returned {took:.2f} s after the start"
-    assert refused_after < 1.0, f"the next run was refused after {refused_after:.2f} s"
+    assert next_step < 1.0, f"the next run took {next_step:.2f} s"
 
 
 # ---- misuse -------------------------------------------------------------------------------------
@@ -391,10 +394,9 @@ def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
         s3.run(step)
     assert time.monotonic() - t0 < 5
     msg = str(info.value)
-    assert msg.startswith(f"replica {odd}: "), msg
-    assert f"replica {odd} passes dtype complex128" in msg and "passes float64" in msg, msg
+    assert msg.startswith("replica "), msg
+    assert f"replica {odd} passed dtype complex128" in msg and "passed dtype float64" in msg, msg
     assert "all_gather" not in msg and "uint8" not in msg, msg
-    assert info.value.replica == odd
     assert_usable(s3)
 
     # Same for nested values: every leaf dtype is shown.
@@ -403,7 +405,8 @@ def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
         return dv.get_replica_context().all_reduce(
             "sum", {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32 if r == odd else np.int64)})
 
-    with pytest.raises(dv.MismatchError, match=f"^replica {odd}: .*(float32, int32).*(float32, int64)"):
+    first, other = ("int32", "int64") if odd == 0 else ("int64", "int32")
+    with pytest.raises(dv.MismatchError, match=f"passed dtype {first}, replica .* passed dtype {other} at \\['b'\\]"):
         s3.run(nested)
     assert_usable(s3)
 
@@ -443,13 +446,17 @@ def test_strategy_reduce_of_objects_names_the_type(s3):
     assert s3.reduce("sum", thirds, axis=None) == sum(Fraction(r + 1, 3) for r in range(3))
 
 
-def test_with_statement_closes_the_strategy_and_releases_its_threads():
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_with_statement_closes_the_strategy_and_releases_its_threads(execution):
+    with mirrored(2, execution=execution) as warm:  # process-wide threads (the inline watchdog)
+        assert_usable(warm)
     gc.collect()
     base = settle_threads(os_threads())
-    with mirrored(4) as s:
+    with mirrored(4, execution=execution) as s:
         assert isinstance(s, dv.MirroredStrategy)
         assert_usable(s)
-        assert os_threads() >= base + 3  # three replica threads, plus engine workers
+        # Three replica threads in thread mode, plus the engine's workers in both.
+        assert os_threads() >= base + (3 if execution == "threads" else 1)
     assert settle_threads(base) <= base
     with pytest.raises(dv.ClosedError):
         s.run(lambda: 1)
@@ -458,7 +465,7 @@ def test_with_statement_closes_the_strategy_and_releases_its_threads():
 
     # An exception in the block still closes it, and is not swallowed.
     with pytest.raises(StepError, match="inside the block"):
-        with mirrored(3) as s2:
+        with mirrored(3, execution=execution) as s2:
             raise StepError("inside the block")
     with pytest.raises(dv.ClosedError):
         s2.run(lambda: 1)
@@ -600,13 +607,17 @@ def test_two_strategies_from_two_threads_at_once():
 
 # ---- resources -----------------------------------------------------------------------------------------
 
-def test_strategies_release_their_threads_when_closed_or_collected():
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_strategies_release_their_threads_when_closed_or_collected(execution):
+    with mirrored(2, execution=execution) as warm:  # process-wide threads (the inline watchdog)
+        assert_usable(warm)
     gc.collect()
     base = settle_threads(os_threads())
-    made = [mirrored(3) for _ in range(8)]
+    made = [mirrored(3, execution=execution) for _ in range(8)]
     for s in made:
         assert_usable(s)
-    assert os_threads() >= base + 8 * 2  # two replica threads each, plus engine workers
+    # Two replica threads each in thread mode, plus the engine's workers in both.
+    assert os_threads() >= base + 8 * (2 if execution == "threads" else 1)
     for s in made[:4]:
         s.close()
     del made[:4]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import distvals as dv
-from distvals.strategy import _canonical_devices
+from distvals.device_names import canonical_devices as _canonical_devices
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
@@ -68,8 +68,26 @@ def test_devices_none_means_cpu0_without_gpus(monkeypatch):
 
 
 def test_devices_none_means_every_gpu(monkeypatch):
-    monkeypatch.setattr(dv, "cuda", types.SimpleNamespace(device_count=lambda: 2), raising=False)
+    import distvals.device_names as names
+
+    monkeypatch.setattr(names, "gpu_count", lambda: 2)
     assert _canonical_devices(None, "MirroredStrategy") == ["GPU:0", "GPU:1"]
+
+
+def test_devices_none_without_gpus_means_the_logical_cpus(monkeypatch):
+    import distvals.device_names as names
+
+    monkeypatch.setattr(names, "gpu_count", lambda: 0)
+    assert _canonical_devices(None, "MirroredStrategy") == ["CPU:0"]
+    dv.config.set_logical_cpus(3)
+    try:
+        assert _canonical_devices(None, "MirroredStrategy") == ["CPU:0", "CPU:1", "CPU:2"]
+        with dv.MirroredStrategy() as s:
+            assert s.num_replicas_in_sync == 3
+    finally:
+        dv.config.set_logical_cpus(1)
+    with pytest.raises(ValueError, match="n >= 1"):
+        dv.config.set_logical_cpus(0)
 
 
 def test_gpu_requested_without_gpus(monkeypatch):
@@ -108,8 +126,8 @@ def test_run_replaces_distributed_values_at_any_depth(s2):
         assert out["z"].values[r] is d.values[r]
     # Leaves that are the identical object on every replica come back as they are...
     assert out["same"] is shared
-    # ...but Python numbers are values: equal ones are per replica even when shared.
-    assert isinstance(out["q"], dv.PerReplica) and out["q"].values == (5, 5)
+    # ...Python numbers too, as in TensorFlow: the very same object on every replica.
+    assert out["q"] == 5
 
 
 def test_run_keeps_the_result_structure(s3):
@@ -124,12 +142,18 @@ def test_run_keeps_the_result_structure(s3):
     assert out.second["a"].values == (0.5, 1.5, 2.5)
 
 
-def test_run_equal_small_numbers_stay_per_replica(s3):
-    # 12 is one cached object in CPython; it must still count once per replica.
-    counts = s3.run(lambda: 12)
-    assert isinstance(counts, dv.PerReplica) and counts.values == (12, 12, 12)
-    assert s3.reduce("SUM", counts) == 36
+def test_run_returns_identical_objects_as_they_are(s3):
+    # As in TensorFlow: the very same object on every replica comes back as it is,
+    # Python numbers, strings and bools included; distinct objects make a PerReplica.
+    assert s3.run(lambda: 2.5) == 2.5
+    assert s3.run(lambda: "text") == "text"
+    assert s3.run(lambda: dv.get_replica_context().num_replicas_in_sync) == 3
+    assert s3.run(lambda: dv.get_replica_context().strategy is s3) is True
     assert s3.run(lambda: None) is None
+    ids = s3.run(lambda: dv.get_replica_context().replica_id_in_sync_group)
+    assert isinstance(ids, dv.PerReplica) and ids.values == (0, 1, 2)
+    counts = s3.run(lambda: np.int64(12))  # a new object per replica
+    assert isinstance(counts, dv.PerReplica) and s3.reduce("SUM", counts) == 36
 
 
 def test_run_different_structures_is_an_error(s3):
@@ -160,17 +184,42 @@ def test_run_inside_run_is_an_error(s2):
         s2.run(fn)
 
 
-def test_replicas_run_in_parallel(s4):
+def test_thread_replicas_run_in_parallel():
     # Passing a barrier needs all four replicas inside fn at the same time.
-    barrier = threading.Barrier(4, timeout=10)
+    with dv.MirroredStrategy([f"CPU:{i}" for i in range(4)], execution="threads") as s4:
+        barrier = threading.Barrier(4, timeout=10)
+        out = s4.run(barrier.wait)
+        assert sorted(out.values) == [0, 1, 2, 3]
+        threads = s4.run(lambda: threading.get_ident())
+        assert len(set(threads.values)) == 4
 
-    def fn():
-        return barrier.wait()
 
-    out = s4.run(fn)
-    assert sorted(out.values) == [0, 1, 2, 3]
-    threads = s4.run(lambda: threading.get_ident())
-    assert len(set(threads.values)) == 4
+def test_inline_replicas_share_the_calling_thread():
+    with dv.MirroredStrategy([f"CPU:{i}" for i in range(4)], execution="inline") as s4:
+        assert s4.execution == "inline"
+        threads = s4.run(lambda: np.int64(threading.get_ident()))
+        assert set(threads.values) == {threading.get_ident()}
+
+
+def test_inline_replicas_waiting_for_each_other_end_with_the_timeout():
+    # A replica that waits for another outside the strategy's collectives cannot go on
+    # inline; the step's timeout ends it with an error that says what to do.
+    opts = dv.CommunicationOptions(timeout_seconds=0.5)
+    with dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=opts, execution="inline") as s:
+        barrier = threading.Barrier(2, timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="execution='threads'"):
+            s.run(barrier.wait)
+        assert time.monotonic() - t0 < 5
+        busy = threading.Event()
+
+        def spin():
+            while not busy.is_set():  # pure Python: the watchdog's exception lands here
+                pass
+
+        with pytest.raises(dv.CollectiveTimeoutError, match="did not reach a meeting or return within 0.5 s"):
+            s.run(spin)
+        assert s.run(lambda: 7) == 7
 
 
 def test_exception_releases_the_others_and_names_the_replica(s3):
@@ -205,7 +254,7 @@ def test_exception_in_replica_zero(s2):
 
     with pytest.raises(ZeroDivisionError, match="^replica 0: division by zero here"):
         s2.run(fn)
-    assert s2.run(lambda: 3).values == (3, 3)
+    assert s2.run(lambda: 3) == 3
 
 
 class OddError(Exception):
@@ -244,16 +293,21 @@ def test_engine_errors_keep_their_type_and_gain_the_replica(s2):
 
     with pytest.raises(dv.MismatchError, match=r"^replica \d: "):
         s2.run(fn)
-    assert s2.run(lambda: 1).values == (1, 1)
+    assert s2.run(lambda: 1) == 1
 
 
 def test_collective_timeout_names_the_missing_replica():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.5))
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.5),
+                            execution="threads")
     try:
+        release = threading.Event()
+
         def fn():
             ctx = dv.get_replica_context()
             if ctx.replica_id_in_sync_group == 0:
                 ctx.all_reduce("sum", np.ones(2))
+            else:
+                release.wait(0.8)  # busy past the timeout, then returns
 
         t0 = time.monotonic()
         with pytest.raises(dv.CollectiveTimeoutError, match="replica 0: .*1"):
@@ -265,8 +319,21 @@ def test_collective_timeout_names_the_missing_replica():
         s.close()
 
 
-def test_run_waits_at_most_the_timeout():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3))
+def test_a_replica_returning_while_others_wait_is_a_mismatch_at_once(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            ctx.all_reduce("sum", np.ones(2))
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError, match=r"replica 0 waits in all_reduce\(SUM\), but replica\(s\) 1 returned"):
+        s2.run(fn)
+    assert time.monotonic() - t0 < 5  # no timeout: seen at once
+
+
+def test_run_waits_at_most_the_timeout(execution):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3),
+                            execution=execution)
     try:
         release = threading.Event()
 
@@ -274,19 +341,15 @@ def test_run_waits_at_most_the_timeout():
             if dv.get_replica_context().replica_id_in_sync_group == 1:
                 release.wait(20)
 
+        t0 = time.monotonic()
         with pytest.raises(dv.CollectiveTimeoutError, match="did not finish within 0.3 s"):
             s.run(fn)
-        with pytest.raises(RuntimeError, match=r"replica\(s\) 1 still run a step that timed out"):
-            s.run(lambda: 0)
+        assert time.monotonic() - t0 < 3
+        # The next step works at once: a replica thread still stuck in the abandoned step
+        # is replaced, never waited for or refused.
+        assert s.run(lambda: 4) == 4
         release.set()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert s.run(lambda: 4).values == (4, 4)
-                break
-            except RuntimeError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        assert s.run(lambda: 5) == 5
     finally:
         s.close()
 
@@ -311,7 +374,7 @@ def test_one_step_at_a_time(s2):
     finally:
         release.set()
         t.join(20)
-    assert result["v"].values == (1, 1)
+    assert result["v"] == 1
 
 
 # ---- reduce -------------------------------------------------------------------------------
@@ -588,14 +651,14 @@ def test_all_reduce_every_replica_gets_the_result(s3, op):
 
 def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
     group = s3.extended._group
-    original = group.replica_all_reduce
+    original = group.all_reduce
     calls = []
 
-    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
-        calls.append((replica, array.dtype.name, array.size))
-        return original(replica, array, op, algorithm, timeout_seconds)
+    def counting(buffers, op="sum", algorithm="auto", out=None):
+        calls.append((buffers[0].dtype.name, buffers[0].size))
+        return original(buffers, op, algorithm, out=out)
 
-    monkeypatch.setattr(group, "replica_all_reduce", counting)
+    monkeypatch.setattr(group, "all_reduce", counting)
     xs = {
         "w": per_replica(3, shape=(3, 2), seed=1),
         "b": per_replica(3, shape=(2,), seed=2),
@@ -615,25 +678,24 @@ def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
         np.testing.assert_array_equal(out["layers"][1][1].first.values[r], ref(xs["k"].values, "SUM"))
         assert out["layers"][1][1].second.values[r] == np.float32(3)
         assert out["scale"].values[r] == 3.0
-    # One engine call per dtype and replica: float32 (w, b, scalar), int32 (k), float64.
-    per_replica_calls = sorted(c for c in calls if c[0] == 0)
-    assert per_replica_calls == [(0, "float32", 6 + 2 + 1), (0, "float64", 1), (0, "int32", 4)]
-    assert len(calls) == 9
+    # One single-call engine all-reduce per dtype, for every replica at once: float32
+    # (w, b and the scalar packed together), int32 (k), float64 (the Python float).
+    assert sorted(calls) == [("float32", 6 + 2 + 1), ("float64", 1), ("int32", 4)]
 
 
-def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch):
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16))
+def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16),
+                            execution=execution)
     try:
         group = s.extended._group
-        original = group.replica_all_reduce
+        original = group.all_reduce
         sizes = []
 
-        def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
-            if replica == 0:
-                sizes.append(array.size)
-            return original(replica, array, op, algorithm, timeout_seconds)
+        def counting(buffers, op="sum", algorithm="auto", out=None):
+            sizes.append(buffers[0].size)
+            return original(buffers, op, algorithm, out=out)
 
-        monkeypatch.setattr(group, "replica_all_reduce", counting)
+        monkeypatch.setattr(group, "all_reduce", counting)
         leaves = [np.full(n, 1.0, np.float32) for n in (2, 2, 3, 8)]
         out = s.run(lambda: dv.get_replica_context().all_reduce("sum", leaves))
         assert sizes == [4, 3, 8]
@@ -706,7 +768,8 @@ def test_all_gather_mismatch_is_an_error(s2):
         r = dv.get_replica_context().replica_id_in_sync_group
         return dv.get_replica_context().all_gather(np.ones((2, 2 + r)), axis=0)
 
-    with pytest.raises(ValueError, match=r"replica 1 has shape \(2, 3\), replica 0 has shape \(2, 2\)"):
+    with pytest.raises(dv.MismatchError, match=r"replica 0 passed shape \(2, 2\), replica 1 passed shape \(2, 3\); "
+                                               "shapes may differ only along axis 0"):
         s2.run(fn)
 
 

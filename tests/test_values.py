@@ -144,8 +144,9 @@ def test_mirrored_uses_the_replica_part_inside_run(s2):
     plus, shape = s2.run(fn)
     np.testing.assert_array_equal(plus.values[0], [2.0])
     np.testing.assert_array_equal(plus.values[1], [101.0])
-    # m.shape delegates to each replica's part: a tuple of PerReplica ints.
-    assert shape[0].values == (1, 1)
+    # m.shape delegates to each replica's part; the very same int on every replica comes
+    # back as it is, as in TensorFlow.
+    assert shape == (1,)
 
 
 def test_mirrored_scalars_convert():

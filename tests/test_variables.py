@@ -141,14 +141,14 @@ def test_mean_assign_of_replica_ids_gives_half(s2):
 @pytest.mark.parametrize("agg", [SUM, MEAN])
 def test_replica_updates_all_reduce_through_the_engine(s3, agg, monkeypatch):
     group = s3.extended._group
-    original = group.replica_all_reduce
+    original = group.all_reduce
     calls = []
 
-    def counting(replica, array, op="sum", algorithm="auto", timeout_seconds=None, out=None):
+    def counting(buffers, op="sum", algorithm="auto", out=None):
         calls.append(op)
-        return original(replica, array, op, algorithm, timeout_seconds, out=out)
+        return original(buffers, op, algorithm, out=out)
 
-    monkeypatch.setattr(group, "replica_all_reduce", counting)
+    monkeypatch.setattr(group, "all_reduce", counting)
     with s3.scope():
         v = dv.Variable(np.array([10.0, 20.0]), aggregation=agg)
     deltas = [np.array([r + 1.0, 2.0 * r]) for r in range(3)]
@@ -156,7 +156,7 @@ def test_replica_updates_all_reduce_through_the_engine(s3, agg, monkeypatch):
     total = np.sum(deltas, axis=0) if agg is SUM else np.mean(deltas, axis=0)
     for c in copies(v):
         np.testing.assert_allclose(c, np.array([10.0, 20.0]) + total)
-    assert len(calls) == 3  # one engine call per replica
+    assert len(calls) == 1  # one single-call all-reduce for every replica
     s3.run(lambda: v.assign_sub(deltas[rid()], read_value=False))
     for c in copies(v):
         np.testing.assert_allclose(c, [10.0, 20.0], atol=1e-12)

@@ -17,6 +17,7 @@ void register_errors(py::module_& m);
 void register_types(py::module_& m);
 void register_group(py::module_& m);
 void register_timing(py::module_& m);
+void register_pool(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// On the main thread, raises again (sets as the Python error) what a signal handler

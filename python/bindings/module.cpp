@@ -9,6 +9,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_types(m);
   distvals_py::register_group(m);
   distvals_py::register_timing(m);
+  distvals_py::register_pool(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);
 #endif

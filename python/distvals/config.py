@@ -6,27 +6,41 @@ runs on CUDA device ``k // n``. Each logical replica keeps its own stream and it
 buffers, so ``MirroredStrategy(["GPU:0", "GPU:1", "GPU:2", "GPU:3"])`` works on a
 machine with one GPU after ``set_logical_gpus(4)``. The environment variable
 ``DISTVALS_LOGICAL_GPUS`` sets the starting value.
+
+``set_logical_cpus(n)`` says how many CPU replicas ``MirroredStrategy()`` makes when it
+is given no devices and there is no GPU (``"CPU:0"`` .. ``"CPU:n-1"``; one by default),
+as TensorFlow's logical CPU configuration does. ``DISTVALS_LOGICAL_CPUS`` sets the
+starting value.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["set_logical_gpus", "get_logical_gpus", "physical_gpu"]
+__all__ = ["set_logical_gpus", "get_logical_gpus", "physical_gpu", "set_logical_cpus", "get_logical_cpus"]
 
 
-def _from_env() -> int:
-    raw = os.environ.get("DISTVALS_LOGICAL_GPUS", "1")
+def _from_env(name: str) -> int:
+    raw = os.environ.get(name, "1")
     try:
         n = int(raw)
     except ValueError:
-        raise ValueError(f"DISTVALS_LOGICAL_GPUS must be a positive integer, got {raw!r}") from None
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
     if n < 1:
-        raise ValueError(f"DISTVALS_LOGICAL_GPUS must be a positive integer, got {raw!r}")
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return n
 
 
-_logical_gpus = _from_env()
+def _positive(n: object, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{what} needs an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"{what} needs n >= 1, got {n}")
+    return n
+
+
+_logical_gpus = _from_env("DISTVALS_LOGICAL_GPUS")
+_logical_cpus = _from_env("DISTVALS_LOGICAL_CPUS")
 
 
 def set_logical_gpus(n: int) -> None:
@@ -36,11 +50,7 @@ def set_logical_gpus(n: int) -> None:
     strategies read the setting when they are created; existing ones keep theirs.
     """
     global _logical_gpus
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"set_logical_gpus needs an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"set_logical_gpus needs n >= 1, got {n}")
-    _logical_gpus = n
+    _logical_gpus = _positive(n, "set_logical_gpus")
 
 
 def get_logical_gpus() -> int:
@@ -53,3 +63,15 @@ def physical_gpu(logical: int) -> int:
     if logical < 0:
         raise ValueError(f"GPU index must not be negative, got {logical}")
     return logical // _logical_gpus
+
+
+def set_logical_cpus(n: int) -> None:
+    """Make ``MirroredStrategy()`` without devices (and without GPUs) use ``n`` CPU
+    replicas, ``"CPU:0"`` .. ``"CPU:n-1"`` (``n >= 1``; 1 is the default)."""
+    global _logical_cpus
+    _logical_cpus = _positive(n, "set_logical_cpus")
+
+
+def get_logical_cpus() -> int:
+    """How many CPU replicas ``MirroredStrategy()`` makes when it has no GPU."""
+    return _logical_cpus

@@ -29,21 +29,24 @@ __all__ = [
 
 class _Local(threading.local):
     def __init__(self) -> None:
-        # Entries are (strategy, replica_context or None); empty means the default.
+        # Entries are (strategy, replica_context or None); empty means the strategy set
+        # with experimental_set_strategy, else the default.
         self.stack: list = []
+        self.base: Optional[tuple] = None
 
 
 _local = _Local()
 _default_strategy: Any = None
 _default_replica_context: Any = None
+# Set by distvals.strategy when it is imported: makes the default strategy. This module
+# needs no import of the strategy module (which imports this one).
+default_strategy_factory: Any = None
 
 
 def _defaults() -> Tuple[Any, Any]:
     global _default_strategy, _default_replica_context
     if _default_strategy is None:
-        from .strategy import _DefaultStrategy  # the strategy module imports this one
-
-        strategy = _DefaultStrategy()
+        strategy = default_strategy_factory()
         _default_replica_context = strategy.extended._contexts[0]
         _default_strategy = strategy
     return _default_strategy, _default_replica_context
@@ -58,6 +61,9 @@ def _top() -> Tuple[Any, Any]:
     s = _local.stack
     if s:
         return s[-1]
+    base = _local.base
+    if base is not None:
+        return base
     return _defaults()
 
 
@@ -71,28 +77,28 @@ def get_replica_context() -> Optional["ReplicaContext"]:
     s = _local.stack
     if s:
         return s[-1][1]
+    if _local.base is not None:
+        return None
     return _defaults()[1]
 
 
 def in_cross_replica_context() -> bool:
     """True inside a ``strategy.scope()`` (or a ``merge_fn``), outside ``strategy.run``."""
     s = _local.stack
-    return bool(s) and s[-1][1] is None
+    if s:
+        return s[-1][1] is None
+    return _local.base is not None
 
 
 def get_strategy() -> "Strategy":
     """The strategy in force: the one whose scope or ``run`` we are in, else the default
     strategy (one replica, no threads)."""
-    s = _local.stack
-    if s:
-        return s[-1][0]
-    return _defaults()[0]
+    return _top()[0]
 
 
 def has_strategy() -> bool:
     """True when a strategy other than the default one is in force."""
-    s = _local.stack
-    return bool(s) and s[-1][0] is not _defaults()[0]
+    return _top()[0] is not _defaults()[0]
 
 
 def current_run_context() -> Optional["ReplicaContext"]:
@@ -137,10 +143,13 @@ class _Scope:
         return strategy
 
     def __exit__(self, *exc) -> None:
+        # Scopes exited out of order are tolerated, as in TensorFlow: this scope's own
+        # entry leaves the stack wherever it is, so the stack stays consistent.
         s = _local.stack
-        if not s or s[-1] is not self._entry:
-            raise RuntimeError("strategy scopes were exited out of order (or from another thread)")
-        s.pop()
+        for i in range(len(s) - 1, -1, -1):
+            if s[i] is self._entry:
+                del s[i]
+                return
 
     def __repr__(self) -> str:
         return f"_Scope({self._strategy!r})"
@@ -156,18 +165,52 @@ class _NullScope:
         return None
 
 
-class experimental_set_strategy:  # noqa: N801 - named as in tf.distribute
-    """Makes ``strategy`` current in this thread until exit (like ``scope()``);
-    ``None`` means the default strategy."""
+class CrossReplica:
+    """Pushes cross-replica context of ``strategy`` on this thread (merge_fn, updates)."""
 
-    def __init__(self, strategy: Optional["Strategy"]) -> None:
-        self._scope = _NullScope() if strategy is None else strategy.scope()
+    __slots__ = ("_entry",)
 
-    def __enter__(self):
-        return self._scope.__enter__()
+    def __init__(self, strategy: "Strategy") -> None:
+        self._entry = (strategy, None)
+
+    def __enter__(self) -> None:
+        _local.stack.append(self._entry)
 
     def __exit__(self, *exc) -> None:
-        self._scope.__exit__(*exc)
+        s = _local.stack
+        if s and s[-1] is self._entry:
+            s.pop()
+
+
+class _SetStrategy:
+    """What ``experimental_set_strategy`` returns: usable as a context manager that
+    restores the previous strategy on exit."""
+
+    __slots__ = ("_previous",)
+
+    def __init__(self, previous: Optional[tuple]) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> "Strategy":
+        return get_strategy()
+
+    def __exit__(self, *exc) -> None:
+        _local.base = self._previous
+
+
+def experimental_set_strategy(strategy: Optional["Strategy"]) -> _SetStrategy:
+    """Makes ``strategy`` the current strategy of this thread, as if its scope were
+    entered and left open; ``None`` clears it (back to the default strategy). As in
+    TensorFlow, it must not be called inside a strategy's scope. The returned object
+    also works as a context manager that restores the previous setting."""
+    if _local.stack:
+        raise RuntimeError("experimental_set_strategy must not be called inside a strategy's scope or run")
+    previous = _local.base
+    if strategy is None or strategy is _defaults()[0]:
+        _local.base = None
+    else:
+        _local.base = (strategy, None)
+    return _SetStrategy(previous)
 
 
 class ReplicaContext:
@@ -218,10 +261,8 @@ class ReplicaContext:
         if not self._in_run:
             return  # the default strategy's context: one replica, no collective to wait for
         s = _local.stack
-        if s and s[-1][1] is self:
-            lock = getattr(self._strategy.extended, "_run_lock", None)
-            if lock is None or lock.locked():
-                return
+        if s and s[-1][1] is self and self._strategy.extended._step_active:
+            return
         raise RuntimeError(
             f"ReplicaContext.{what} of replica {self._replica_id} called outside the strategy.run "
             "that made it (after that run returned, from another thread, or from merge_fn); "

@@ -2,4 +2,39 @@
 
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
 
-__all__ = ["AbortedError", "ClosedError", "CollectiveTimeoutError", "CudaError", "MismatchError"]
+__all__ = ["AbortedError", "ClosedError", "CollectiveTimeoutError", "CudaError", "MismatchError", "replica_error"]
+
+
+def replica_error(failure) -> BaseException:
+    """The exception ``strategy.run`` raises for a replica's failure: the same type, its
+    message prefixed with ``replica k: ``, ``.replica == k``, the original chained as the
+    cause (or the original itself when its type cannot be rebuilt; Ctrl-C and
+    SystemExit as they are)."""
+    e, r = failure.error, failure.replica
+    if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return e
+    prefix = f"replica {r}: "
+    msg = str(e)
+    new = None
+    if not msg.startswith(prefix):
+        try:
+            new = type(e)(prefix + msg)
+        except Exception:  # noqa: BLE001 - exception types with other signatures
+            new = None
+        if new is not None and type(new) is not type(e):
+            new = None
+    if new is None:
+        if e.args and isinstance(e.args[0], str) and not msg.startswith(prefix):
+            e.args = (prefix + e.args[0],) + tuple(e.args[1:])
+        _set_replica(e, r)
+        return e
+    _set_replica(new, getattr(e, "replica", r))
+    new.__cause__ = e
+    return new
+
+
+def _set_replica(e: BaseException, r: int) -> None:
+    try:
+        e.replica = r  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass

@@ -1,89 +1,114 @@
-"""Collectives across MPI processes ("workers"), each holding local replicas on the engine.
+"""Collectives across MPI processes ("workers"), each with local replicas on the engine.
 
-A worker is one MPI process; its replicas are threads that meet in the C++ engine.
-Every collective is hierarchical, so that only one buffer per worker crosses MPI::
+``HierarchicalCollectives`` implements ``distvals.collectives.Collectives`` over every
+replica of every worker. Inside a worker, a local implementation (host engine or CUDA
+engine) does the work; between workers, one buffer per worker crosses MPI::
 
     worker 0: replica 0  replica 1        worker 1: replica 2  replica 3
                   \\        /                           \\        /
-    step 1:      engine reduce  ------------------->  engine reduce      (to local replica 0)
+    step 1:      engine reduce  ------------------->  engine reduce      (into the MPI buffer)
                       |                                    |
-    step 2:      MPI Allreduce   <===================>  MPI Allreduce    (local roots only)
+    step 2:      MPI Allreduce   <===================>  MPI Allreduce    (in place)
                       |                                    |
-    step 3:      engine broadcast                      engine broadcast  (from local replica 0)
+    step 3:      engine broadcast                      engine broadcast  (from the MPI buffer)
 
-Large buffers go in chunks: while MPI carries chunk i (a blocking MPI_Allreduce on a
-thread of its own), the engine already reduces chunk i+1, and chunk i is broadcast
-locally while MPI still carries chunk i+1. Inside ``strategy.run`` the replica threads
-of a worker first meet, and local replica 0 runs that pipeline over all their buffers.
+With one local replica there is no step 1 or 3: MPI reads the replica's array and writes
+its result array directly.
 
-Before the data, the local roots exchange a small header (which collective, dtype,
-size, op, chunk size), so workers that pass different things get a clear error on every
-worker instead of a corrupt result. Small messages are nonblocking MPI calls polled
-against the strategy's timeout; the calling thread waits for the MPI thread's calls
-against the same deadline. A wait that runs out (a worker never arrived) cannot be
-cancelled in MPI, so the job is aborted with a message naming this worker.
+Agreement without a second round trip
+-------------------------------------
+Workers that pass different things (another collective, dtype, shape, op, nesting) must
+each get a ``MismatchError`` naming the first difference, never a wrong result or a hang.
+An MPI collective whose sizes differ between processes is undefined (it may hang), so
+the workers must agree before the data moves. Exchanging a header before every
+collective costs a round trip; here it is paid only when the workers' call sequence
+changes:
 
-One collective finishes before the next starts, and the chunks of one go through one
-thread in order, so the calls reach MPI in the same order on every worker.
+- Every call has a *signature*: a 64-bit hash of its description (kind, op, and every
+  leaf's path, dtype and shape).
+- Every worker remembers, for the signature of the last agreed call, the signature (and
+  the MPI size, dtype and op) of the call that followed it: its *expected* next call.
+  The memory is the same on every worker, since it changes only after an agreed call.
+- When an expected call exists for a small collective, every worker sends the data at
+  the expected size in ONE MPI call, with one extra element: a flag saying "my call is
+  the expected one", encoded so that the reduction itself tells whether every worker
+  agreed (sum of zeros, max of zeros, min or product of ones). A worker whose call
+  differs still sends a buffer of the expected size (with zeros), so the MPI call is
+  well-formed on every worker.
+- When no call is expected, when a flag shows that some worker's call is not the
+  expected one, and for large collectives (where one 16-byte exchange costs under 1%),
+  the workers first exchange their signatures; equal signatures go on to the data call,
+  different ones exchange their descriptions and raise ``MismatchError`` naming the
+  first difference, on every worker.
+
+So a training loop that repeats the same collectives pays one MPI call per collective
+after its first step; a changed call costs one extra exchange (and, for a small
+collective, the flagged call), and a real mismatch an error on every worker.
+
+Other rules: a wait on MPI polls against the strategy's timeout; one that runs out (a
+worker never arrived) cannot be cancelled in MPI, so the job is aborted with a message
+naming this worker. float16 and bfloat16 cross MPI as float32; dtypes MPI cannot reduce
+(bool, complex MIN...) are gathered and reduced with numpy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-import zlib
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._core import AbortedError, MismatchError
-from .cross_device import _numpy_reduce
-from .mpi_runtime import WAIT_SLICE, MpiJob, LocalMeeting, MpiThread, poll
+from . import devices, nest
+from ._core import CollectiveTimeoutError, MismatchError
+from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
+from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll
 from .reduce_op import ReduceOp
 
-__all__ = ["HierarchicalCollectives", "DEFAULT_CHUNK_BYTES", "BLOCKING_MIN_BYTES", "mpi_op_name"]
+__all__ = ["HierarchicalCollectives", "DEFAULT_CHUNK_BYTES", "SMALL_BYTES", "describe_call"]
 
-#: Chunk size of the pipelined hierarchical all-reduce.
+#: Chunk size of the pipelined hierarchical all-reduce of large buffers.
 DEFAULT_CHUNK_BYTES = 4 << 20
-
-_monotonic = time.monotonic
-#: Buffers of at least this many bytes are all-reduced by blocking MPI calls on the MPI
-#: thread; smaller ones by a nonblocking call that the calling thread polls.
+#: Collectives up to this size carry their agreement inside the data call.
+SMALL_BYTES = 64 << 10
+#: Buffers of at least this many bytes go through blocking MPI calls on the MPI thread
+#: (Open MPI's blocking all-reduce is much faster than its nonblocking one for them).
 BLOCKING_MIN_BYTES = 64 << 10
 
-# Header kinds: which collective a worker is in.
-_ALL_REDUCE, _ALL_GATHER, _BROADCAST, _GATHER, _VALUE, _FLAG = 1, 2, 3, 4, 5, 6
-_KIND_NAMES = {_ALL_REDUCE: "all-reduce", _ALL_GATHER: "all-gather", _BROADCAST: "broadcast",
-               _GATHER: "gather", _VALUE: "variable creation", _FLAG: "checkpoint"}
-_OP_CODES = {"sum": 1, "mean": 2, "min": 3, "max": 4, "prod": 5}
-_OP_NAMES = {v: k for k, v in _OP_CODES.items()}
-_ENGINE_OPS = {ReduceOp.SUM: "sum", ReduceOp.MEAN: "mean", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
-               ReduceOp.PRODUCT: "prod"}
-_BY_NAME = {"sum": ReduceOp.SUM, "mean": ReduceOp.MEAN, "min": ReduceOp.MIN, "max": ReduceOp.MAX,
-            "prod": ReduceOp.PRODUCT, "product": ReduceOp.PRODUCT}
-# Shapes in headers: rank, then up to this many dimensions.
-_MAX_RANK = 32
+_monotonic = time.monotonic
 _F32 = np.dtype(np.float32)
+_LOCAL_OP = {ReduceOp.SUM: ReduceOp.SUM, ReduceOp.MEAN: ReduceOp.SUM, ReduceOp.MIN: ReduceOp.MIN,
+             ReduceOp.MAX: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.PRODUCT}
+# The agreement flag: the value meaning "my call is the expected one", per op, chosen so
+# that the reduction of every worker's flag equals it only when every worker agrees.
+_AGREE = {ReduceOp.SUM: 0, ReduceOp.MAX: 0, ReduceOp.MIN: 1, ReduceOp.PRODUCT: 1}
+_DISAGREE = {ReduceOp.SUM: 1, ReduceOp.MAX: 1, ReduceOp.MIN: 0, ReduceOp.PRODUCT: 0}
 
 
-def mpi_op_name(op: Any) -> str:
-    """The canonical name ("sum", "mean", "min", "max", "prod") of an op given as a
-    ReduceOp or an engine name in any case."""
-    if isinstance(op, ReduceOp):
-        return _ENGINE_OPS[op]
-    if isinstance(op, str):
-        found = _BY_NAME.get(op.strip().lower())
-        if found is not None:
-            return _ENGINE_OPS[found]
-    raise ValueError(f"unknown reduce op {op!r}; expected sum, mean, min, max or prod (any case)")
+def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
+    """A call's description: kind, op, then every leaf's path, dtype and shape."""
+    if not nest.is_nested(value):
+        a = leaves[0]
+        return f"{kind}({_op_name(op)}) of dtype {a.dtype.name}{_order(a.dtype)} shape {tuple(a.shape)}"
+    paths = nest.paths(value)
+    parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
+    return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
 
 
-def _dtype_code(dtype: np.dtype) -> int:
-    # dtype.num is not stable for dtypes registered at run time (bfloat16), the name is.
-    return zlib.crc32(f"{dtype.name}/{dtype.str}".encode())
+def _op_name(op: Any) -> str:
+    return getattr(op, "name", str(op))
 
 
-def _native_mpi(dtype: np.dtype, op: str) -> bool:
-    """True when MPI reduces ``dtype`` with ``op`` itself (mpi4py maps it to an MPI type)."""
+def _order(dt: np.dtype) -> str:
+    return " big-endian" if dt.byteorder == ">" else ""
+
+
+def _signature(description: str) -> int:
+    return int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
+    """True when MPI reduces ``dtype`` with ``op`` itself."""
     if not dtype.isnative:
         return False
     if dtype.kind == "f":
@@ -91,62 +116,71 @@ def _native_mpi(dtype: np.dtype, op: str) -> bool:
     if dtype.kind in "iu":
         return dtype.itemsize in (1, 2, 4, 8)
     if dtype.kind == "c":
-        return dtype.itemsize in (8, 16) and op in ("sum", "mean", "prod")
+        return dtype.itemsize in (8, 16) and op in (ReduceOp.SUM, ReduceOp.PRODUCT)
     return False
 
 
-def _via_float32(dtype: np.dtype) -> bool:
-    """float16 and bfloat16 cross MPI as float32 (MPI has no reduction for them)."""
-    return dtype.name in ("float16", "bfloat16")
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
+    return _F32 if dtype.name in ("float16", "bfloat16") else dtype
 
 
-def _contiguous(a: Any) -> np.ndarray:
-    # Unlike numpy.ascontiguousarray, keeps 0-d arrays 0-d.
-    a = np.asarray(a)
-    return a if a.flags.c_contiguous else np.array(a, order="C")
+class _Expected:
+    """The call that followed a given call last time, as the MPI layer saw it: its
+    signature and the size (flag included), dtype and op of its MPI buffer."""
+
+    __slots__ = ("signature", "count", "dtype", "op", "flagged")
+
+    def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
+        self.signature = signature
+        self.count = count
+        self.dtype = dtype
+        self.op = op
+        self.flagged = flagged
 
 
-def _as_bytes(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
+class HierarchicalCollectives(Collectives):
+    """Collectives over every replica of every worker.
 
-
-class HierarchicalCollectives:
-    """Collectives over every replica of every worker: the engine inside a worker, MPI
-    between workers.
-
-    ``local``: this worker's engine group (a ReplicaGroup; None for one replica).
+    ``local``: this worker's collectives (``HostCollectives`` or ``CudaCollectives``).
     ``comm``: the workers' communicator (the strategy passes its own duplicate).
-    ``local_counts``: the number of replicas of every worker, in rank order.
-
-    The per-replica methods (``replica_all_reduce``, ``replica_all_gather``,
-    ``replica_broadcast``) take the local replica index and match the engine group's, so
-    the packing code of ``distvals.cross_device`` runs on top of them unchanged; replica
-    ids given as roots are global. The ``*_workers`` methods combine one value per worker
-    and are called by one thread per worker (cross-replica context).
+    ``local_counts``: every worker's number of replicas, in rank order.
     """
 
     def __init__(self, local: Any, comm: Any, local_counts: Sequence[int], timeout: float, *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, on_fatal: Optional[Callable[[str], None]] = None) -> None:
-        self._local = local
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.local = local
         self._comm = comm
         self.rank = comm.Get_rank()
         self.num_workers = comm.Get_size()
         self.local_counts = tuple(int(c) for c in local_counts)
-        self.n_local = self.local_counts[self.rank]
+        self.num_local = self.local_counts[self.rank]
         self.offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.local_counts)[:-1]]))
         self.offset = self.offsets[self.rank]
-        self.total = int(sum(self.local_counts))
+        self.num_replicas = int(sum(self.local_counts))
+        self.places = local.places
         self.timeout = float(timeout)
         self.chunk_bytes = max(1, int(chunk_bytes))
+        self._on_gpu = any(p is not None for p in self.places)
         self._mpi_thread = MpiThread()
-        self._meeting = LocalMeeting(self.n_local)
         self._on_fatal = on_fatal
-        from mpi4py import MPI
+        self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+        # Agreement memory: signature of the last agreed call -> the call after it.
+        self._last = 0
+        self._expected: Dict[int, _Expected] = {}
+        self._signatures: Dict[str, int] = {}
+        # Counters for tests and the benchmark: data calls, agreement exchanges.
+        self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
+        self._what = "all_reduce"
 
-        self._MPI = MPI
-        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+    @property
+    def group(self) -> Any:
+        return getattr(self.local, "group", None)
 
-    # ---- waiting -------------------------------------------------------------------------
+    # ---- waiting ---------------------------------------------------------------------------
     def _deadline(self, timeout: Optional[float]) -> Tuple[float, float]:
         t = self.timeout if timeout is None else float(timeout)
         return t, _monotonic() + t
@@ -154,14 +188,8 @@ class HierarchicalCollectives:
     def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
         """Polls ``req`` until it completes; past the timeout the job is aborted."""
         t, deadline = self._deadline(timeout)
-        if not poll(req, deadline, lambda: self._stop_if_aborted(what)):
+        if not poll(req, deadline):
             self._timed_out(what, t)
-
-    def _stop_if_aborted(self, what: str) -> None:
-        # A local replica failed: the step is lost (and the job will be aborted), so stop
-        # waiting for the other workers.
-        if self._local is not None and self._local.aborted:
-            raise AbortedError(f"worker {self.rank}: {what} released because a local replica failed")
 
     def _timed_out(self, what: str, timeout: float) -> None:
         msg = (f"worker {self.rank}: {what} waited {timeout:g} s for the other workers, which did not "
@@ -169,325 +197,439 @@ class HierarchicalCollectives:
                "CommunicationOptions.timeout_seconds)")
         if self._on_fatal is not None:
             self._on_fatal(msg)
-        from ._core import CollectiveTimeoutError
-
         raise CollectiveTimeoutError(msg)
 
-    # ---- agreement on what is exchanged ------------------------------------------------------
-    def _agree(self, kind: int, what: str, fields: Sequence[int], timeout: Optional[float] = None,
-               compare: Optional[Sequence[int]] = None) -> np.ndarray:
-        """Every worker's header row (kind, then ``fields``); MismatchError on every worker
-        when the positions in ``compare`` (default: all) differ from worker 0's."""
-        mine = np.array([kind, *fields], dtype=np.int64)
-        table = np.empty((self.num_workers, mine.size), dtype=np.int64)
+    # ---- agreement ---------------------------------------------------------------------------
+    def _sig(self, description: str) -> int:
+        s = self._signatures.get(description)
+        if s is None:
+            if len(self._signatures) > 4096:
+                self._signatures.clear()
+            s = self._signatures[description] = _signature(description)
+        return s
+
+    def _exchange(self, sig: int, description: str, what: str, timeout: Optional[float]) -> None:
+        """Every worker's signature; on a difference, every worker's description, and a
+        MismatchError naming the first difference on every worker."""
+        self.stats["exchanges"] += 1
+        mine = np.array([sig, len(description.encode())], dtype=np.int64)
+        table = np.empty((self.num_workers, 2), dtype=np.int64)
         self._wait(self._comm.Iallgather(mine, table), what, timeout)
-        cols = slice(None) if compare is None else [0] + [1 + c for c in compare]
-        ref = table[0, cols]
-        bad = [w for w in range(1, self.num_workers) if not np.array_equal(table[w, cols], ref)]
-        if bad:
-            w = bad[0]
-            if table[w, 0] != table[0, 0]:
-                why = (f"worker {w} is in a {_KIND_NAMES.get(int(table[w, 0]), '?')} while worker 0 is in a "
-                       f"{_KIND_NAMES.get(int(table[0, 0]), '?')}")
-            else:
-                why = f"worker {w} passes {self._describe(kind, table[w])}, worker 0 passes {self._describe(kind, table[0])}"
-            raise MismatchError(
-                f"{what}: worker {self.rank}: the workers disagree ({why}; worker(s) "
-                f"{', '.join(map(str, bad))} differ from worker 0); every worker must make the same "
-                "collective calls, in the same order, with values of the same dtype and shape"
-            )
-        return table
+        if np.all(table[:, 0] == sig):
+            return
+        # Rare: the workers disagree. Learn what each passed, to say so precisely.
+        lengths = [int(x) for x in table[:, 1]]
+        data = np.frombuffer(description.encode(), dtype=np.uint8)
+        out = np.empty(sum(lengths), dtype=np.uint8)
+        displs = [int(x) for x in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
+        self._wait(self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]),
+                   what, timeout)
+        texts = [bytes(out[d: d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
+        w = next(k for k in range(1, self.num_workers) if texts[k] != texts[0])
+        raise MismatchError(
+            f"{what}: worker {self.rank}: the workers disagree: worker 0 calls {texts[0]}, worker {w} calls "
+            f"{texts[w]}; every worker must make the same collective calls, in the same order, with values "
+            "of the same structure, dtypes and shapes")
 
-    @staticmethod
-    def _describe(kind: int, row: np.ndarray) -> str:
-        if kind in (_ALL_REDUCE,):
-            chunks = f" in chunks of {int(row[4])} bytes" if row[4] else ""
-            return f"{int(row[2])} bytes (dtype code {int(row[1])}) with op {_OP_NAMES.get(int(row[3]), '?')}{chunks}"
-        if kind in (_VALUE, _GATHER, _ALL_GATHER):
-            nd = int(row[2])
-            return f"shape {tuple(int(d) for d in row[3: 3 + nd])} (dtype code {int(row[1])})"
-        if kind == _BROADCAST:
-            return f"{int(row[2])} bytes (dtype code {int(row[1])}) from root {int(row[3])}"
-        return str(row.tolist())
+    def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
+        """An agreement exchange for a collective that carries no flag (gathers,
+        broadcasts); it also becomes the last agreed call."""
+        sig = self._sig(description)
+        self._exchange(sig, description, what, timeout)
+        self._last = sig
 
-    @staticmethod
-    def _shape_fields(a: np.ndarray, what: str) -> List[int]:
-        if a.ndim > _MAX_RANK:
-            raise ValueError(f"{what}: rank {a.ndim} is above the supported {_MAX_RANK}")
-        return [_dtype_code(a.dtype), a.ndim, *a.shape, *([-1] * (_MAX_RANK - a.ndim))]
-
-    # ---- MPI all-reduce of buffers (local roots) ----------------------------------------------
-    def _start(self, view: np.ndarray, op: str, blocking: bool) -> MpiJob:
-        """Starts the all-reduce of ``view`` between the workers."""
-        buf = view.astype(_F32) if _via_float32(view.dtype) else view
-        job = MpiJob(buf, view if buf is not view else None)
+    # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
+    def _mpi_all_reduce(self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float],
+                        send: Optional[np.ndarray] = None) -> None:
+        """``buf`` all-reduced with ``op`` between the workers: in place, or from ``send``
+        (same size) into ``buf``. float16/bfloat16 travel as float32."""
+        t, deadline = self._deadline(timeout)
+        wire = _wire_dtype(buf.dtype)
+        src = send
+        target = None
+        if wire != buf.dtype:
+            target = buf
+            buf = (send if send is not None else buf).astype(wire)
+            src = None
         mpi_op = self._ops[op]
-        in_place = self._MPI.IN_PLACE
-        if blocking:
-            comm = self._comm
-            self._mpi_thread.submit(job, lambda: comm.Allreduce(in_place, buf, mpi_op))
+        self.stats["data_calls"] += 1
+        sendbuf = self._MPI.IN_PLACE if src is None else src
+        if buf.nbytes < BLOCKING_MIN_BYTES:
+            if not poll(self._comm.Iallreduce(sendbuf, buf, mpi_op), deadline):
+                self._timed_out(what, t)
         else:
-            job.req = self._comm.Iallreduce(in_place, buf, mpi_op)
-        return job
+            job = MpiJob(buf, None)
+            comm = self._comm
+            self._mpi_thread.submit(job, lambda: comm.Allreduce(sendbuf, buf, mpi_op))
+            self._complete(job, what, t, deadline)
+        if target is not None:
+            target[...] = buf.astype(target.dtype)
 
     def _complete(self, job: MpiJob, what: str, timeout: float, deadline: float) -> None:
-        """Waits for ``job`` (at most until ``deadline``), then copies a float32 stand-in back."""
-        if job.req is not None:
-            if not poll(job.req, deadline, lambda: self._stop_if_aborted(what)):
+        while not job.done.wait(WAIT_SLICE):  # type: ignore[union-attr]
+            if _monotonic() > deadline:
                 self._timed_out(what, timeout)
-        else:
-            while not job.done.wait(WAIT_SLICE):
-                self._stop_if_aborted(what)
-                if _monotonic() > deadline:
-                    self._timed_out(what, timeout)
-            if job.error is not None:
-                # The MPI library reported an error: its state is unknown, the job ends.
-                msg = f"worker {self.rank}: {what}: MPI failed: {job.error}"
-                if self._on_fatal is not None:
-                    self._on_fatal(msg)
-                raise RuntimeError(msg) from job.error
-        if job.target is not None:
-            job.target[...] = job.buf.astype(job.target.dtype)
+        if job.error is not None:
+            msg = f"worker {self.rank}: {what}: MPI failed: {job.error}"
+            if self._on_fatal is not None:
+                self._on_fatal(msg)
+            raise RuntimeError(msg) from job.error
+
+    def _reduce_flat(self, flat: np.ndarray, op: ReduceOp, description: str, what: str,
+                     timeout: Optional[float], flagged: bool, send: Optional[np.ndarray] = None) -> None:
+        """The worker-level all-reduce of ``flat`` (this worker's local result, or the
+        result buffer of ``send``), with the agreement of the module doc. ``flagged``:
+        ``flat`` ends with one extra element, the agreement flag's place."""
+        sig = self._sig(description)
+        # Whether the expected call carries a flag is the same on every worker (the
+        # memory is), so every worker takes the same path here.
+        expected = self._expected.get(self._last)
+        if expected is not None and expected.flagged:
+            if expected.signature == sig:
+                flat[-1] = _AGREE[op]
+                self._mpi_all_reduce(flat, op, what, timeout)
+                if flat[-1] == _AGREE[op]:
+                    self._last = sig
+                    return
+            else:
+                # Our call is not the expected one: still make the expected MPI call,
+                # flagged, so that every worker's call is well-formed.
+                stand_in = np.zeros(expected.count, dtype=expected.dtype)
+                stand_in[-1] = _DISAGREE[expected.op]
+                self._mpi_all_reduce(stand_in, expected.op, what, timeout)
+            self.stats["flagged"] += 1
+        # No call expected, a flag raised, or a call without a flag: agree first. When
+        # every worker's call changed the same way, no worker used its own buffer above.
+        self._exchange(sig, description, what, timeout)
+        if flagged:
+            flat[-1] = _AGREE[op]
+        self._mpi_all_reduce(flat, op, what, timeout, send=send)
+        self._expected[self._last] = _Expected(sig, flat.size, flat.dtype, op, flagged)
+        self._last = sig
+
+    # ---- all-reduce --------------------------------------------------------------------------------
+    def all_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], *, algorithm: str = "auto",
+                   bytes_per_pack: int = 0, timeout: Optional[float] = None, value: Any = None,
+                   what: str = "all_reduce") -> List[List[Any]]:
+        if self.num_workers == 1:
+            return self.local.all_reduce(op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack,
+                                         timeout=timeout)
+        n = self.num_local
+        self._what = what
+        # reduce and all_reduce are the same call between workers (a worker with one
+        # local replica may reduce where another all-reduces): one description.
+        description = describe_call("all_reduce", op, value, leaves[0])
+        first = leaves[0]
+        dtypes = {work_dtype(a.dtype, op) for a in first}
+        if len(dtypes) == 1 and all(_native_mpi(_wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
+            work = dtypes.pop()
+            return self._all_reduce_packed(op, leaves, work, description, timeout)
+        # Several dtypes, or one MPI cannot reduce: leaf by leaf (each its own call).
+        out: List[List[Any]] = [[None] * len(first) for _ in range(n)]
+        for i, a in enumerate(first):
+            column = [[leaves[r][i]] for r in range(n)]
+            res = self._all_reduce_one_dtype(op, column, f"{description} [leaf {i}]", timeout)
+            for r in range(n):
+                out[r][i] = res[r][0]
+        return out
+
+    def _all_reduce_one_dtype(self, op, leaves, description, timeout) -> List[List[Any]]:
+        work = work_dtype(leaves[0][0].dtype, op)
+        if _native_mpi(_wire_dtype(work), _LOCAL_OP[op]):
+            return self._all_reduce_packed(op, leaves, work, description, timeout)
+        return self._all_reduce_numpy(op, leaves, description, timeout)
+
+    def _all_reduce_packed(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype,
+                           description: str, timeout: Optional[float]) -> List[List[Any]]:
+        """Every leaf of one dtype through one worker-level all-reduce: the local replicas'
+        leaves are reduced into one flat host buffer (with room for the agreement flag
+        when small), MPI reduces it across workers, and every local replica gets its
+        results from it."""
+        n = self.num_local
+        shapes = [tuple(a.shape) for a in leaves[0]]
+        total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        local_op = _LOCAL_OP[op]
+        what = self._what
+        if total * work.itemsize <= SMALL_BYTES:
+            flat = self._local_reduce(local_op, leaves, work, total, 1)
+            self._reduce_flat(flat, local_op, description, what, timeout, True)
+            data = flat[:total]
+            self._finish_mean(op, [data])
+            return self._local_spread(data, shapes, n)
+        # Large: agree first (one small exchange), then move the data.
+        chunks = self._chunks(total, work.itemsize)
+        if len(chunks) > 1:
+            description += f" in chunks of {self.chunk_bytes} bytes"
+        sig = self._sig(description)
+        expected = self._expected.get(self._last)
+        if expected is not None and expected.flagged:
+            # The memory expects a flagged call next: make it (flagged as not ours) so
+            # that every worker's MPI call matches, then agree below.
+            stand_in = np.zeros(expected.count, dtype=expected.dtype)
+            stand_in[-1] = _DISAGREE[expected.op]
+            self._mpi_all_reduce(stand_in, expected.op, what, timeout)
+            self.stats["flagged"] += 1
+        self._exchange(sig, description, what, timeout)
+        self._expected[self._last] = _Expected(sig, total, work, local_op, False)
+        self._last = sig
+        if self._on_gpu:
+            flat = self._local_reduce(local_op, leaves, work, total, 0)
+            for lo, hi in chunks:
+                self._mpi_all_reduce(flat[lo:hi], local_op, what, timeout)
+            self._finish_mean(op, [flat])
+            return self._local_spread(flat, shapes, n)
+        out = self._pipeline(local_op, leaves, work, total, chunks, what, timeout)
+        self._finish_mean(op, out)
+        return [self.local._unpack(out[r], shapes) for r in range(n)]
 
     def _chunks(self, count: int, itemsize: int) -> List[Tuple[int, int]]:
+        """The pieces of a large buffer that cross MPI one by one: several chunks only when
+        some worker has several local replicas (a decision every worker makes alike, so
+        that every worker's MPI calls match), else one."""
+        if max(self.local_counts) == 1:
+            return [(0, count)]
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
 
-    def _hierarchical(self, flat: np.ndarray, op: str, what: str, timeout: float, deadline: float,
-                      reduce_chunk: Optional[Callable[[int, int], None]],
-                      broadcast_chunk: Optional[Callable[[int, int], None]]) -> None:
-        """The three steps, chunk by chunk, on the calling thread (the local root). ``flat``
-        is the local root's buffer; the callbacks run this worker's engine reduce and
-        broadcast of elements lo:hi (None with one local replica, which still makes the
-        same MPI calls as the others)."""
-        chunks = self._chunks(flat.size, flat.itemsize)
-        # Decided by the size alone, so every worker makes the same kind of calls.
-        blocking = flat.nbytes >= BLOCKING_MIN_BYTES
-        jobs: List[MpiJob] = []
-        # Steps 1 and 2 overlap: chunk i travels between the workers (on the MPI
-        # thread) while the engine reduces chunk i+1.
-        for lo, hi in chunks:
-            if reduce_chunk is not None:
-                reduce_chunk(lo, hi)
-            jobs.append(self._start(flat[lo:hi], op, blocking))
-        # Step 3 overlaps step 2: chunk i is broadcast locally while MPI carries chunk i+1.
-        for i, (lo, hi) in enumerate(chunks):
-            self._complete(jobs[i], what, timeout, deadline)
-            if broadcast_chunk is not None:
-                broadcast_chunk(lo, hi)
+    def _pipeline(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int,
+                  chunks: List[Tuple[int, int]], what: str, timeout: Optional[float]) -> List[np.ndarray]:
+        """The three steps on host memory, chunk by chunk, so that they overlap: while MPI
+        carries chunk i (a blocking call on the MPI thread), the engine reduces chunk i+1
+        into the buffer MPI sends; chunk i is broadcast from it to the other local
+        replicas while MPI carries chunk i+1. Returns one flat result per local replica
+        (replica 0's is the MPI buffer itself)."""
+        from .host_collectives import new_array
 
-    # ---- per-replica style (inside strategy.run) -----------------------------------------------
-    def replica_all_reduce(self, replica: int, array: np.ndarray, op: str = "sum", algorithm: str = "auto",
-                           timeout_seconds: Optional[float] = None, out: Optional[np.ndarray] = None) -> None:
-        """All-reduce ``array`` in place (or into ``out``) over every replica of every worker
-        (``replica`` is the local index; every local replica calls this from its own thread)."""
-        local = self._local
-        if self.num_workers == 1:
-            local.replica_all_reduce(replica, array, op, algorithm, timeout_seconds, out=out)
-            return
-        if out is not None:
-            # The pipeline below works in place: start from a copy of the input.
-            np.copyto(out, array)
-            array = out
-        name = mpi_op_name(op)
-        if name == "mean" and array.dtype.kind not in "fc" and array.dtype.name != "bfloat16":
-            raise TypeError(f"replica {self.offset + replica}: mean all-reduce needs a floating dtype, got {array.dtype}")
-        if not array.flags.c_contiguous:
-            raise ValueError(f"replica {self.offset + replica}: the array must be C-contiguous")
-        if self.n_local == 1:
-            self.all_reduce([array], name, timeout_seconds=timeout_seconds)
-            return
-        timeout, deadline = self._deadline(timeout_seconds)
-
-        def check(missing: List[int]) -> None:
-            if self._local.aborted:
-                raise AbortedError(f"replica {self.offset + replica}: all_reduce released because a local "
-                                   "replica failed")
-            if _monotonic() > deadline:
-                from ._core import CollectiveTimeoutError
-
-                raise CollectiveTimeoutError(
-                    f"replica {self.offset + replica}: all_reduce waited {timeout:g} s for local replica(s) "
-                    f"{', '.join(str(self.offset + r) for r in missing)}")
-
-        self._meeting.run(replica, array,
-                          lambda bufs: self.all_reduce(bufs, name, timeout_seconds=timeout_seconds), check)
-
-    def replica_all_gather(self, replica: int, array: np.ndarray, timeout_seconds: Optional[float] = None) -> np.ndarray:
-        """Every replica's ``array`` (all of one shape) concatenated along axis 0 in global
-        replica order (0-d arrays give a vector); a new array per replica."""
-        local = self._local
-        if self.num_workers == 1:
-            return local.replica_all_gather(replica, array, timeout_seconds)
-        a = _contiguous(array)
-        what = "all_gather"
-        timeout, _ = self._deadline(timeout_seconds)
-        n = self.n_local
-        if n > 1:
-            mine = local.replica_all_gather(replica, a, timeout_seconds)
+        n = self.num_local
+        t, deadline = self._deadline(timeout)
+        if len(leaves[0]) == 1:
+            ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
         else:
-            mine = a.reshape(1) if a.ndim == 0 else a
-        shape = (self.total,) if a.ndim == 0 else (self.total * a.shape[0],) + a.shape[1:]
-        out = np.empty(shape, dtype=a.dtype)
-        if replica == 0:
-            self._agree(_ALL_GATHER, what, self._shape_fields(a, what), timeout)
-            counts = [c * a.nbytes for c in self.local_counts]
-            displs = [o * a.nbytes for o in self.offsets]
-            req = self._comm.Iallgatherv([_as_bytes(_contiguous(mine)), self._MPI.BYTE],
-                                         [_as_bytes(out), counts, displs, self._MPI.BYTE])
-            self._wait(req, what, timeout)
-        if n > 1 and out.size:
-            local.replica_broadcast(replica, _as_bytes(out), root=0, timeout_seconds=timeout_seconds)
+            ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
+        outs = [new_array((total,), work) for _ in range(n)]
+        flat = outs[0]
+        group = self.local.group
+        on_engine = n > 1 and engine_supports(work)
+        jobs: List[MpiJob] = []
+        wire_ok = _wire_dtype(work) == work
+        # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI.
+        for lo, hi in chunks:
+            if n == 1:
+                src: Optional[np.ndarray] = ins[0][lo:hi]
+            else:
+                src = None
+                if on_engine:
+                    np.copyto(flat[lo:hi], ins[0][lo:hi])
+                    group.reduce([flat[lo:hi]] + [x[lo:hi] for x in ins[1:]], root=0, op=op.engine_name)
+                else:
+                    np.copyto(flat[lo:hi], numpy_reduce(np.stack([x[lo:hi] for x in ins]), op, work))
+            if wire_ok:
+                jobs.append(self._submit(flat[lo:hi], op, src))
+            else:
+                # float16/bfloat16 cross as float32, synchronously.
+                self._mpi_all_reduce(flat[lo:hi], op, what, timeout, send=src)
+                jobs.append(None)  # type: ignore[arg-type]
+        # Step 3: as each chunk comes back, the other local replicas get a copy of it.
+        for (lo, hi), job in zip(chunks, jobs):
+            if job is not None:
+                self._complete(job, what, t, deadline)
+            if n > 1:
+                if on_engine:
+                    group.broadcast([flat[lo:hi]] + [o[lo:hi] for o in outs[1:]], root=0)
+                else:
+                    for o in outs[1:]:
+                        np.copyto(o[lo:hi], flat[lo:hi])
+        return outs
+
+    def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray]) -> MpiJob:
+        """Starts the MPI all-reduce of ``buf`` (from ``send`` when given) on the MPI thread."""
+        self.stats["data_calls"] += 1
+        job = MpiJob(buf, None)
+        comm = self._comm
+        mpi_op = self._ops[op]
+        sendbuf = self._MPI.IN_PLACE if send is None else send
+        self._mpi_thread.submit(job, lambda: comm.Allreduce(sendbuf, buf, mpi_op))
+        return job
+
+    def _finish_mean(self, op: ReduceOp, bufs: Sequence[np.ndarray]) -> None:
+        if op is ReduceOp.MEAN:
+            for b in bufs:
+                b /= self.num_replicas
+
+    def _local_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int,
+                      extra: int) -> np.ndarray:
+        """This worker's replicas' leaves (``total`` elements each) reduced with ``op`` into
+        one new flat host buffer, with ``extra`` more elements after the data."""
+        size = total + extra
+        n = self.num_local
+        if self._on_gpu:
+            # On the GPUs, then one copy down to the host buffer MPI works on.
+            packs = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
+            red = self.local.reduce(op, packs) if n > 1 else packs[0]
+            flat = np.empty(size, dtype=work)
+            flat[: red.size] = devices.to_host(red).reshape(-1)
+            return flat
+        from .host_collectives import new_array
+
+        flat = new_array((size,), work)
+        data = flat[:total]
+        if n == 1:
+            o = 0
+            for a in leaves[0]:
+                np.copyto(data[o: o + a.size], np.ravel(a), casting="unsafe")
+                o += a.size
+            return flat
+        if len(leaves[0]) == 1:
+            ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
+        else:
+            ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
+        if not engine_supports(work):
+            # A dtype MPI reduces but the engine does not (int16...): numpy locally.
+            np.copyto(data, numpy_reduce(np.stack(ins), op, work))
+            return flat
+        # The engine reduces into the root's buffer: ours, seeded with replica 0's values.
+        np.copyto(data, ins[0])
+        self.local.group.reduce([data] + ins[1:], root=0, op=op.engine_name)
+        return flat
+
+    def _local_spread(self, data: np.ndarray, shapes: List[Tuple[int, ...]], n: int) -> List[List[Any]]:
+        """Every local replica's results from the worker's reduced buffer: replica 0's are
+        views of it, the others' a broadcast copy (on their GPU for GPU replicas)."""
+        rows: List[Any] = [data]
+        if self._on_gpu:
+            dev = [self.local._copy(data, r) for r in range(n)]
+            rows = dev
+        elif n > 1 and engine_supports(data.dtype):
+            from .host_collectives import new_array
+
+            others = [new_array(data.shape, data.dtype) for _ in range(n - 1)]
+            self.local.group.broadcast([data] + others, root=0)
+            rows = [data] + others
+        elif n > 1:
+            rows = [data] + [data.copy() for _ in range(n - 1)]
+        return [self.local._unpack(rows[r], shapes) for r in range(n)]
+
+    def _all_reduce_numpy(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str,
+                          timeout: Optional[float]) -> List[List[Any]]:
+        """Dtypes MPI cannot reduce: every worker's local parts gathered, reduced with numpy
+        in global replica order on every worker."""
+        n = self.num_local
+        hosts = [np.ascontiguousarray(devices.to_host(leaves[r][0])) for r in range(n)]
+        gathered = self._gather_rows(np.stack(hosts), description, "all_reduce", timeout)
+        result = numpy_reduce(gathered, op, hosts[0].dtype)
+        return [[self.local._copy(result, r) if r else self.local._place_host(result, 0)] for r in range(n)]
+
+    # ---- gathers and broadcasts ---------------------------------------------------------------------
+    def _gather_rows(self, local: np.ndarray, description: str, what: str, timeout: Optional[float],
+                     axis_sizes: Optional[int] = None) -> np.ndarray:
+        """Every worker's ``local`` (of one dtype; sizes may differ along axis 0)
+        concatenated along axis 0 in worker order."""
+        self._sync_point(description, what, timeout)
+        row = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
+        sizes = np.empty(self.num_workers, dtype=np.int64)
+        self._wait(self._comm.Iallgather(np.array([local.shape[0]], dtype=np.int64), sizes), what, timeout)
+        out = np.empty((int(sizes.sum()),) + local.shape[1:], dtype=local.dtype)
+        counts = [int(s) * row for s in sizes]
+        displs = [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]
+        raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
+        self._wait(self._comm.Iallgatherv([raw, self._MPI.BYTE],
+                                          [out.reshape(-1).view(np.uint8), counts, displs, self._MPI.BYTE]),
+                   what, timeout)
         return out
 
-    def replica_broadcast(self, replica: int, array: np.ndarray, root: int = 0,
-                          timeout_seconds: Optional[float] = None) -> None:
-        """Global replica ``root``'s ``array`` into every replica's ``array`` (in place)."""
-        local = self._local
+    def all_gather(self, leaves: Sequence[Sequence[Any]], axes: Sequence[int], *, timeout: Optional[float] = None,
+                   value: Any = None) -> List[List[Any]]:
         if self.num_workers == 1:
-            local.replica_broadcast(replica, array, root=root, timeout_seconds=timeout_seconds)
-            return
-        if not 0 <= root < self.total:
-            raise ValueError(f"broadcast: root {root} is not a replica (there are {self.total})")
-        if not array.flags.c_contiguous:
-            raise ValueError(f"replica {self.offset + replica}: the array must be C-contiguous")
-        what = "broadcast"
-        timeout, _ = self._deadline(timeout_seconds)
+            return self.local.all_gather(leaves, axes, timeout=timeout)
+        n = self.num_local
+        count = len(leaves[0])
+        out: List[List[Any]] = [[None] * count for _ in range(n)]
+        for i in range(count):
+            parts = [devices.to_host(leaves[r][i]) for r in range(n)]
+            parts = [p.reshape(1) if p.ndim == 0 else p for p in parts]
+            ax = axes[i]
+            moved = np.concatenate([np.moveaxis(p, ax, 0) for p in parts], axis=0)
+            a = parts[0]
+            shape_rest = tuple(d for k, d in enumerate(a.shape) if k != ax)
+            desc = f"all_gather(axis={ax}) leaf {i} of dtype {a.dtype.name} shape (*, {shape_rest})"
+            full = self._gather_rows(moved, desc, "all_gather", timeout)
+            result = np.moveaxis(full, 0, ax) if ax else full
+            for r in range(n):
+                out[r][i] = self.local._copy(result, r) if r else self.local._place_host(np.ascontiguousarray(result), 0)
+        return out
+
+    def broadcast(self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None,
+                  value: Any = None) -> List[List[Any]]:
+        if self.num_workers == 1:
+            return self.local.broadcast(leaves, root, timeout=timeout)
+        if not 0 <= root < self.num_replicas:
+            raise ValueError(f"broadcast: root {root} is not a replica (there are {self.num_replicas})")
         w_root = int(np.searchsorted(self.offsets, root, side="right")) - 1
-        raw = _as_bytes(array)
-        n = self.n_local
-        if replica == 0:
-            self._agree(_BROADCAST, what, [_dtype_code(array.dtype), array.nbytes, root], timeout)
-        if self.rank == w_root and n > 1 and raw.size:
-            local.replica_broadcast(replica, raw, root=root - self.offset, timeout_seconds=timeout_seconds)
-        if replica == 0 and raw.size:
-            self._wait(self._comm.Ibcast([raw, self._MPI.BYTE], root=w_root), what, timeout)
-        if self.rank != w_root and n > 1 and raw.size:
-            local.replica_broadcast(replica, raw, root=0, timeout_seconds=timeout_seconds)
+        n = self.num_local
+        count = len(leaves[0])
+        out: List[List[Any]] = [[None] * count for _ in range(n)]
+        for i in range(count):
+            mine = leaves[root - self.offset][i] if self.rank == w_root else leaves[0][i]
+            host = np.array(devices.to_host(mine), order="C", copy=True)
+            desc = f"broadcast(root={root}) leaf {i} of dtype {host.dtype.name} shape {host.shape}"
+            self._sync_point(desc, "broadcast", timeout)
+            if host.size:
+                self._wait(self._comm.Ibcast([host.reshape(-1).view(np.uint8), self._MPI.BYTE], root=w_root),
+                           "broadcast", timeout)
+            for r in range(n):
+                out[r][i] = self.local._copy(host, r) if r else self.local._place_host(host, 0)
+        return out
 
-    # ---- single-call style: one thread holds every local buffer ------------------------------------
-    def all_reduce(self, buffers: Sequence[np.ndarray], op: str = "sum", algorithm: str = "auto",
-                   timeout_seconds: Optional[float] = None) -> None:
-        """All-reduce this worker's local ``buffers`` (one per local replica, C-contiguous,
-        one shape and dtype) in place with every other worker's."""
-        local = self._local
-        n = self.n_local
-        if len(buffers) != n:
-            raise ValueError(f"all_reduce: {len(buffers)} buffers for {n} local replicas")
+    # ---- cross-replica ---------------------------------------------------------------------------------
+    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
         if self.num_workers == 1:
-            if n > 1:
-                local.all_reduce(list(buffers), op=op, algorithm=algorithm)
-            return
-        name = mpi_op_name(op)
-        a0 = buffers[0]
-        for r, b in enumerate(buffers):
-            if b.dtype != a0.dtype or b.shape != a0.shape or not b.flags.c_contiguous:
-                raise ValueError(f"all_reduce: replica {self.offset + r}: every buffer needs replica "
-                                 f"{self.offset}'s dtype {a0.dtype} and shape {a0.shape}, C-contiguous")
-        if name == "mean" and a0.dtype.kind not in "fc" and a0.dtype.name != "bfloat16":
-            raise TypeError(f"all_reduce: mean needs a floating dtype, got {a0.dtype}")
-        what = "all_reduce"
-        timeout, deadline = self._deadline(timeout_seconds)
-        self._agree(_ALL_REDUCE, what, [_dtype_code(a0.dtype), a0.nbytes, _OP_CODES[name], self.chunk_bytes], timeout)
-        local_op = "sum" if name == "mean" else name
-        flats = [b.reshape(-1) for b in buffers]
-        if flats[0].size:
-            if n == 1:
-                self._hierarchical(flats[0], local_op, what, timeout, deadline, None, None)
-            else:
-                def reduce_chunk(lo: int, hi: int) -> None:
-                    local.reduce([f[lo:hi] for f in flats], root=0, op=local_op)
+            return self.local.reduce(op, parts, timeout=timeout)
+        res = self.all_reduce(op, [[p] for p in parts], timeout=timeout, value=parts[0], what="reduce")
+        return res[0][0]
 
-                def broadcast_chunk(lo: int, hi: int) -> None:
-                    local.broadcast([f[lo:hi] for f in flats], root=0)
-
-                self._hierarchical(flats[0], local_op, what, timeout, deadline, reduce_chunk, broadcast_chunk)
-        if name == "mean":
-            for b in buffers:
-                b /= b.dtype.type(self.total)
-
-    # ---- one value per worker (cross-replica context) -------------------------------------------------
-    def all_reduce_workers(self, value: np.ndarray, op: str, what: str,
-                           timeout_seconds: Optional[float] = None) -> np.ndarray:
-        """Reduces this worker's ``value`` with every other worker's (element-wise); returns
-        the result (``value`` itself, reduced in place, when MPI can do it in place).
-        ``op`` "mean" is not divided here: the caller knows by what."""
+    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
+        local = self.local.gather(parts, axis, timeout=timeout)
         if self.num_workers == 1:
-            return value
-        name = mpi_op_name(op)
-        a = _contiguous(value)
-        timeout, deadline = self._deadline(timeout_seconds)
-        self._agree(_ALL_REDUCE, what, [_dtype_code(a.dtype), a.nbytes, _OP_CODES[name], 0], timeout)
-        if not a.size:
-            return a
-        if _native_mpi(a.dtype, name) or _via_float32(a.dtype):
-            if a is value and not a.flags.writeable:
-                a = a.copy()
-            flat = a.reshape(-1)
-            self._complete(self._start(flat, "sum" if name == "mean" else name, flat.nbytes >= BLOCKING_MIN_BYTES),
-                           what, timeout, deadline)
-            return a
-        # Other dtypes (bool, long double, complex MIN/MAX...): gather every worker's
-        # bytes and reduce with numpy, in worker order on every worker.
-        table = np.empty((self.num_workers, a.nbytes), dtype=np.uint8)
-        self._wait(self._comm.Iallgather([_as_bytes(a), self._MPI.BYTE], [table, self._MPI.BYTE]), what, timeout)
-        stacked = table.view(a.dtype).reshape((self.num_workers,) + a.shape)
-        red = ReduceOp.SUM if name == "mean" else _BY_NAME[name]
-        return np.asarray(_numpy_reduce(stacked, red, a.dtype)).astype(a.dtype, copy=False)
+            return local
+        host = devices.to_host(local)
+        moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
+        rest = tuple(d for k, d in enumerate(host.shape) if k != axis)
+        full = self._gather_rows(moved, f"gather(axis={axis}) of dtype {host.dtype.name} shape (*, {rest})",
+                                 "gather", timeout)
+        result = np.moveaxis(full, 0, axis) if axis else full
+        return self.local._place_host(np.ascontiguousarray(result), 0)
 
-    def gather_workers(self, value: np.ndarray, axis: int, what: str,
-                       timeout_seconds: Optional[float] = None) -> np.ndarray:
-        """Concatenates every worker's ``value`` along ``axis`` (sizes may differ along it
-        only) in worker order."""
+    def total(self, count: int, *, timeout: Optional[float] = None) -> int:
         if self.num_workers == 1:
-            return value
-        timeout, _ = self._deadline(timeout_seconds)
-        moved = _contiguous(np.moveaxis(value, axis, 0))
-        fields = self._shape_fields(moved, what)
-        # Compare everything but the length along the axis (field 2 is the first dim).
-        table = self._agree(_GATHER, what, fields, timeout,
-                            compare=[0, 1] + list(range(3, len(fields))))
-        sizes = [int(table[w, 3]) for w in range(self.num_workers)]
-        row = moved[0].nbytes if moved.shape[0] else int(np.prod(moved.shape[1:], dtype=np.int64)) * moved.itemsize
-        out = np.empty((sum(sizes),) + moved.shape[1:], dtype=moved.dtype)
-        counts = [s * row for s in sizes]
-        displs = [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]
-        req = self._comm.Iallgatherv([_as_bytes(moved), self._MPI.BYTE], [_as_bytes(out), counts, displs, self._MPI.BYTE])
-        self._wait(req, what, timeout)
-        return np.moveaxis(out, 0, axis) if axis else out
+            return int(count)
+        self._sync_point("total(count)", "reduce", timeout)
+        buf = np.array([count], dtype=np.int64)
+        self._wait(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM), "reduce", timeout)
+        return int(buf[0])
 
-    def broadcast_from_chief(self, value: np.ndarray, what: str, timeout_seconds: Optional[float] = None) -> np.ndarray:
+    def broadcast_from_chief(self, value: np.ndarray, what: str, timeout: Optional[float] = None) -> np.ndarray:
         """Worker 0's ``value`` on every worker (every worker passes one of the same dtype
         and shape: MismatchError on all of them otherwise)."""
         if self.num_workers == 1:
             return value
-        timeout, _ = self._deadline(timeout_seconds)
-        self._agree(_VALUE, what, self._shape_fields(value, what), timeout)
+        self._sync_point(f"{what}: value of dtype {value.dtype.name} shape {value.shape}", what, timeout)
         out = np.array(value, order="C", copy=True)
         if out.size:
-            self._wait(self._comm.Ibcast([_as_bytes(out), self._MPI.BYTE], root=0), what, timeout)
+            self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout)
         return out
 
-    def chief_flag(self, ok: bool, what: str, timeout_seconds: Optional[float] = None) -> bool:
-        """Worker 0's ``ok`` on every worker (the others wait for it)."""
+    def chief_flag(self, ok: bool, what: str, timeout: Optional[float] = None) -> bool:
+        """Worker 0's ``ok`` on every worker."""
         if self.num_workers == 1:
             return ok
-        timeout, _ = self._deadline(timeout_seconds)
-        flag = np.array([_FLAG, int(bool(ok))], dtype=np.int64)
+        self._sync_point(f"{what}: chief flag", what, timeout)
+        flag = np.array([int(bool(ok))], dtype=np.int64)
         self._wait(self._comm.Ibcast(flag, root=0), what, timeout)
-        return bool(flag[1])
-
-    def sum_counts(self, count: int, what: str, timeout_seconds: Optional[float] = None) -> int:
-        """The sum over workers of an integer."""
-        if self.num_workers == 1:
-            return int(count)
-        timeout, _ = self._deadline(timeout_seconds)
-        buf = np.array([count], dtype=np.int64)
-        self._wait(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM), what, timeout)
-        return int(buf[0])
+        return bool(flag[0])
 
     def close(self) -> None:
         self._mpi_thread.close()
+        self.local.close()
 
     def __repr__(self) -> str:
         return (f"HierarchicalCollectives(worker={self.rank}, num_workers={self.num_workers}, "

@@ -29,11 +29,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import context, cross_device, nest
+from . import context, nest
+from .local_extended import LocalExtended
 from .options import CommunicationOptions
 from .reduce_op import ReduceOp, as_reduce_op
-from .strategy import Strategy, _LocalExtended, _local_reduce
-from .values import DistributedValues, Mirrored, PerReplica, regroup, select_replica
+from .strategy import Strategy
+from .values import DistributedValues, PerReplica, regroup, select_replica
 
 __all__ = ["MultiWorkerMirroredStrategy", "MPIClusterResolver"]
 
@@ -122,27 +123,19 @@ def _wrap_arrays(structure: Any) -> Any:
 
 
 def _local_devices(devices: Any) -> List[str]:
-    from .strategy import _canonical_devices
+    from .device_names import canonical_devices
 
     if devices is None:
         return ["CPU:0"]
-    out = _canonical_devices(devices, "MultiWorkerMirroredStrategy")
-    gpus = [d for d in out if d.startswith("GPU:")]
-    if gpus:
-        raise ValueError(
-            f"MultiWorkerMirroredStrategy: {', '.join(gpus)}: replicas on GPUs are not supported across "
-            "workers yet; use CPU devices such as ['CPU:0', 'CPU:1']"
-        )
-    return out
+    return canonical_devices(devices, "MultiWorkerMirroredStrategy")
 
 
-class _MultiWorkerExtended(_LocalExtended):
+class _MultiWorkerExtended(LocalExtended):
     """The local replicas of one worker (as MirroredStrategy's) plus the workers' MPI
     communicator; every collective goes through ``HierarchicalCollectives``."""
 
     def __init__(self, container_strategy: Strategy, devices: Sequence[str],
-                 options: Optional[CommunicationOptions], communicator: Any) -> None:
-        from .mpi_collectives import HierarchicalCollectives
+                 options: Optional[CommunicationOptions], communicator: Any, execution: str) -> None:
         from .mpi_runtime import load_mpi
 
         mpi = load_mpi()
@@ -152,43 +145,55 @@ class _MultiWorkerExtended(_LocalExtended):
                 f"MultiWorkerMirroredStrategy: communicator must be an mpi4py intra-communicator such as "
                 f"MPI.COMM_WORLD, got {type(comm).__name__}"
             )
-        super().__init__(container_strategy, devices, None, options, "MultiWorkerMirroredStrategy")
         self._mpi = mpi
+        self._user_comm = comm
+        super().__init__(container_strategy, devices, None, options, "MultiWorkerMirroredStrategy",
+                         execution=execution)
         self._distributed_variables = True
-        # A communicator of its own: the strategy's collectives never match the user's.
-        timeout = float(self._timeout)
-        self._comm, req = comm.Idup()
-        self._wait_setup(req, timeout)
-        self._rank = self._comm.Get_rank()
-        self._num_workers = self._comm.Get_size()
-        counts = np.empty(self._num_workers, dtype=np.int64)
-        self._wait_setup(self._comm.Iallgather(np.array([self._n], dtype=np.int64), counts), timeout)
-        name = mpi.Get_processor_name().encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
-        names = np.empty((self._num_workers, _NAME_BYTES), dtype=np.uint8)
-        self._wait_setup(self._comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
-        hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
-        self._hier = HierarchicalCollectives(self._group, self._comm, counts.tolist(), timeout,
-                                             chunk_bytes=_chunk_bytes(), on_fatal=self._fatal)
-        self._total = self._hier.total
-        self._offset = self._hier.offset
+        hier = self._coll
+        self._rank = hier.rank
+        self._num_workers = hier.num_workers
+        self._total = hier.num_replicas
+        self._offset = hier.offset
+        counts = list(hier.local_counts)
         # As in TensorFlow, when every worker has one replica a plain value (what run
         # returns there) is that replica's value. When only some workers have one, their
         # run results are wrapped as PerReplica instead, so that every worker treats
         # every value alike and makes the same collective calls.
-        self._plain_is_local = self._num_workers > 1 and max(counts.tolist()) == 1
+        self._plain_is_local = self._num_workers > 1 and max(counts) == 1
         self._wrap_results = self._n == 1 and self._total > 1 and not self._plain_is_local
-        self._resolver = MPIClusterResolver(self._rank, self._num_workers, hosts, counts.tolist())
+        self._resolver = MPIClusterResolver(self._rank, self._num_workers, self._hosts, counts)
         self._contexts = tuple(_WorkerReplicaContext(container_strategy, r, self._offset + r, self._total, self._n)
                                for r in range(self._n))
         self._entries = tuple(c._entry for c in self._contexts)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
         if cores == 1 and self._n > 1 and (os.cpu_count() or 1) > 1:
-            # mpirun binds each process to one core by default: the replica threads (and
-            # the engine's) would then all share it.
+            # mpirun binds each process to one core by default: the replicas (and the
+            # engine's threads) would then all share it.
             warnings.warn(
                 f"MultiWorkerMirroredStrategy: worker {self._rank} may run on 1 core only, for "
                 f"{self._n} replicas; launch with `mpirun --bind-to none` (or bind each process to enough "
                 "cores) so that its replicas run in parallel", RuntimeWarning, stacklevel=3)
+
+    def _make_collectives(self) -> Any:
+        from .mpi_collectives import HierarchicalCollectives
+
+        mpi = self._mpi
+        local = super()._make_collectives()
+        timeout = float(self._timeout)
+        # A communicator of its own: the strategy's collectives never match the user's.
+        comm, req = self._user_comm.Idup()
+        self._wait_setup(req, timeout)
+        size = comm.Get_size()
+        counts = np.empty(size, dtype=np.int64)
+        self._wait_setup(comm.Iallgather(np.array([self._n], dtype=np.int64), counts), timeout)
+        name = mpi.Get_processor_name().encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+        names = np.empty((size, _NAME_BYTES), dtype=np.uint8)
+        self._wait_setup(comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
+        self._hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
+        self._comm = comm
+        return HierarchicalCollectives(local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(),
+                                       on_fatal=self._fatal)
 
     def _wait_setup(self, req: Any, timeout: float) -> None:
         """Waits for a request of the strategy's set-up (every worker constructs the
@@ -268,30 +273,12 @@ class _MultiWorkerExtended(_LocalExtended):
         result = super()._merge_call(ctx, merge_fn, _wrap_arrays(args), _wrap_arrays(kwargs))
         return select_replica(0, result)
 
-    # ---- replica context collectives ---------------------------------------------------------
-    def _replica_all_reduce(self, ctx: context.ReplicaContext, reduce_op: Any, value: Any,
-                            options: Optional[CommunicationOptions]) -> Any:
-        op = as_reduce_op(reduce_op)
-        opts = self._options if options is None else self._options.merge(options)
-        return cross_device.replica_all_reduce(
-            self._hier, ctx._replica_id, self._total, op, value,
-            algorithm=self._algorithm, timeout=self._timeout_for(options), bytes_per_pack=opts.bytes_per_pack,
-        )
+    def _total_replicas(self) -> int:
+        return self._total
 
-    def _replica_all_reduce_checked(self, ctx: context.ReplicaContext, op: ReduceOp, local: Any,
-                                    original: Any) -> Tuple[Any, bool]:
-        if self._n > 1:
-            return super()._replica_all_reduce_checked(ctx, op, local, original)
+    def _count_twice(self, original: Any, requests: List[Any]) -> bool:
         # One local replica: a plain value is its own, nothing is counted twice here.
-        return self._replica_all_reduce(ctx, op, local, None), False
-
-    def _replica_broadcast(self, ctx: context.ReplicaContext, value: Any, root: int = 0) -> Any:
-        return cross_device.replica_broadcast(self._hier, ctx._replica_id, self._total, value, root)
-
-    def _replica_all_gather(self, ctx: context.ReplicaContext, value: Any, axis: int,
-                            options: Optional[CommunicationOptions]) -> Any:
-        return cross_device.replica_all_gather(self._hier, ctx._replica_id, self._total, value, axis,
-                                               timeout=self._timeout_for(options))
+        return self._n > 1 and super()._count_twice(original, requests)
 
     # ---- cross-replica collectives ---------------------------------------------------------------
     def _as_local_parts(self, value: Any) -> Any:
@@ -307,131 +294,41 @@ class _MultiWorkerExtended(_LocalExtended):
             return list(self._devices)
         return self._destinations(destinations, what)
 
-    def _reduce_parts_global(self, parts: Sequence[Any], op: ReduceOp, what: str,
-                             timeout: Optional[float] = None) -> np.ndarray:
-        """The reduction of ``parts`` (this worker's) with every other worker's: the engine
-        reduces locally, MPI across workers. Integer MEAN gives float64."""
-        arrays = [cross_device.as_array(p) for p in parts]
-        dtype = arrays[0].dtype
-        work = cross_device.work_dtype(dtype, op)
-        if work != dtype:
-            arrays = [a.astype(work) for a in arrays]
-        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        local = cross_device.reduce_parts(self._group, arrays, local_op, what)
-        out = self._hier.all_reduce_workers(local, local_op.name, what, timeout)
-        if op is ReduceOp.MEAN:
-            out = out / out.dtype.type(self._total) if out.dtype.kind in "fc" else out / self._total
-        return np.asarray(out)
-
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        value = self._as_local_parts(value)
-        if not isinstance(value, DistributedValues):
-            return self._reduce_plain(op, value, axis, what)
-        parts = [cross_device.as_array(p) for p in self._parts(value, what)]
-        if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
-            return np.array(parts[0], copy=True)
-        if axis is None:
-            return cross_device.restore_kind(self._reduce_parts_global(parts, op, what), value.values[0])
-        axes = [cross_device._normalize_axis(axis, p.ndim, what, self._offset + r) for r, p in enumerate(parts)]
-        if op is ReduceOp.MEAN:
-            work = [cross_device.work_dtype(p.dtype, op) for p in parts]
-            numer = [np.asarray(np.sum(p, axis=a, dtype=w)) for p, a, w in zip(parts, axes, work)]
-            count = sum(p.shape[a] if p.ndim else 1 for p, a in zip(parts, axes))
-            total = self._reduce_parts_global(numer, ReduceOp.SUM, what)
-            count = self._hier.sum_counts(count, what)
-            return np.asarray(total / total.dtype.type(count) if count else total * np.nan)
-        local = [_local_reduce(op, p, a) for p, a in zip(parts, axes)]
-        return self._reduce_parts_global(local, op, what)
+        return super()._reduce_one(op, self._as_local_parts(value), axis, what)
 
-    def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._total > 1:
-            raise ValueError(
-                f"{what}: a non-distributed value cannot be reduced with {op.name} across "
-                f"{self._total} replicas (it is not one value per replica); pass a PerReplica, such "
-                "as the result of strategy.run"
-            )
-        return super()._reduce_plain(op, value, axis, what)
+    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
+        return super()._gather_one(self._as_local_parts(value), axis, what)
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None) -> Any:
         """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
         worker's devices): a Mirrored, or the value itself for one destination."""
         self._require_cross_replica("extended.reduce_to")
-        op = as_reduce_op(reduce_op)
-        value = self._as_local_parts(value)
-        if not isinstance(value, PerReplica):
-            return super().reduce_to(op, value, self._local_destinations(destinations, "reduce_to"), options)
-        timeout = self._timeout_for(options)
-        dests = self._local_destinations(destinations, "reduce_to")
-        parts = self._parts(value, "reduce_to")
-        out = cross_device.restore_kind(self._reduce_parts_global(parts, op, "reduce_to", timeout), parts[0])
-        return self._spread(out, dests)
+        return super().reduce_to(reduce_op, self._as_local_parts(value),
+                                 self._local_destinations(destinations, "reduce_to"), options)
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
+                        options: Optional[CommunicationOptions] = None) -> List[Any]:
+        """``reduce_to`` for a list of (value, destinations) pairs."""
+        self._require_cross_replica("extended.batch_reduce_to")
+        if not isinstance(value_destination_pairs, (list, tuple)):
+            raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
+        pairs = []
+        for i, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
+            pairs.append((self._as_local_parts(pair[0]), self._local_destinations(pair[1], "batch_reduce_to")))
+        return super().batch_reduce_to(reduce_op, pairs, options)
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Copies a non-distributed ``tensor`` to this worker's destination devices."""
         self._require_cross_replica("extended.broadcast_to")
         return super().broadcast_to(tensor, self._local_destinations(destinations, "broadcast_to"))
 
-    @staticmethod
-    def _spread(out: Any, dests: Sequence[str]) -> Any:
-        if len(dests) == 1:
-            return out
-        return Mirrored(tuple(out if i == 0 else np.array(out, copy=True) for i in range(len(dests))))
-
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
-                        options: Optional[CommunicationOptions] = None) -> List[Any]:
-        """``reduce_to`` for a list of (value, destinations) pairs; the PerReplica values of
-        one dtype cross MPI packed in one buffer (one MPI call per dtype)."""
-        self._require_cross_replica("extended.batch_reduce_to")
-        op = as_reduce_op(reduce_op)
-        if not isinstance(value_destination_pairs, (list, tuple)):
-            raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
-        timeout = self._timeout_for(options)
-        results: List[Any] = [None] * len(value_destination_pairs)
-        fused: dict = {}
-        for i, pair in enumerate(value_destination_pairs):
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
-            value = self._as_local_parts(pair[0])
-            dests = self._local_destinations(pair[1], "batch_reduce_to")
-            if not isinstance(value, PerReplica):
-                results[i] = self.reduce_to(op, value, dests, options)
-                continue
-            parts = [cross_device.as_array(p) for p in self._parts(value, "batch_reduce_to")]
-            work = cross_device.work_dtype(parts[0].dtype, op)
-            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-            local = cross_device.reduce_parts(self._group, [p.astype(work, copy=False) for p in parts],
-                                              local_op, "batch_reduce_to")
-            fused.setdefault(local.dtype, []).append((i, local, dests, value.values[0]))
-        # Every worker has the same pairs, so the same packs in the same order.
-        for dtype, items in fused.items():
-            flat = np.concatenate([local.reshape(-1) for _, local, _, _ in items]) if len(items) > 1 else \
-                np.array(items[0][1].reshape(-1), copy=True)
-            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-            flat = self._hier.all_reduce_workers(flat, local_op.name, "batch_reduce_to", timeout)
-            if op is ReduceOp.MEAN:
-                flat = flat / flat.dtype.type(self._total)
-            o = 0
-            for i, local, dests, first in items:
-                out = np.array(flat[o: o + local.size].reshape(local.shape), copy=True)
-                o += local.size
-                results[i] = self._spread(cross_device.restore_kind(out, first), dests)
-        return results
-
-    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
-        value = self._as_local_parts(value)
-        if isinstance(value, DistributedValues):
-            local = cross_device.gather_parts(self._group, self._parts(value, what), axis, what)
-        else:
-            a = cross_device.as_array(value)
-            cross_device._normalize_axis(axis, a.ndim, what, 0)
-            return a
-        ax = cross_device._normalize_axis(axis, local.ndim, what, self._offset)
-        return self._hier.gather_workers(local, ax, what)
-
     # ---- variables and checkpoints -------------------------------------------------------------------
     def _initial_value(self, value: np.ndarray) -> np.ndarray:
         """Every worker's new variable starts from the chief's initial value."""
-        out = self._hier.broadcast_from_chief(value, "Variable")
+        out = self._coll.broadcast_from_chief(value, "Variable")
         if out is not value:
             out.flags.writeable = False
         return out
@@ -444,16 +341,13 @@ class _MultiWorkerExtended(_LocalExtended):
                 write()
             except BaseException as e:  # noqa: BLE001 - reported to every worker, then raised
                 error = e
-        ok = self._hier.chief_flag(error is None, "save_variables")
+        ok = self._coll.chief_flag(error is None, "save_variables")
         if error is not None:
             raise error
         if not ok:
             raise OSError(f"save_variables: worker {self._rank}: the chief (worker 0) failed to write the "
                           "checkpoint; its error is in its output")
 
-    def close(self) -> None:
-        super().close()
-        self._hier.close()
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -471,9 +365,10 @@ class MultiWorkerMirroredStrategy(Strategy):
     """
 
     def __init__(self, devices: Optional[Sequence[str]] = None,
-                 communication_options: Optional[CommunicationOptions] = None, *, communicator: Any = None) -> None:
+                 communication_options: Optional[CommunicationOptions] = None, *, communicator: Any = None,
+                 execution: str = "auto") -> None:
         devs = _local_devices(devices)
-        super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator))
+        super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator, execution))
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -518,11 +413,15 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}")
         ext = self._extended
         values = [value_fn(ValueContext(ext._offset + r, ext._total)) for r in range(ext._n)]
+        if ext._on_gpu:
+            from .input import place_element
+
+            values = [place_element(v, ext._places[r]) for r, v in enumerate(values)]
         if ext._wrap_results:
             from .multi_worker_input import wrap_single
 
             return wrap_single(values[0])
-        return regroup(values, what="experimental_distribute_values_from_function")
+        return regroup(values, what="experimental_distribute_values_from_function", always_wrap=True)
 
     def __repr__(self) -> str:
         ext = self._extended

@@ -17,6 +17,7 @@ __all__ = [
     "structure_mismatch",
     "assert_same_structure",
     "describe",
+    "paths",
 ]
 
 
@@ -150,3 +151,22 @@ def assert_same_structure(a, b) -> None:
     why = structure_mismatch(a, b)
     if why is not None:
         raise ValueError(f"the two structures differ {why}")
+
+
+def paths(structure) -> List[str]:
+    """Where each leaf of ``structure`` sits, in ``flatten`` order: ``""`` for a single
+    value, else ``"[0]"``, ``"['weights']"``, ``"['layer'][1]"`` (for error messages)."""
+    out: List[str] = []
+    _paths_into(structure, "", out)
+    return out
+
+
+def _paths_into(x, path: str, out: list) -> None:
+    if isinstance(x, (list, tuple)):
+        for i, item in enumerate(x):
+            _paths_into(item, f"{path}[{i}]", out)
+    elif isinstance(x, dict):
+        for k in _sorted_keys(x):
+            _paths_into(x[k], f"{path}[{k!r}]", out)
+    else:
+        out.append(path)

@@ -195,45 +195,29 @@ def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
     return found
 
 
-# Python scalars are values, not objects: whether two equal ones are the same object is
-# an interpreter detail (small ints and literals are shared), so they never count as
-# "the same object on every replica".
-_SCALAR_TYPES = (bool, int, float, complex, str, bytes)
+def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", scalars_by_identity: bool = True,
+            always_wrap: bool = False) -> Any:
+    """N per-replica structures as one structure of PerReplica leaves (or ``wrap``).
 
-
-def _shared(leaf: Any) -> bool:
-    return not isinstance(leaf, _SCALAR_TYPES)
-
-
-def _always_shared(leaf: Any) -> bool:
-    return True
-
-
-def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", scalars_by_identity: bool = False) -> Any:
-    """N per-replica structures as one structure of PerReplica leaves (or ``wrap``); a
-    leaf that is the same object on every replica stays as it is, except Python numbers
-    and strings unless ``scalars_by_identity`` (then a literal passed by every replica,
-    as in ``merge_call(fn, kwargs={"scale": 10})``, stays plain). Different structures
-    are a ValueError naming the replicas."""
+    As in TensorFlow, a leaf that is the very same object on every replica stays as it
+    is, Python numbers, strings and bools included (``run(lambda: 2.5)`` is ``2.5``;
+    equal but distinct objects make a PerReplica). With ``always_wrap`` every leaf is
+    wrapped, even one replica's. Different structures are a ValueError naming the
+    replicas."""
     wrap = PerReplica if wrap is None else wrap
-    shared = _always_shared if scalars_by_identity else _shared
     v0 = per_replica[0]
     n = len(per_replica)
-    if n == 1 and not nest.is_nested(v0):
-        return v0
     if not nest.is_nested(v0):
+        if n == 1 and not always_wrap:
+            return v0
+        same = not always_wrap
         for r in range(1, n):
-            if per_replica[r] is not v0:
-                if nest.is_nested(per_replica[r]):
+            x = per_replica[r]
+            if x is not v0:
+                same = False
+                if nest.is_nested(x):
                     _mismatch(per_replica, r, what)
-                break
-        else:
-            if shared(v0):
-                return v0
-        for r in range(1, n):
-            if nest.is_nested(per_replica[r]):
-                _mismatch(per_replica, r, what)
-        return wrap(tuple(per_replica))
+        return v0 if same else wrap(tuple(per_replica))
     for r in range(1, n):
         if nest.structure_mismatch(v0, per_replica[r]) is not None:
             _mismatch(per_replica, r, what)
@@ -241,7 +225,7 @@ def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", s
     leaves = []
     for column in zip(*flats):
         c0 = column[0]
-        if (n == 1 or shared(c0)) and all(c is c0 for c in column):
+        if not always_wrap and all(c is c0 for c in column):
             leaves.append(c0)
         else:
             leaves.append(wrap(column))

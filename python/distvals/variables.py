@@ -33,7 +33,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import context, cross_device, devices
+from . import context, devices, kinds
 from .reduce_op import ReduceOp
 from .values import DistributedValues, Mirrored, PerReplica
 
@@ -87,7 +87,7 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
         # Placed on every replica's device later, from the host.
         initial_value = devices.to_host(initial_value)
     if dtype is not None:
-        a = np.array(cross_device.as_array(initial_value), dtype=np.dtype(dtype), copy=True)
+        a = np.array(kinds.to_numpy(initial_value), dtype=np.dtype(dtype), copy=True)
     else:
         a = np.array(_convert_leaf(initial_value, "Variable"), copy=True)
     if a.dtype == object:
@@ -456,13 +456,9 @@ class MirroredVariable(DistributedVariable, Mirrored):
             result = ext._replica_broadcast(ctx, local)
         else:
             op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-            result, same = ext._replica_all_reduce_checked(ctx, op, local, value)
-            if same and op is ReduceOp.SUM:
-                raise ValueError(
-                    f"replica {r}: a SUM update ({kind}) of variable '{self.name}' got the same plain value "
-                    f"on every replica, which would count it {self._n} times; pass each replica's own value, "
-                    "or use aggregation MEAN or ONLY_FIRST_REPLICA"
-                )
+            # The resolver refuses a SUM update that got the very same plain object on
+            # every replica: it would count it once per replica.
+            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, value)
         self._values[r]._apply(kind, devices.cast(devices.as_value(result), self.dtype))
         return self if read_value else None
 
@@ -508,7 +504,7 @@ class SyncOnReadVariable(DistributedVariable):
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         parts = [c._value for c in self._values]
         out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read")
-        # A DeviceArray on the first replica's GPU for GPU copies (see device_collectives).
+        # A DeviceArray on the first replica's GPU for GPU copies (see distvals.cuda_collectives).
         out = devices.cast(devices.as_value(out), self.dtype)
         return devices.freeze(np.asarray(out) if isinstance(out, np.ndarray) else out)
 

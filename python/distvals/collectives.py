@@ -1,0 +1,155 @@
+"""One collectives interface for every strategy, and the helpers its implementations share.
+
+A strategy chooses, in its constructor, one implementation of ``Collectives``:
+
+- ``distvals.host_collectives.HostCollectives``: CPU replicas, the C++ engine on host
+  memory;
+- ``distvals.cuda_collectives.CudaCollectives``: GPU replicas, the CUDA engine on device
+  memory;
+- ``distvals.mpi_collectives.HierarchicalCollectives``: the replicas of several MPI
+  processes, one of the two above inside each process and MPI between them.
+
+Every method is single-call: one thread passes every local replica's value at once (the
+strategy's meeting has gathered them), and the collective runs once. ``leaves[r][i]`` is
+leaf ``i`` of replica ``r``'s (flattened) value; every replica has the same number of
+leaves and, leaf by leaf, the same dtype and shape (the caller checked: see
+``distvals.meeting``). ``value``, where given, is replica 0's value as passed (the
+structure the leaves came from): implementations that must agree with other processes
+describe the call with it. Results are new arrays, one per replica and leaf, where the
+replica's values live.
+
+The strategy never asks "am I on a GPU?" again: what differs between backends is the
+implementation, not the strategy's code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .reduce_op import ReduceOp
+
+__all__ = [
+    "Collectives",
+    "ENGINE_DTYPES",
+    "engine_supports",
+    "work_dtype",
+    "normalize_axis",
+    "numpy_reduce",
+    "type_name",
+    "REDUCIBLE_KINDS",
+]
+
+ENGINE_DTYPES = frozenset(
+    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+)
+_F64 = np.dtype(np.float64)
+# Kinds numpy reduces element-wise: bool, integers, floats, complex, timedelta.
+REDUCIBLE_KINDS = frozenset("biufcm")
+_NUMPY_OPS = {
+    ReduceOp.SUM: np.sum,
+    ReduceOp.MEAN: np.mean,
+    ReduceOp.MIN: np.min,
+    ReduceOp.MAX: np.max,
+    ReduceOp.PRODUCT: np.prod,
+}
+
+
+def engine_supports(dtype: np.dtype) -> bool:
+    """True when the engine reduces this dtype natively (native byte order only)."""
+    return (dtype in ENGINE_DTYPES or dtype.name == "bfloat16") and dtype.isnative
+
+
+def work_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
+    """The dtype a reduction runs in: float64 for integer (and bool) MEAN; the native
+    byte order of a big-endian dtype."""
+    if op is ReduceOp.MEAN and dtype.kind in "iub":
+        return _F64
+    if not dtype.isnative and dtype.kind in "biufcm":
+        return dtype.newbyteorder("=")
+    return dtype
+
+
+def normalize_axis(axis: Any, ndim: int, what: str, replica: int) -> int:
+    """``axis`` in 0..max(ndim, 1)-1 (a 0-d value gathers like a 1-element vector)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{what}: axis must be an int, got {type(axis).__name__}")
+    axis = int(axis)
+    rank = max(ndim, 1)
+    if not -rank <= axis < rank:
+        raise ValueError(f"{what}: axis {axis} is out of range for replica {replica}'s value of rank {ndim}")
+    return axis % rank
+
+
+def numpy_reduce(stacked: np.ndarray, op: ReduceOp, dtype: np.dtype) -> np.ndarray:
+    """Reduces axis 0 of ``stacked`` (one row per replica) with numpy, in ``dtype``
+    (float64 for integer MEAN); what the engine does not reduce (int16, bool, complex,
+    timedelta64, big-endian) goes this way."""
+    fn = _NUMPY_OPS[op]
+    if op is ReduceOp.MEAN:
+        out = fn(stacked, axis=0, dtype=work_dtype(dtype, op) if dtype.kind in "iub" else None)
+    elif op in (ReduceOp.SUM, ReduceOp.PRODUCT) and dtype.kind in "iuf":
+        out = fn(stacked, axis=0, dtype=work_dtype(dtype, op))
+    else:
+        out = fn(stacked, axis=0)
+    return np.asarray(out)
+
+
+def type_name(leaf: Any, a: Any) -> str:
+    """What the user passed, for error messages: the Python type and the array dtype."""
+    if getattr(a, "ndim", 1) == 0 and isinstance(a, np.ndarray):
+        return type(a[()]).__name__ if a.dtype.hasobject else f"{type(a[()]).__name__} (dtype {a.dtype})"
+    if isinstance(leaf, np.ndarray):
+        return f"numpy array of dtype {a.dtype}"
+    return f"{type(leaf).__name__} (dtype {a.dtype})"
+
+
+class Collectives:
+    """The single-call collectives a strategy runs over its local replicas' values.
+
+    ``num_local``: the replicas of this process; ``num_replicas``: all replicas of the
+    strategy (more than ``num_local`` only across processes); ``places[r]``: where replica
+    ``r``'s values live (None: host memory; k: CUDA device k).
+    """
+
+    num_local: int = 1
+    num_replicas: int = 1
+    places: Tuple[Optional[int], ...] = (None,)
+
+    # ---- replica context: one value per replica, one result per replica ----------------
+    def all_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], *, algorithm: str = "auto",
+                   bytes_per_pack: int = 0, timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+        """Every replica gets, leaf by leaf, ``op`` over every replica's leaf. Small leaves
+        of one dtype travel packed in one buffer (at most ``bytes_per_pack`` bytes each when
+        positive). Integer MEAN gives float64."""
+        raise NotImplementedError
+
+    def all_gather(self, leaves: Sequence[Sequence[Any]], axes: Sequence[int], *,
+                   timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+        """Every replica gets, leaf by leaf, the replicas' leaves concatenated along
+        ``axes[i]`` (sizes may differ along it; 0-d leaves count as 1-element vectors)."""
+        raise NotImplementedError
+
+    def broadcast(self, leaves: Sequence[Sequence[Any]], root: int, *,
+                  timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+        """Every replica gets a copy of replica ``root``'s leaves (``root`` counts all
+        replicas of the strategy)."""
+        raise NotImplementedError
+
+    # ---- cross-replica context: one thread combines the parts --------------------------------
+    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
+        """``op`` over the parts (and over every other process's), one new array where
+        replica 0's values live."""
+        raise NotImplementedError
+
+    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
+        """The parts (of every process, in replica order) concatenated along ``axis``."""
+        raise NotImplementedError
+
+    def total(self, count: int, *, timeout: Optional[float] = None) -> int:
+        """``count`` summed over every process (itself in one process)."""
+        return count
+
+    def close(self) -> None:
+        """Releases the engine group (and anything else held)."""

@@ -1,0 +1,213 @@
+"""``StrategyExtended``: the lower-level interface of a strategy (``strategy.extended``).
+
+This base holds what every strategy offers in the same way: its devices, destinations,
+``update``, ``value_container``, ``call_for_each_replica`` and the checkpoint and summary
+flags. ``distvals.local_extended.LocalExtended`` adds the replicas of one process and
+their collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import context
+from ._core import parse_device
+from .device_names import full_name
+from .values import DistributedValues, Mirrored, contains_distributed, regroup, select_replica
+
+__all__ = ["StrategyExtended"]
+
+
+class StrategyExtended:
+    """The strategy's lower-level interface, as ``tf.distribute.StrategyExtended``.
+
+    ``worker_devices``, ``parameter_devices``, ``reduce_to``, ``batch_reduce_to``,
+    ``broadcast_to``, ``update``, ``read_var``, ``value_container``,
+    ``variable_created_in_scope``, ``call_for_each_replica``,
+    ``worker_devices_by_replica``, ``non_slot_devices``, ``update_non_slot``,
+    ``should_checkpoint``, ``should_save_summary``, ``experimental_should_init``.
+    """
+
+    def __init__(self, container_strategy: Any, devices: Sequence[str]) -> None:
+        self._container = container_strategy
+        self._devices = tuple(devices)
+        self._n = len(self._devices)
+
+    # ---- devices -------------------------------------------------------------------------
+    @property
+    def worker_devices(self) -> Tuple[str, ...]:
+        """The replicas' devices, in full form ("/job:localhost/replica:0/task:0/device:CPU:0")."""
+        return tuple(full_name(d) for d in self._devices)
+
+    @property
+    def parameter_devices(self) -> Tuple[str, ...]:
+        """Where variables live: the replicas' devices."""
+        return self.worker_devices
+
+    @property
+    def worker_devices_by_replica(self) -> Tuple[Tuple[str, ...], ...]:
+        """Each replica's devices (one each)."""
+        return tuple((d,) for d in self.worker_devices)
+
+    def non_slot_devices(self, var_list: Any) -> Tuple[str, ...]:
+        """Where state that is not a variable's slot lives: every replica's device."""
+        return self.worker_devices
+
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        return False
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this process should write checkpoints (always, in one process)."""
+        return True
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this process should write summaries (always, in one process)."""
+        return True
+
+    @property
+    def experimental_should_init(self) -> bool:
+        """Whether this process should run initializers (always)."""
+        return True
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return False
+
+    def _destinations(self, destinations: Any, what: str) -> List[str]:
+        """Canonical device names of ``destinations`` (a device string, a list of them,
+        or a distributed value / variable, meaning its devices)."""
+        if destinations is None:
+            return list(self._devices)
+        if isinstance(destinations, DistributedValues):
+            if len(destinations.values) == self._n:
+                return list(self._devices)
+            return list(self._devices[: len(destinations.values)])
+        if isinstance(destinations, str):
+            items = [destinations]
+        elif isinstance(destinations, (list, tuple)):
+            items = list(destinations)
+        elif isinstance(destinations, np.ndarray):
+            # A host array lives on the host (numpy 2's array-API `.device` is "cpu").
+            items = ["CPU:0"]
+        else:
+            dev = getattr(destinations, "device", None)
+            if isinstance(dev, str):
+                items = [dev]
+            else:
+                raise TypeError(
+                    f"{what}: destinations must be a device string, a list of them, or a distributed "
+                    f"value, got {type(destinations).__name__}"
+                )
+        out = []
+        for d in items:
+            if not isinstance(d, str):
+                raise TypeError(f"{what}: destination devices must be strings, got {type(d).__name__}")
+            try:
+                out.append(parse_device(d))
+            except ValueError as e:
+                raise ValueError(f"{what}: {e}") from None
+        if not out:
+            raise ValueError(f"{what}: destinations must not be empty")
+        return out
+
+    def _require_cross_replica(self, what: str) -> None:
+        ctx = context.current_run_context()
+        if ctx is not None:
+            raise RuntimeError(
+                f"{what} must be called in cross-replica context, not inside strategy.run (replica "
+                f"{ctx.replica_id_in_sync_group}); inside run use ReplicaContext.all_reduce or "
+                "all_gather, or reach cross-replica context with "
+                "get_replica_context().merge_call(fn)"
+            )
+
+    # ---- hooks for strategies whose replicas span several processes ------------------------
+    def _initial_value(self, value: np.ndarray) -> np.ndarray:
+        """The value a new distributed variable starts from (a multi-worker strategy gives
+        every process the chief's)."""
+        return value
+
+    def _write_checkpoint(self, write: Callable[[], None]) -> None:
+        """Runs ``write``, the file write of ``save_variables`` (a multi-worker strategy
+        lets only the chief write)."""
+        write()
+
+    # ---- running ---------------------------------------------------------------------------
+    def call_for_each_replica(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> Any:
+        """``fn(*args, **kwargs)`` once per replica: the same as ``strategy.run``."""
+        return self._call_for_each_replica(fn, args, kwargs)
+
+    def _call_for_each_replica(self, fn: Callable, args: Sequence, kwargs: Optional[dict]) -> Any:
+        raise NotImplementedError
+
+    # ---- variables ---------------------------------------------------------------------------
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """True when ``v`` was created under this strategy's scope."""
+        return getattr(v, "_strategy", None) is self._container or getattr(
+            getattr(v, "distribute_strategy", None), "extended", None) is self
+
+    def value_container(self, value: Any) -> Any:
+        """The distributed variable holding ``value`` (one of its per-replica copies), or
+        ``value`` itself."""
+        ref = getattr(value, "_distributed_container", None)
+        container = ref() if callable(ref) else None
+        return container if container is not None else value
+
+    def update(self, var: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
+               group: bool = True) -> Any:
+        """Runs ``fn(copy, *args, **kwargs)`` on each of ``var``'s per-replica copies (each
+        getting its replica's part of distributed arguments) and returns the results,
+        regrouped as a Mirrored (or as is, when every copy returned the same object)."""
+        from .variables import DistributedVariable, Variable
+
+        self._require_cross_replica("extended.update")
+        if kwargs is None:
+            kwargs = {}
+        if isinstance(var, DistributedVariable):
+            copies = var.values
+        elif isinstance(var, Variable):
+            copies = (var,)
+        else:
+            raise TypeError(f"extended.update: var must be a variable, got {type(var).__name__}")
+        n = len(copies)
+        contains_distributed(args, n, "extended.update")
+        contains_distributed(kwargs, n, "extended.update")
+        results = [fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs)) for i, c in enumerate(copies)]
+        if not group:
+            return tuple(results)
+        return regroup(results, wrap=Mirrored, what="extended.update")
+
+    def update_non_slot(self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
+                        group: bool = True) -> Any:
+        """Runs ``fn(*args, **kwargs)`` once in cross-replica context (state that is not
+        a variable's slot, such as an optimizer's step counter)."""
+        self._require_cross_replica("extended.update_non_slot")
+        with context.CrossReplica(self._container):
+            return fn(*args, **(kwargs or {}))
+
+    def read_var(self, var: Any) -> Any:
+        """The value of ``var`` in cross-replica context (aggregated for SyncOnRead)."""
+        from .variables import Variable
+
+        self._require_cross_replica("extended.read_var")
+        if not isinstance(var, Variable):
+            raise TypeError(f"extended.read_var: expected a variable, got {type(var).__name__}")
+        return var.read_value()
+
+    # ---- collectives (LocalExtended implements them) -------------------------------------------
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
+        raise NotImplementedError
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
+                        options: Any = None) -> List[Any]:
+        raise NotImplementedError
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases threads and engine groups."""

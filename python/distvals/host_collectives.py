@@ -1,0 +1,107 @@
+"""``HostCollectives``: CPU replicas, the C++ engine on host memory.
+
+Results come from the host pool (``distvals._core.pooled_empty``): memory freed by
+Python when the last array using it goes is handed out again for the next result of the
+same size, already mapped, so a training loop's collectives cost no page faults after
+the first step. Small results (below a page) come from numpy, whose allocator is
+faster for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+from .engine_collectives import EngineCollectives
+
+__all__ = ["HostCollectives", "new_array"]
+
+# Below this many bytes numpy's own allocator is faster than the pool, and its memory
+# is reused without page faults anyway.
+_POOL_MIN_BYTES = 4096
+_pooled_empty = _core.pooled_empty
+
+
+def new_array(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array, from the host pool when it is large."""
+    size = dtype.itemsize
+    for d in shape:
+        size *= d
+    if size < _POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    return _pooled_empty(shape, dtype)
+
+
+class HostCollectives(EngineCollectives):
+    """Single-call collectives of CPU replicas (every place is the host)."""
+
+    def __init__(self, group: Any, num_local: int) -> None:
+        super().__init__(group, num_local, (None,) * num_local)
+
+    def _empty(self, shape: Tuple[int, ...], dtype: np.dtype, r: int) -> np.ndarray:
+        return new_array(shape, dtype)
+
+    def _copy(self, x: Any, r: int, dtype: Optional[np.dtype] = None) -> np.ndarray:
+        a = np.asarray(x)
+        out = new_array(a.shape, a.dtype if dtype is None else dtype)
+        np.copyto(out, a, casting="unsafe")
+        return out
+
+    def _place_host(self, host: np.ndarray, r: int) -> np.ndarray:
+        return host
+
+    def _engine_input(self, x: Any, r: int) -> np.ndarray:
+        a = np.asarray(x)
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+    def _pack(self, xs: Sequence[Any], dtype: np.dtype, r: int) -> np.ndarray:
+        total = 0
+        for x in xs:
+            total += x.size
+        buf = new_array((total,), dtype)
+        o = 0
+        for x in xs:
+            s = x.size
+            # ravel() is a view for contiguous arrays; copyto casts where needed.
+            np.copyto(buf[o: o + s], np.ravel(x), casting="unsafe")
+            o += s
+        return buf
+
+    def _unpack(self, buf: np.ndarray, shapes: Sequence[Tuple[int, ...]]) -> List[np.ndarray]:
+        out = []
+        o = 0
+        for s in shapes:
+            size = 1
+            for d in s:
+                size *= d
+            out.append(buf[o: o + size].reshape(s))
+            o += size
+        return out
+
+    def _host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def _divide(self, buf: np.ndarray, count: int, r: int) -> np.ndarray:
+        buf /= count
+        return buf
+
+    def _concat(self, xs: Sequence[Any], axis: int, r: int) -> np.ndarray:
+        first = xs[0]
+        shape = list(first.shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
+        out = new_array(tuple(shape), first.dtype)
+        return np.concatenate(xs, axis=axis, out=out)
+
+
+def host_group(devices: Sequence[str], timeout: Optional[float]) -> Any:
+    """The engine group of CPU replicas (None for one replica)."""
+    from .group import ReplicaGroup
+
+    if len(devices) == 1:
+        return None
+    return ReplicaGroup(list(devices), timeout_seconds=timeout, spin_us=0)
+
+
+_ = _core  # the pool lives in the extension module

@@ -1,0 +1,812 @@
+"""``LocalExtended``: the replicas of one process, their steps and their collectives.
+
+A step (``strategy.run``) goes to the strategy's runner (inline coroutines or threads,
+see ``distvals.replicas``). Inside it, every cross-replica point of a replica
+(``ReplicaContext.all_reduce``, ``all_gather``, ``merge_call``, an aggregated variable
+update) becomes a ``Request``; once every replica has made one, ``_resolve`` checks that
+they agree (``distvals.meeting``) and runs the collective once for all of them on the
+strategy's ``Collectives`` (host engine, CUDA engine or MPI; chosen in the constructor).
+Cross-replica methods (``reduce``, ``gather``, ``extended.reduce_to``...) call the same
+collectives directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import context, kinds, nest
+from ._core import AbortedError, ClosedError, CollectiveTimeoutError, MismatchError
+from .collectives import REDUCIBLE_KINDS, Collectives, engine_supports, normalize_axis, numpy_reduce, \
+    type_name, work_dtype
+from .errors import replica_error
+from .extended import StrategyExtended
+from .meeting import check_calls, check_leaves, check_structures
+from .options import DEFAULT_TIMEOUT_SECONDS, CollectiveAllReduce, CommunicationOptions, CrossDeviceOps, \
+    ReductionToOneDevice
+from .reduce_op import ReduceOp, as_reduce_op
+from .replicas import Failure, Raise, Request, StepTimeout, fork_generation, names
+from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
+
+__all__ = ["LocalExtended", "EXECUTION_MODES"]
+
+EXECUTION_MODES = ("auto", "inline", "threads")
+_EMPTY: dict = {}
+_OPS = {name: op for op in ReduceOp for name in (op.name, op.name.lower(), op.name.capitalize())}
+_OPS.update({"prod": ReduceOp.PRODUCT, "PROD": ReduceOp.PRODUCT})
+
+
+class _SingleRunner:
+    """One replica: the function runs on the calling thread; a meeting resolves at once."""
+
+    mode = "inline"
+
+    def __init__(self, resolve: Callable[[List[Request]], List[Any]]) -> None:
+        self._resolve = resolve
+        self.failures: List[Failure] = []
+
+    def meet(self, replica: int, request: Request) -> Any:
+        o = self._resolve([request])[0]
+        if type(o) is Raise:
+            raise o.error
+        return o
+
+    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
+             timeout: float) -> List[Any]:
+        self.failures = []
+        local = context._local
+        saved = local.stack
+        local.stack = [entries[0]]
+        args, kwargs = per_replica[0]
+        try:
+            return [fn(*args, **(kwargs or _EMPTY))]
+        except BaseException as e:  # noqa: BLE001 - reported like any replica's failure
+            self.failures = [Failure(0, 0, e)]
+            if not isinstance(e, Exception):
+                raise
+            return [None]
+        finally:
+            local.stack = saved
+
+    def close(self) -> None:
+        pass
+
+
+def _unwrap(x: Any) -> Any:
+    # A distributed value stands for the current replica's part, a variable for its value.
+    from .variables import Variable
+
+    if isinstance(x, DistributedValues):
+        x = x._current()
+    if isinstance(x, Variable):
+        x = x._read()
+    return x
+
+
+def _first_difference(shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[Any], what: str,
+                      axis: Optional[int] = None) -> None:
+    """Cross-replica checks of the parts of one value (TypeError for dtypes, ValueError
+    for shapes), naming the first replica that differs."""
+    s0, d0 = shapes[0], dtypes[0]
+    for r, (s, d) in enumerate(zip(shapes, dtypes)):
+        if d != d0:
+            raise TypeError(f"{what}: replica {r} has dtype {d}, replica 0 has {d0}; every replica's value "
+                            "needs the same dtype")
+        if axis is None:
+            if s != s0:
+                raise ValueError(f"{what}: replica {r} has shape {s}, replica 0 has {s0}; every replica's "
+                                 "value needs the same shape")
+        elif len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
+            raise ValueError(f"{what}: replica {r} has shape {tuple(s)}, replica 0 has shape {tuple(s0)}; "
+                             f"shapes may differ only along axis {axis}")
+
+
+class LocalExtended(StrategyExtended):
+    """N replicas in this process; ``collectives`` runs their collectives."""
+
+    def __init__(self, container_strategy: Any, devices: Sequence[str], cross_device_ops: Optional[CrossDeviceOps],
+                 options: Optional[CommunicationOptions], what: str, execution: str = "auto",
+                 make_group: bool = True) -> None:
+        super().__init__(container_strategy, devices)
+        if cross_device_ops is None:
+            cross_device_ops = CollectiveAllReduce()
+        if not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError(
+                f"{what}: cross_device_ops must be a CollectiveAllReduce or ReductionToOneDevice, "
+                f"got {type(cross_device_ops).__name__}"
+            )
+        if options is None:
+            options = CommunicationOptions()
+        if not isinstance(options, CommunicationOptions):
+            raise TypeError(f"{what}: communication_options must be a CommunicationOptions, got {type(options).__name__}")
+        if execution not in EXECUTION_MODES:
+            raise ValueError(f"{what}: execution must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
+                             f"got {execution!r}")
+        self._what = what
+        self._cross_device_ops = cross_device_ops
+        self._options = options
+        self._via_root: Optional[int] = None
+        if isinstance(cross_device_ops, ReductionToOneDevice):
+            self._via_root = 0
+            if cross_device_ops.reduce_to_device is not None:
+                if cross_device_ops.reduce_to_device not in self._devices:
+                    raise ValueError(
+                        f"{what}: ReductionToOneDevice(reduce_to_device={cross_device_ops.reduce_to_device!r}) "
+                        f"is not one of the strategy's devices {list(self._devices)}"
+                    )
+                self._via_root = self._devices.index(cross_device_ops.reduce_to_device)
+        algorithm = options.implementation
+        if algorithm == "auto" and isinstance(cross_device_ops, CollectiveAllReduce):
+            algorithm = cross_device_ops.algorithm
+        self._algorithm = algorithm
+        self._timeout = options.timeout_seconds if options.timeout_seconds is not None else _default_timeout()
+        self._on_gpu = any(d.startswith("GPU:") for d in self._devices)
+        self._make_group = make_group
+        self._coll: Collectives = self._make_collectives()
+        self._execution = self._choose_execution(execution, what)
+        self._contexts = tuple(context.ReplicaContext(container_strategy, r, _num_replicas=self._n)
+                               for r in range(self._n))
+        self._entries = tuple(c._entry for c in self._contexts)
+        self._runner = self._make_runner()
+        # One collective at a time per strategy: a step's meetings and cross-replica calls
+        # from other threads (a logging thread's strategy.reduce) take turns.
+        self._lock = threading.RLock()
+        self._run_lock = threading.Lock()
+        self._step_active = False
+        self._fork = fork_generation()
+        # Variables created under this strategy's scope get one copy per replica.
+        self._distributed_variables = False
+        self._closed = False
+
+    # ---- construction --------------------------------------------------------------------
+    def _make_collectives(self) -> Collectives:
+        from . import devices as device_util
+
+        n = self._n
+        if self._on_gpu:
+            from .cuda_collectives import CudaCollectives
+
+            group = None
+            places = tuple(device_util.place_of_device(d) for d in self._devices)
+            if self._make_group and n > 1:
+                group = self._new_group()
+                # The CUDA devices the group mapped the replicas to when it was made (a
+                # later set_logical_gpus does not move existing replicas).
+                places = tuple(group.engine.gpus)
+            return CudaCollectives(group, n, places)
+        from .host_collectives import HostCollectives
+
+        group = self._new_group() if self._make_group and n > 1 else None
+        return HostCollectives(group, n)
+
+    def _new_group(self) -> Any:
+        from .group import ReplicaGroup
+
+        try:
+            # No spinning: in thread mode replicas take turns on the GIL, and a waiter
+            # that spins holds the core its peer needs.
+            return ReplicaGroup(list(self._devices), timeout_seconds=self._options.timeout_seconds, spin_us=0)
+        except ValueError as e:
+            raise ValueError(f"{self._what}: {e}") from None
+
+    def _choose_execution(self, execution: str, what: str) -> str:
+        from . import replicas_inline
+
+        if self._on_gpu:
+            if execution == "threads":
+                raise ValueError(f"{what}: GPU replicas always run inline (one thread enqueues every replica's "
+                                 "work); execution='threads' is for CPU replicas")
+            execution = "inline"
+        if execution == "auto":
+            execution = "inline" if replicas_inline.available() else "threads"
+        if execution == "inline" and not replicas_inline.available():
+            raise ImportError(f"{what}: execution='inline' needs the greenlet package (pip install greenlet)")
+        return execution
+
+    def _make_runner(self) -> Any:
+        if self._n == 1:
+            return _SingleRunner(self._resolve)
+        if self._execution == "inline":
+            from .replicas_inline import InlineRunner
+
+            return InlineRunner(self._n, self._resolve)
+        from .replicas_threads import ThreadRunner
+
+        return ThreadRunner(self._n, self._resolve, self._on_replica_failed)
+
+    @property
+    def execution(self) -> str:
+        """How replicas run: "inline" (coroutines on the calling thread) or "threads"."""
+        return self._execution
+
+    @property
+    def _group(self) -> Any:
+        """The engine group (None for one replica)."""
+        return getattr(self._coll, "group", None)
+
+    @property
+    def _places(self) -> Tuple[Optional[int], ...]:
+        return self._coll.places
+
+    # ---- run -----------------------------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable, args: Sequence, kwargs: Optional[dict]) -> Any:
+        if not callable(fn):
+            raise TypeError(f"strategy.run: fn must be callable, got {type(fn).__name__}")
+        if not isinstance(args, (list, tuple)):
+            raise ValueError(f"strategy.run: positional args must be a list or tuple, got {type(args).__name__}")
+        if kwargs is None:
+            kwargs = _EMPTY
+        elif not isinstance(kwargs, dict):
+            raise ValueError(f"strategy.run: kwargs must be a dict, got {type(kwargs).__name__}")
+        ctx = context.current_run_context()
+        if ctx is not None:
+            raise RuntimeError(
+                f"strategy.run cannot be called inside strategy.run (replica "
+                f"{ctx.replica_id_in_sync_group}); call the function directly, or use "
+                "merge_call to reach cross-replica context"
+            )
+        if self._closed:
+            raise ClosedError(f"{self._container!r} is closed")
+        acquired = False
+        try:
+            acquired = self._run_lock.acquire(False)
+            if not acquired:
+                raise RuntimeError(
+                    f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
+                    "another thread); one step at a time"
+                )
+            if self._fork != fork_generation():
+                self._after_fork()
+            self._step_active = True
+            return self._step(fn, args, kwargs)
+        finally:
+            if acquired:
+                self._step_active = False
+                self._run_lock.release()
+
+    def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
+        n = self._n
+        group = self._group
+        if group is not None and group.aborted:
+            # A collective of an earlier step (or of the group used directly) failed or
+            # was interrupted: clear that before this step's collectives.
+            try:
+                group.reset()
+            except Exception:  # noqa: BLE001 - still in flight; this step's collectives report it
+                pass
+        if contains_distributed(args, n, "strategy.run") or contains_distributed(kwargs, n, "strategy.run"):
+            per = [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
+        else:
+            per = [(args, kwargs)] * n
+        runner = self._runner
+        try:
+            results = runner.step(fn, per, self._entries, self._timeout)
+        except StepTimeout as e:
+            if runner.failures and any(isinstance(f.error, Exception) for f in runner.failures):
+                # A replica's own error (a collective that timed out waiting for the
+                # stuck replica, say) says more than "the step timed out".
+                self._raise_failure(runner.failures)
+            stuck = e.stuck
+            raise CollectiveTimeoutError(
+                f"replica {stuck[0] if stuck else '?'}: strategy.run did not finish within {e.timeout:g} s"
+                f" (replica(s) still running: {names(stuck) or 'none'}); "
+                f"{e.why + '; ' if e.why else ''}the timeout is CommunicationOptions.timeout_seconds"
+            ) from None
+        if runner.failures:
+            self._raise_failure(runner.failures)
+        return regroup(results)
+
+    @staticmethod
+    def _raise_failure(failures: List[Failure]) -> None:
+        """Raises the step's primary failure: the first that is not a release of another
+        replica's, with the replica named and the original chained."""
+        primary = min(failures, key=lambda f: (isinstance(f.error, AbortedError), f.order))
+        error = replica_error(primary)
+        if error is primary.error:
+            raise error
+        raise error from primary.error
+
+    def _on_replica_failed(self, replica: int, why: str) -> None:
+        """Thread mode: a replica failed or the step was abandoned. A collective in flight
+        on another thread finishes on its own (single-call collectives never wait for a
+        replica), so there is nothing to release in the engine."""
+
+    def _after_fork(self) -> None:
+        """In a child process after os.fork(): the engine's threads are gone, so the group
+        is made again (the runner restarts its own threads)."""
+        if self._on_gpu:
+            raise RuntimeError(
+                f"{self._container!r} was created before os.fork(); CUDA cannot be used in a forked child: "
+                "create the strategy in the child (or use the 'spawn' start method)")
+        self._fork = fork_generation()
+        old = self._coll
+        self._coll = self._make_collectives()
+        # The old group's threads do not exist here: never join them.
+        if getattr(old, "group", None) is not None:
+            _leak(old.group)
+
+    # ---- meetings --------------------------------------------------------------------------------
+    def _meet(self, ctx: context.ReplicaContext, request: Request) -> Any:
+        return self._runner.meet(ctx._replica_id, request)
+
+    def _resolve(self, requests: List[Request]) -> List[Any]:
+        """One outcome per replica for a meeting that every replica has reached."""
+        n = len(requests)
+        try:
+            check_calls(requests)
+            with self._lock:
+                return _RESOLVERS[requests[0].kind](self, requests)
+        except BaseException as e:  # noqa: BLE001 - every replica raises it
+            if not isinstance(e, Exception):
+                raise
+            if isinstance(e, MismatchError):
+                return [Raise(_for_replica(e, r)) for r in range(n)]
+            return [Raise(e)] * n
+
+    def _convert(self, leaf: Any) -> Any:
+        """A leaf (inside the replica) as the collectives take it."""
+        x = _unwrap(leaf)
+        if self._on_gpu:
+            return kinds.to_engine_value(x)
+        return kinds.to_numpy(x)
+
+    # ---- replica context collectives -----------------------------------------------------------
+    def _replica_all_reduce(self, ctx: context.ReplicaContext, reduce_op: Any, value: Any,
+                            options: Optional[CommunicationOptions]) -> Any:
+        op = _OPS.get(reduce_op) if isinstance(reduce_op, str) else None
+        if op is None:
+            op = as_reduce_op(reduce_op)
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
+        timeout = None if options is None else options.timeout_seconds
+        if type(value) is np.ndarray and not self._on_gpu and value.dtype in _QUICK_DTYPES:
+            # The common case: one numpy array of a number dtype, nothing to convert.
+            return self._meet(ctx, Request("all_reduce", (op,), value, ([value], options), timeout))[0]
+        single = not nest.is_nested(value)
+        leaves = [value] if single else nest.flatten(value)
+        arrays = [self._convert(x) for x in leaves]
+        _check_numbers(ctx._replica_id, leaves, arrays, "all_reduce", "reduce")
+        out = self._meet(ctx, Request("all_reduce", (op,), value, (arrays, options), timeout))
+        if single:
+            return kinds.restore(out[0], _unwrap(value))
+        return nest.pack_sequence_as(value, [kinds.restore(o, _unwrap(x)) for o, x in zip(out, leaves)])
+
+    def _replica_all_gather(self, ctx: context.ReplicaContext, value: Any, axis: int,
+                            options: Optional[CommunicationOptions]) -> Any:
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
+        single = not nest.is_nested(value)
+        leaves = [value] if single else nest.flatten(value)
+        arrays = [self._convert(x) for x in leaves]
+        for leaf, a in zip(leaves, arrays):
+            if a.dtype.hasobject:
+                raise TypeError(f"replica {ctx._replica_id}: all_gather cannot send a value of type "
+                                f"{type_name(leaf, a)}; pass numbers, strings or arrays of them")
+            normalize_axis(axis, a.ndim, "all_gather", ctx._replica_id)
+        timeout = None if options is None else options.timeout_seconds
+        out = self._meet(ctx, Request("all_gather", (axis,), value, (arrays, options), timeout))
+        if single:
+            return kinds.restore(out[0], _unwrap(value))
+        return nest.pack_sequence_as(value, [kinds.restore(o, _unwrap(x)) for o, x in zip(out, leaves)])
+
+    def _replica_broadcast(self, ctx: context.ReplicaContext, value: Any, root: int = 0) -> Any:
+        """Replica ``root``'s ``value`` on every replica, in the kind each passed."""
+        arrays = [self._convert(value)]
+        out = self._meet(ctx, Request("broadcast", (root,), value, (arrays, None)))
+        return kinds.restore(out[0], _unwrap(value))
+
+    def _replica_update_all_reduce(self, ctx: context.ReplicaContext, name: str, kind: str, op: ReduceOp,
+                                   local: Any, original: Any) -> Any:
+        """The all-reduce of an aggregated variable update (``kind``: assign, assign_add,
+        ...); a SUM update that got the very same plain object on every replica is refused
+        (it would count it N times)."""
+        arrays = [self._convert(local)]
+        out = self._meet(ctx, Request("variable update", (name, kind, op), local, (arrays, original)))
+        return out[0]
+
+    def _merge_call(self, ctx: context.ReplicaContext, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+        if not callable(merge_fn):
+            raise TypeError(f"merge_call: merge_fn must be callable, got {type(merge_fn).__name__}")
+        strategy = self._container
+        if self._n == 1 or not ctx._in_run:
+            with context.CrossReplica(strategy):
+                return merge_fn(strategy, *args, **kwargs)
+        return self._meet(ctx, Request("merge_call", (), (merge_fn, args, kwargs)))
+
+    # ---- resolvers: every replica has made the same call ------------------------------------------
+    def _options_of(self, request: Request) -> Tuple[str, int]:
+        opts = request.extra[1]
+        merged = self._options if opts is None else self._options.merge(opts)
+        algorithm = self._algorithm if opts is None or opts.implementation == "auto" else opts.implementation
+        return algorithm, merged.bytes_per_pack
+
+    def _resolve_all_reduce(self, requests: List[Request]) -> List[Any]:
+        q0 = requests[0]
+        op = q0.params[0]
+        leaves = [q.extra[0] for q in requests]
+        if type(q0.value) is not np.ndarray:
+            check_structures(requests, "all_reduce")
+        check_leaves(q0.value, leaves, "all_reduce")
+        algorithm, bytes_per_pack = self._options_of(q0)
+        return self._all_reduce_leaves(op, leaves, algorithm, bytes_per_pack, q0.value)
+
+    def _all_reduce_leaves(self, op: ReduceOp, leaves: List[List[Any]], algorithm: str,
+                           bytes_per_pack: int, value: Any = None) -> List[List[Any]]:
+        if self._via_root is not None:
+            return self._all_reduce_via_root(op, leaves)
+        return self._coll.all_reduce(op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, value=value)
+
+    def _all_reduce_via_root(self, op: ReduceOp, leaves: List[List[Any]]) -> List[List[Any]]:
+        """ReductionToOneDevice: reduce onto the root replica, then broadcast."""
+        root = self._via_root or 0
+        n = len(leaves)
+        reduced = [self._coll.reduce(op, [leaves[r][i] for r in range(n)]) for i in range(len(leaves[0]))]
+        rows = [[reduced[i] if r == root else leaves[r][i] for i in range(len(reduced))] for r in range(n)]
+        return self._coll.broadcast(rows, root)
+
+    def _resolve_all_gather(self, requests: List[Request]) -> List[Any]:
+        q0 = requests[0]
+        axis = q0.params[0]
+        leaves = [q.extra[0] for q in requests]
+        check_structures(requests, "all_gather")
+        for r, row in enumerate(leaves):
+            for i, a in enumerate(row):
+                if a.ndim != leaves[0][i].ndim:
+                    raise MismatchError(f"all_gather: replica 0 passed rank {leaves[0][i].ndim}, replica {r} "
+                                        f"passed rank {a.ndim}; shapes may differ only along axis {axis}")
+        axes = [normalize_axis(axis, a.ndim, "all_gather", 0) for a in leaves[0]]
+        check_leaves(q0.value, leaves, "all_gather", axes)
+        for row in leaves:
+            for a in row:
+                if a.dtype.hasobject:
+                    raise TypeError("all_gather cannot send Python objects; pass numbers, strings or arrays of them")
+        return self._coll.all_gather(leaves, axes, value=q0.value)
+
+    def _resolve_broadcast(self, requests: List[Request]) -> List[Any]:
+        q0 = requests[0]
+        leaves = [q.extra[0] for q in requests]
+        check_leaves(q0.value, leaves, "broadcast")
+        return self._coll.broadcast(leaves, q0.params[0], value=q0.value)
+
+    def _resolve_update(self, requests: List[Request]) -> List[Any]:
+        q0 = requests[0]
+        name, kind, op = q0.params
+        leaves = [q.extra[0] for q in requests]
+        check_leaves(q0.value, leaves, f"{kind} of variable '{name}'")
+        original = q0.extra[1]
+        if op is ReduceOp.SUM and self._count_twice(original, requests):
+            raise ValueError(
+                f"a SUM update ({kind}) of variable '{name}' got the same plain value on every replica, which would "
+                f"count it {self._total_replicas()} times; pass each replica's own value, or use aggregation "
+                "MEAN or ONLY_FIRST_REPLICA")
+        return self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value)
+
+    def _count_twice(self, original: Any, requests: List[Request]) -> bool:
+        return all(q.extra[1] is original for q in requests)
+
+    def _total_replicas(self) -> int:
+        return self._n
+
+    def _resolve_merge(self, requests: List[Request]) -> List[Any]:
+        strategy = self._container
+        fn = requests[0].value[0]
+        merged_args = regroup([q.value[1] for q in requests], what="merge_call", scalars_by_identity=True)
+        merged_kwargs = regroup([q.value[2] for q in requests], what="merge_call", scalars_by_identity=True)
+        try:
+            with context.CrossReplica(strategy):
+                result = fn(strategy, *merged_args, **merged_kwargs)
+        except Exception as e:  # noqa: BLE001 - replica 0 raises it, the others are released
+            released = AbortedError(f"released from merge_call: merge_fn raised {type(e).__name__}: {e}")
+            return [Raise(e)] + [Raise(released)] * (len(requests) - 1)
+        return [select_replica(r, result) for r in range(len(requests))]
+
+    # ---- cross-replica collectives ---------------------------------------------------------------
+    def _parts(self, value: DistributedValues, what: str) -> List[Any]:
+        parts = value.values
+        if len(parts) != self._n:
+            raise ValueError(
+                f"{what}: a {type(value).__name__} with {len(parts)} values cannot be combined by a "
+                f"strategy with {self._n} replicas"
+            )
+        return list(parts)
+
+    def _part_values(self, value: DistributedValues, what: str) -> List[Any]:
+        from .variables import Variable
+
+        out = []
+        for p in self._parts(value, what):
+            if isinstance(p, Variable):
+                p = p._read()
+            out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
+        return out
+
+    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+        if not isinstance(value, DistributedValues):
+            return self._reduce_plain(op, value, axis, what)
+        parts = self._part_values(value, what)
+        original = _unwrap_part(value.values[0])
+        if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
+            return kinds.restore(self._coll_copy(parts[0]), original)
+        with self._lock:
+            if axis is None:
+                _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
+                dt = parts[0].dtype
+                if dt.hasobject or dt.kind not in REDUCIBLE_KINDS:
+                    out = _numpy_objects(op, parts, value.values[0], what)
+                else:
+                    out = self._coll.reduce(op, parts)
+            else:
+                out = self._reduce_along(op, parts, axis, what)
+        return kinds.restore(out, original)
+
+    def _coll_copy(self, x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return np.array(x, copy=True)
+        from . import devices
+
+        return devices.copy(x)
+
+    def _reduce_along(self, op: ReduceOp, parts: List[Any], axis: int, what: str) -> Any:
+        """``strategy.reduce`` with an axis: each part reduced along it (on the host), then
+        across replicas; MEAN is the global mean over every element along the axis."""
+        from . import devices
+
+        hosts = [devices.to_host(p) for p in parts]
+        axes = [normalize_axis(axis, h.ndim, what, r) for r, h in enumerate(hosts)]
+        if op is ReduceOp.MEAN:
+            numer = [np.asarray(np.sum(h, axis=a, dtype=work_dtype(h.dtype, op))) for h, a in zip(hosts, axes)]
+            count = self._coll.total(sum(h.shape[a] if h.ndim else 1 for h, a in zip(hosts, axes)))
+            total = self._coll.reduce(ReduceOp.SUM, self._to_places(numer))
+            total = devices.to_host(total)
+            out = np.asarray(total / total.dtype.type(count) if count else total * np.nan)
+        else:
+            local = [_local_reduce(op, h, a) for h, a in zip(hosts, axes)]
+            out = devices.to_host(self._coll.reduce(op, self._to_places(local)))
+        if any(devices.is_device_array(p) for p in parts):
+            return devices.to_replica_device(out, self._places[0])
+        return out
+
+    def _to_places(self, hosts: List[np.ndarray]) -> List[Any]:
+        from . import devices
+
+        if not self._on_gpu:
+            return hosts
+        return [devices.to_replica_device(h, p) if devices.can_place(h.dtype) else h
+                for h, p in zip(hosts, self._places)]
+
+    def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+        if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._total_replicas() > 1:
+            raise ValueError(
+                f"{what}: a non-distributed value cannot be reduced with {op.name} across "
+                f"{self._total_replicas()} replicas (it is not one value per replica); pass a PerReplica, such "
+                "as the result of strategy.run"
+            )
+        if axis is None:
+            return value
+        from . import devices
+
+        a = kinds.to_numpy(_unwrap_part(value))
+        ax = normalize_axis(axis, a.ndim, what, 0)
+        if a.ndim == 0:
+            out = a
+        elif op is ReduceOp.MEAN:
+            out = np.asarray(np.mean(a, axis=ax))
+        else:
+            out = _local_reduce(op, a, ax)
+        if devices.is_device_array(value):
+            # A GPU value was reduced on the host; its result goes back where it came from.
+            return devices.to_replica_device(out, devices.place_of(value))
+        return kinds.restore(out, _unwrap_part(value))
+
+    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
+        if not isinstance(value, DistributedValues):
+            a = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
+            normalize_axis(axis, a.ndim, what, 0)
+            return kinds.restore(a, _unwrap_part(value)) if not isinstance(value, np.ndarray) else a
+        parts = self._part_values(value, what)
+        ax = normalize_axis(axis, parts[0].ndim, what, 0)
+        for r, p in enumerate(parts):
+            if p.ndim != parts[0].ndim:
+                raise ValueError(
+                    f"{what}: replica {r} has rank {p.ndim}, replica 0 has rank {parts[0].ndim}; "
+                    f"shapes may differ only along axis {ax}"
+                )
+        _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what, ax)
+        with self._lock:
+            out = self._coll.gather(parts, ax)
+        return kinds.restore(out, _unwrap_part(value.values[0]))
+
+    def _place_of(self, device: str) -> Optional[int]:
+        """The place of a destination device: a replica's own CUDA device, else as named."""
+        from . import devices
+
+        if device in self._devices:
+            return self._places[self._devices.index(device)]
+        return devices.place_of_device(device)
+
+    def _placed(self, result: Any, original: Any) -> Any:
+        """A result bound for replicas' devices: a device array stays one when the value
+        came from numpy or Python (it lives where its destination is); otherwise it goes
+        back to the original's framework."""
+        from . import devices
+
+        if self._on_gpu and devices.is_device_array(result) and kinds.framework_of(original) in ("numpy", "other"):
+            return result
+        return kinds.restore(result, original)
+
+    def _put(self, value: Any, device: str, copy: bool) -> Any:
+        """``value`` on ``device`` (a copy when ``copy``): a device array on a GPU
+        destination, host memory on a CPU one, in the framework of ``value``."""
+        from . import devices
+
+        place = self._place_of(device) if self._on_gpu else None
+        v = kinds.to_engine_value(value) if self._on_gpu else kinds.to_numpy(value)
+        if place is None or not devices.can_place(v.dtype):
+            host = devices.to_host(v)
+            out = np.array(host, copy=True) if copy else host
+        else:
+            out = devices.to_replica_device(v, place, copy=copy)
+        return self._placed(out, value)
+
+    def _spread(self, out: Any, dests: List[str]) -> Any:
+        """``out`` on every destination: the value itself for one, a Mirrored of copies."""
+        if len(dests) == 1:
+            return self._put(out, dests[0], copy=False)
+        return Mirrored(tuple(self._put(out, d, copy=i > 0) for i, d in enumerate(dests)))
+
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
+        """Reduces ``value`` (a PerReplica, or a plain value present on every replica) onto
+        ``destinations``: a Mirrored with one copy per destination device, or the value
+        itself for one destination; each copy lives on its destination device."""
+        self._require_cross_replica("extended.reduce_to")
+        op = as_reduce_op(reduce_op)
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
+        dests = self._destinations(destinations, "reduce_to")
+        if not isinstance(value, DistributedValues):
+            out = self._reduce_plain(op, value, None, "reduce_to")
+            if len(dests) == self._n and dests == list(self._devices) and self._n > 1:
+                return Mirrored(tuple(self._broadcast_value(out)))
+            return self._spread(out, dests)
+        if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
+            return self._spread(_unwrap_part(value.values[0]), dests)
+        parts = self._part_values(value, "reduce_to")
+        original = _unwrap_part(value.values[0])
+        if dests == list(self._devices) and self._n > 1:
+            _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], "reduce_to")
+            with self._lock:
+                outs = self._all_reduce_leaves(op, [[p] for p in parts], self._algorithm, 0)
+            return Mirrored(tuple(self._placed(o[0], original) for o in outs))
+        out = kinds.restore(self._reduce_one(op, value, None, "reduce_to"), original)
+        return self._spread(out, dests)
+
+    def _broadcast_value(self, value: Any) -> List[Any]:
+        """N copies of ``value``, one where each replica's values live."""
+        v = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
+        # Local copies only (a value every process already has): the collectives of this
+        # process, never the ones across processes.
+        local = getattr(self._coll, "local", self._coll)
+        with self._lock:
+            outs = local.broadcast([[v]] * self._n, 0)
+        return [self._placed(o[0], _unwrap_part(value)) for o in outs]
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
+                        options: Any = None) -> List[Any]:
+        """``reduce_to`` for a list of (value, destinations) pairs."""
+        self._require_cross_replica("extended.batch_reduce_to")
+        if not isinstance(value_destination_pairs, (list, tuple)):
+            raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
+        out = []
+        for i, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
+            out.append(self.reduce_to(reduce_op, pair[0], pair[1], options))
+        return out
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Copies a non-distributed ``tensor`` to every destination device: a Mirrored
+        (or the value itself for one destination)."""
+        self._require_cross_replica("extended.broadcast_to")
+        if isinstance(tensor, PerReplica):
+            raise ValueError("broadcast_to: the value is a PerReplica; reduce it first (reduce_to)")
+        dests = self._destinations(destinations, "broadcast_to")
+        value = _unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else _unwrap_part(tensor)
+        if len(dests) == 1:
+            return self._put(value, dests[0], copy=False) if self._on_gpu else value
+        if dests == list(self._devices):
+            return Mirrored(tuple(self._broadcast_value(value)))
+        return self._spread(value, dests)
+
+    def close(self) -> None:
+        self._closed = True
+        self._runner.close()
+        self._coll.close()
+
+
+def _unwrap_part(x: Any) -> Any:
+    from .variables import Variable
+
+    return x._read() if isinstance(x, Variable) else x
+
+
+def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int) -> np.ndarray:
+    if a.ndim == 0:
+        return a
+    if op is ReduceOp.SUM:
+        return np.asarray(np.sum(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
+    if op is ReduceOp.PRODUCT:
+        return np.asarray(np.prod(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
+    if op is ReduceOp.MIN:
+        return np.asarray(np.min(a, axis=axis))
+    return np.asarray(np.max(a, axis=axis))
+
+
+def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], what: str, verb: str) -> None:
+    """Refuses, in the replica and naming it, values that are not numbers."""
+    for leaf, a in zip(leaves, arrays):
+        dt = a.dtype
+        if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
+            raise TypeError(f"replica {replica}: {what} cannot {verb} a value of type {type_name(leaf, a)}; "
+                            "pass numbers or arrays of numbers")
+
+
+_QUICK_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int16",
+                                                 "uint16", "int32", "uint32", "int64", "uint64", "bool",
+                                                 "complex64", "complex128"))
+
+
+def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
+    """Parts numpy cannot reduce as numbers: Python objects that support the operation
+    (Fraction, Decimal) are reduced by numpy; anything else is a TypeError naming it."""
+    a = parts[0]
+    if not a.dtype.hasobject:
+        raise TypeError(f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name}; "
+                        "pass numbers or arrays of numbers")
+    try:
+        return numpy_reduce(np.stack(parts), op, a.dtype)
+    except TypeError as e:
+        raise TypeError(f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name} "
+                        f"({e}); pass numbers or arrays of numbers") from None
+
+
+def _for_replica(e: MismatchError, r: int) -> MismatchError:
+    err = MismatchError(str(e))
+    err.replica = r
+    return err
+
+
+def _leak(group: Any) -> None:
+    """Keeps ``group`` alive for good: its threads died with the fork, and destroying it
+    (which joins them) would wait forever in the child. One extra reference that is
+    never released keeps even interpreter shutdown from destroying it."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+def _default_timeout() -> float:
+    from . import options as options_module
+
+    resolve = getattr(options_module, "default_timeout_seconds", None)
+    if callable(resolve):
+        return float(resolve())
+    import os
+
+    try:
+        value = float(os.environ.get("DISTVALS_TIMEOUT_SECONDS", ""))
+    except ValueError:
+        value = 0.0
+    return value if value > 0 else DEFAULT_TIMEOUT_SECONDS
+
+
+_RESOLVERS = {
+    "all_reduce": LocalExtended._resolve_all_reduce,
+    "all_gather": LocalExtended._resolve_all_gather,
+    "broadcast": LocalExtended._resolve_broadcast,
+    "variable update": LocalExtended._resolve_update,
+    "merge_call": LocalExtended._resolve_merge,
+}
+
+_ = (numpy_reduce, PerReplica)

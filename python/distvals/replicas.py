@@ -1,0 +1,162 @@
+"""What the two ways of running replicas share: meetings, failures, fork safety.
+
+A strategy runs one step (``strategy.run``) by calling the replica function once per
+replica. Two runners do that, chosen per strategy (see ``MirroredStrategy(execution=)``):
+
+- ``distvals.replicas_inline.InlineRunner``: every replica is a coroutine (a greenlet)
+  on the calling thread;
+- ``distvals.replicas_threads.ThreadRunner``: one persistent thread per replica.
+
+Both meet the same way. A replica that reaches a cross-replica point (a collective, a
+``merge_call``, an aggregated variable update) hands the runner a ``Request`` and waits.
+Once every replica has handed one in, the runner calls ``resolve(requests)`` once, on one
+thread: it checks that the replicas asked for the same thing (else every replica gets
+the same ``MismatchError``), runs the collective once for all of them in the engine's
+single-call style, and returns one outcome per replica. Each replica then resumes with
+its outcome (or raises the error it carries).
+
+A replica that returns while others wait at a meeting, or that raises, is noticed at
+once: the waiting replicas are released with ``MismatchError`` or ``AbortedError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+__all__ = [
+    "Request",
+    "Failure",
+    "Resolve",
+    "StepTimeout",
+    "fork_generation",
+    "set_async_exception",
+    "names",
+]
+
+
+class Request:
+    """What one replica asks for at a meeting.
+
+    ``kind`` names the meeting ("all_reduce", "all_gather", "merge_call", ...);
+    ``params`` are the arguments every replica must agree on (the op, the axis), as a
+    tuple compared with ``==``; ``value`` is the replica's own value (a nested structure
+    of arrays, or the merge function's arguments); ``extra`` carries what the resolver
+    needs beside them (options, the original object of a variable update).
+    """
+
+    __slots__ = ("kind", "params", "value", "extra", "timeout")
+
+    def __init__(self, kind: str, params: tuple, value: Any, extra: Any = None,
+                 timeout: Optional[float] = None) -> None:
+        self.kind = kind
+        self.params = params
+        self.value = value
+        self.extra = extra
+        # The longest this replica waits for the others at this meeting (None: the
+        # step's timeout); from CommunicationOptions passed to the call.
+        self.timeout = timeout
+
+    def describe(self) -> str:
+        """How error messages name the call: ``all_reduce(SUM)``, ``merge_call``."""
+        if not self.params:
+            return self.kind
+        return f"{self.kind}({', '.join(_show(p) for p in self.params)})"
+
+    def __repr__(self) -> str:
+        return f"Request({self.describe()})"
+
+
+def _show(p: Any) -> str:
+    name = getattr(p, "name", None)
+    return name if isinstance(name, str) else repr(p)
+
+
+Resolve = Callable[[List[Request]], List[Any]]
+"""``resolve(requests)``: one request per replica in, one outcome per replica out. An
+outcome that is a ``Raise`` raises its error in its replica; anything else is returned."""
+
+
+class Failure:
+    """An exception raised by one replica during a step, with its order of arrival."""
+
+    __slots__ = ("order", "replica", "error")
+
+    def __init__(self, order: int, replica: int, error: BaseException) -> None:
+        self.order = order
+        self.replica = replica
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Failure(replica={self.replica}, error={self.error!r})"
+
+
+class Raise:
+    """An outcome that makes its replica raise ``error`` instead of returning."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class StepTimeout(Exception):
+    """A step that did not finish within its timeout (turned into
+    CollectiveTimeoutError by the strategy, which knows what to say)."""
+
+    def __init__(self, timeout: float, stuck: Sequence[int], why: str = "") -> None:
+        super().__init__(timeout, list(stuck), why)
+        self.timeout = timeout
+        self.stuck = list(stuck)
+        self.why = why
+
+
+def names(replicas: Sequence[int]) -> str:
+    """``"0, 2"`` for error messages."""
+    return ", ".join(str(r) for r in replicas)
+
+
+# ---- fork ----------------------------------------------------------------------------
+# Threads do not survive os.fork(): in the child, a runner's replica threads and the
+# engine's worker threads are gone. Runners and strategies compare this counter with
+# the one they were made under and rebuild what the child lacks.
+_fork_generation = [0]
+
+
+def _after_fork_in_child() -> None:
+    _fork_generation[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_generation() -> int:
+    """Counts the forks this process is a child of (0 in the original process)."""
+    return _fork_generation[0]
+
+
+# ---- releasing a thread stuck in Python code --------------------------------------------
+try:
+    _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    # A pointer, not py_object: clearing takes NULL, which py_object cannot express.
+    _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
+    _set_async_exc.restype = ctypes.c_int
+except (AttributeError, OSError):  # not CPython
+    _set_async_exc = None
+
+
+def set_async_exception(thread_id: Optional[int], exc_type: Optional[type]) -> bool:
+    """Makes ``exc_type`` raise in thread ``thread_id`` at its next Python bytecode
+    (``None`` clears a pending one). A thread blocked in C (a lock, a sleep) sees it
+    only once the call returns. False where the interpreter cannot do it."""
+    if _set_async_exc is None or thread_id is None:
+        return False
+    # id() of a live type object is its address; the type outlives the pending call.
+    return _set_async_exc(thread_id, None if exc_type is None else id(exc_type)) == 1
+
+
+def main_thread_id() -> Optional[int]:
+    return threading.main_thread().ident

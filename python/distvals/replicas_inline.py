@@ -1,0 +1,359 @@
+"""Inline replicas: every replica function runs as a coroutine on the calling thread.
+
+Each replica is a greenlet. ``step`` starts replica 0, which runs until it reaches a
+meeting (``meet``: a collective, a ``merge_call``, an aggregated variable update) or
+returns; then replica 1, and so on. Once every replica waits at a meeting, the
+meeting's ``resolve`` runs once, on the calling thread, with every replica's request,
+and each replica resumes with its own outcome. No thread wakes up and the GIL never
+changes hands: a step with one all-reduce costs a few greenlet switches and one
+single-call collective, whose native work the engine still spreads over its worker
+threads.
+
+Mismatches are seen at once: a replica that returns (or raises) while the others wait
+releases them immediately, with ``MismatchError`` (or ``AbortedError``).
+
+Each replica has its own context stack (``get_replica_context()``, scopes) and its own
+copy of the caller's ``contextvars`` context.
+
+What inline replicas cannot do: wait for one another outside the strategy's meetings
+(a ``threading.Event`` that another replica would set, a queue). Replicas take turns on
+one thread, so the waiting replica holds it and the one that would set the event never
+runs. The step's timeout still ends it: a watchdog thread raises ``CollectiveTimeoutError``
+in the stuck replica (an asynchronous exception; on the main thread a blocked C-level
+wait is interrupted with SIGINT first, when Python's default SIGINT handler is in place).
+A replica blocked in such a wait on another thread cannot be interrupted; use
+``execution="threads"`` for code like that.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+import signal
+import threading
+import time
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from . import context
+from ._core import AbortedError, MismatchError
+from .replicas import Failure, Raise, Request, StepTimeout, main_thread_id, names, set_async_exception
+
+try:
+    import greenlet as _greenlet_module
+    from greenlet import getcurrent as _getcurrent
+    from greenlet import greenlet as _Greenlet
+except ImportError:  # pragma: no cover - greenlet is a dependency; threads mode still works
+    _greenlet_module = None
+
+__all__ = ["InlineRunner", "available"]
+
+_EMPTY: dict = {}
+_monotonic = time.monotonic
+# Markers a replica greenlet switches to the scheduler with when its function ends.
+_DONE = object()
+_FAILED = object()
+
+
+def available() -> bool:
+    """True when greenlet is installed (inline replicas need it)."""
+    return _greenlet_module is not None
+
+
+class InlineTimeout(BaseException):
+    """Raised by the watchdog inside a replica that outlived the step's timeout; a
+    BaseException so that ``except Exception`` in the replica does not swallow it."""
+
+
+def _replica_main(task: Tuple[Callable, tuple, dict]) -> None:
+    # The body of every replica greenlet: run a task, switch its outcome to the
+    # scheduler (the parent), receive the next task.
+    while True:
+        fn, args, kwargs = task
+        task = None
+        try:
+            out: Tuple[Any, Any] = (_DONE, fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - every outcome goes to the scheduler
+            out = (_FAILED, e)
+        fn = args = kwargs = None
+        task = _getcurrent().parent.switch(out)
+
+
+class InlineRunner:
+    """Runs one callable per replica, all as greenlets on the calling thread.
+
+    ``resolve(requests)`` (one request per replica) returns one outcome per replica:
+    a value, or ``Raise(error)``. ``failures`` lists the replicas' exceptions of the last
+    step, in order of arrival.
+    """
+
+    mode = "inline"
+
+    def __init__(self, num_replicas: int, resolve: Callable[[List[Request]], List[Any]]) -> None:
+        if _greenlet_module is None:
+            raise ImportError("inline replicas need the greenlet package: pip install greenlet")
+        self.n = num_replicas
+        self._resolve = resolve
+        self.failures: List[Failure] = []
+        self._greenlets: Optional[List[Any]] = None
+        self._owner: Optional[int] = None  # thread that owns the greenlets
+        self._order = itertools.count()
+        # Watchdog state, guarded by _wd_lock (see _Watchdog).
+        self._wd_lock = threading.Lock()
+        self._active = False
+        self._deadline = math.inf
+        self._timeout = math.inf
+        self._thread_id: Optional[int] = None
+        self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent too
+        self._registered = False
+
+    # ---- meeting (called by a replica) -------------------------------------------------
+    def meet(self, replica: int, request: Request) -> Any:
+        """Hands ``request`` to the scheduler and returns this replica's outcome."""
+        return _getcurrent().parent.switch(request)
+
+    # ---- one step ------------------------------------------------------------------------
+    def _replica_greenlets(self) -> List[Any]:
+        me = threading.get_ident()
+        gls = self._greenlets
+        if gls is None or self._owner != me:
+            # Greenlets belong to the thread that made them.
+            gls = [_Greenlet(_replica_main) for _ in range(self.n)]
+            self._greenlets, self._owner = gls, me
+        parent = _getcurrent()
+        for r, g in enumerate(gls):
+            if g.dead:
+                gls[r] = g = _Greenlet(_replica_main)
+            if g.parent is not parent:
+                g.parent = parent
+        return gls
+
+    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
+             timeout: float) -> List[Any]:
+        """Runs ``fn`` once per replica; returns the N results (None for a failed one).
+        Exceptions of the replicas land in ``failures``; a replica still running after
+        ``timeout`` seconds raises StepTimeout here."""
+        n = self.n
+        self.failures = failures = []
+        order = self._order
+        results: List[Any] = [None] * n
+        local = context._local
+        saved = local.stack
+        gls = self._replica_greenlets()
+        # Marked broken until the step ends cleanly: a KeyboardInterrupt between any two
+        # lines below leaves greenlets suspended in this step, and the next step must not
+        # resume them.
+        self._greenlets = None
+        stacks = [[e] for e in entries]
+        base = contextvars.copy_context()
+        self._arm(timeout)
+        msgs: List[Any] = [None] * n
+
+        def resume(r: int, value: Any, error: Optional[BaseException]) -> None:
+            local.stack = stacks[r]
+            g = gls[r]
+            try:
+                # throw with the traceback, so that the frames where the error arose
+                # (merge_fn's, say) stay on it.
+                m = g.throw(type(error), error, error.__traceback__) if error is not None else g.switch(value)
+            except BaseException as e:  # noqa: BLE001 - the greenlet died between two lines
+                m = (_FAILED, e)
+            if type(m) is Request:
+                msgs[r] = m
+                return
+            msgs[r] = None
+            if m[0] is _DONE:
+                results[r] = m[1]
+            else:
+                failures.append(Failure(next(order), r, m[1]))
+
+        try:
+            for r in range(n):
+                if failures:
+                    # A replica failed: the ones not started yet are not started (they
+                    # would only be released at their first meeting).
+                    break
+                gls[r].gr_context = base.copy()
+                resume(r, (fn, per_replica[r][0], per_replica[r][1] or _EMPTY), None)
+            while True:
+                waiting = [r for r in range(n) if msgs[r] is not None]
+                if not waiting:
+                    break
+                if failures:
+                    if not all(isinstance(f.error, Exception) for f in failures):
+                        # Ctrl-C, SystemExit, the timeout: return now; the suspended
+                        # replicas are dropped with their greenlets.
+                        break
+                    self._release(waiting, msgs, failures[0], resume)
+                    continue
+                if len(waiting) < n:
+                    self._release_early_return(waiting, msgs, resume)
+                    continue
+                local.stack = saved
+                outcomes = self._resolve(msgs)
+                for r in range(n):
+                    o = outcomes[r]
+                    if type(o) is Raise:
+                        resume(r, None, o.error)
+                    else:
+                        resume(r, o, None)
+            if all(msgs[r] is None for r in range(n)):
+                self._greenlets = gls
+        except (InlineTimeout, KeyboardInterrupt):
+            # The watchdog's interrupt landed in the scheduler itself (between replicas).
+            if self._fired:
+                raise StepTimeout(timeout, [], "the step was interrupted by its timeout") from None
+            raise
+        finally:
+            local.stack = saved
+            fired = self._disarm()
+        if fired:
+            self._timeout_failures(failures, timeout, fired)
+        return results
+
+    def _release(self, waiting: List[int], msgs: List[Any], first: Failure, resume) -> None:
+        """A replica failed: the ones waiting at a meeting raise AbortedError."""
+        e = first.error
+        for r in waiting:
+            req = msgs[r]
+            resume(r, None, AbortedError(
+                f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
+                f"{type(e).__name__}: {e}"))
+
+    def _release_early_return(self, waiting: List[int], msgs: List[Any], resume) -> None:
+        """Some replicas returned while others wait: they can never meet."""
+        done = [r for r in range(self.n) if r not in waiting]
+        calls = "; ".join(f"replica {r} waits in {msgs[r].describe()}" for r in waiting)
+        for r in waiting:
+            err = MismatchError(
+                f"replica {r}: {calls}, but replica(s) {names(done)} returned from the replica function "
+                "without making that call; every replica must make the same collective, merge_call and "
+                "variable-update calls in the same order")
+            err.replica = r
+            resume(r, None, err)
+
+    def _timeout_failures(self, failures: List[Failure], timeout: float, fired: int) -> None:
+        """After the watchdog fired: the replica it interrupted failed with InlineTimeout
+        (or, on the main thread, KeyboardInterrupt); that is a timeout of the step."""
+        for f in failures:
+            e = f.error
+            if isinstance(e, InlineTimeout) or (fired == 2 and isinstance(e, KeyboardInterrupt)):
+                raise StepTimeout(timeout, [f.replica], (
+                    f"replica {f.replica} did not reach a meeting or return within {timeout:g} s; inline "
+                    "replicas take turns on one thread, so a replica that waits for another one outside "
+                    "the strategy's collectives (an Event, a queue) cannot go on: use "
+                    "execution='threads' for such code"))
+
+    # ---- watchdog ------------------------------------------------------------------------
+    def _arm(self, timeout: float) -> None:
+        if not timeout < math.inf:
+            return
+        now = _monotonic()
+        with self._wd_lock:
+            self._thread_id = threading.get_ident()
+            self._timeout = timeout
+            self._deadline = now + timeout
+            self._fired = 0
+            self._active = True
+        _WATCHDOG.watch(self)
+
+    def _disarm(self) -> int:
+        if not self._active:
+            return 0
+        with self._wd_lock:
+            self._active = False
+            fired = self._fired
+            self._fired = 0
+        if fired:
+            # An exception the watchdog sent but the thread has not raised yet must not
+            # surface after the step.
+            set_async_exception(self._thread_id, None)
+        return fired
+
+    def _fire(self, now: float) -> None:
+        """Called by the watchdog thread once the deadline has passed. On the main thread
+        (with Python's default SIGINT handler) a SIGINT interrupts the replica wherever it
+        is, a blocking C call included; on other threads an asynchronous exception
+        interrupts Python code (a blocked C call only when it returns). Only one of the
+        two is ever sent, so no second exception lands in the handling of the first."""
+        with self._wd_lock:
+            if not self._active or now < self._deadline or self._fired:
+                return
+            tid = self._thread_id
+            if tid == main_thread_id() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._fired = 2
+                signal.pthread_kill(tid, signal.SIGINT)
+            else:
+                self._fired = 1
+                set_async_exception(tid, InlineTimeout)
+
+    def close(self) -> None:
+        """Drops the replica greenlets (a suspended one is ended by the garbage collector)."""
+        self._greenlets = None
+        _WATCHDOG.forget(self)
+
+    def __repr__(self) -> str:
+        return f"InlineRunner(num_replicas={self.n})"
+
+
+class _Watchdog:
+    """One daemon thread for the process: ends inline steps that outlive their timeout.
+
+    A step stores its deadline in its runner; the thread sleeps until the nearest active
+    deadline (or for the shortest timeout when no step runs, so a step that starts while
+    it computes its next wake-up is seen within one timeout), then interrupts the runners
+    whose deadline has passed. Steps that end in time cost one lock and no wake-up.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._runners: "weakref.WeakSet[InlineRunner]" = weakref.WeakSet()
+        self._wake_at = math.inf
+        self._thread: Optional[threading.Thread] = None
+        self._pid = 0
+
+    def watch(self, runner: InlineRunner) -> None:
+        import os
+
+        if runner._registered and runner._deadline >= self._wake_at and self._pid == os.getpid():
+            return
+        with self._cond:
+            self._runners.add(runner)
+            runner._registered = True
+            if self._thread is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._loop, name="distvals-inline-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def forget(self, runner: InlineRunner) -> None:
+        with self._cond:
+            self._runners.discard(runner)
+
+    def _loop(self) -> None:
+        cond = self._cond
+        while True:
+            due: List[InlineRunner] = []
+            with cond:
+                now = _monotonic()
+                nearest = math.inf
+                shortest = math.inf
+                for r in list(self._runners):
+                    shortest = min(shortest, r._timeout)
+                    if r._active:
+                        if r._deadline <= now and not r._fired:
+                            due.append(r)
+                        else:
+                            nearest = min(nearest, r._deadline)
+                if nearest == math.inf:
+                    nearest = now + shortest
+                self._wake_at = nearest
+                if not due:
+                    cond.wait(None if nearest == math.inf else max(nearest - now, 0.001))
+                    continue
+            for r in due:
+                r._fire(now)
+
+
+_WATCHDOG = _Watchdog()

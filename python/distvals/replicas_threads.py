@@ -1,0 +1,377 @@
+"""Thread replicas: one persistent thread per replica beyond the first.
+
+Replica 0 runs on the calling thread; replicas 1..N-1 each own a thread that lives as
+long as the runner. Python code of different replicas overlaps wherever it releases the
+GIL (large numpy operations, I/O), which is what this mode is for.
+
+Every step is an object of its own (``_Step``): its tasks, results, failures and its
+meeting. A step abandoned half-way (Ctrl-C between any two bytecodes of the caller, a
+timeout) is never resumed or mixed with a later one: a replica thread still busy with an
+abandoned step is replaced by a fresh thread for the next step, and the old thread ends
+once its function returns (an asynchronous AbortedError hurries it along when it runs
+Python code). Nothing is refused forever.
+
+Replicas meet (collectives, ``merge_call``, aggregated variable updates) in the step's
+``_Meeting``: the last replica to arrive runs ``resolve`` for everyone, while the others
+wait with the step's timeout; a replica that fails or returns early releases them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from . import context
+from ._core import AbortedError, CollectiveTimeoutError, MismatchError
+from .replicas import (
+    Failure,
+    Raise,
+    Request,
+    StepTimeout,
+    fork_generation,
+    names,
+    set_async_exception,
+)
+
+__all__ = ["ThreadRunner"]
+
+_EMPTY: dict = {}
+_STOP = None
+_monotonic = time.monotonic
+# Longest single blocking wait, so that a signal (Ctrl-C) is handled soon.
+_SLICE = 0.05
+# How long a new step waits for a thread still busy with an abandoned step before it
+# replaces the thread.
+_GRACE = 0.2
+
+
+class _Meeting:
+    """Where the replicas of one step meet; the last to arrive resolves."""
+
+    __slots__ = ("n", "cond", "requests", "count", "generation", "outcomes", "failed", "finished", "resolve")
+
+    def __init__(self, n: int, resolve: Callable[[List[Request]], List[Any]]) -> None:
+        self.n = n
+        self.cond = threading.Condition(threading.Lock())
+        self.requests: List[Optional[Request]] = [None] * n
+        self.count = 0
+        self.generation = 0
+        self.outcomes: Optional[List[Any]] = None
+        self.failed: Optional[Tuple[int, str]] = None
+        self.finished = [False] * n
+        self.resolve = resolve
+
+    def abort(self, replica: int, why: str) -> None:
+        with self.cond:
+            if self.failed is None:
+                self.failed = (replica, why)
+            self.cond.notify_all()
+
+    def finish(self, replica: int) -> None:
+        """``replica`` returned from its function: it will not arrive again."""
+        with self.cond:
+            self.finished[replica] = True
+            if self.count:
+                self.cond.notify_all()
+
+    def _check(self, replica: int, request: Request) -> None:
+        if self.failed is not None:
+            by, why = self.failed
+            raise AbortedError(f"replica {replica}: released from {request.describe()} because {why}")
+        gone = [r for r in range(self.n) if self.finished[r] and self.requests[r] is None]
+        if gone:
+            calls = "; ".join(f"replica {r} waits in {q.describe()}" for r, q in enumerate(self.requests)
+                              if q is not None)
+            err = MismatchError(
+                f"replica {replica}: {calls}, but replica(s) {names(gone)} returned from the replica "
+                "function without making that call; every replica must make the same collective, "
+                "merge_call and variable-update calls in the same order")
+            err.replica = replica
+            raise err
+
+    def meet(self, replica: int, request: Request, deadline: float, timeout: float) -> Any:
+        if request.timeout is not None and request.timeout < timeout:
+            timeout = request.timeout
+            deadline = min(deadline, _monotonic() + timeout)
+        cond = self.cond
+        with cond:
+            self._check(replica, request)
+            generation = self.generation
+            self.requests[replica] = request
+            self.count += 1
+            if self.count < self.n:
+                while self.generation == generation:
+                    try:
+                        self._check(replica, request)
+                    except BaseException:
+                        self.requests[replica] = None
+                        self.count -= 1
+                        raise
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        missing = [r for r in range(self.n) if self.requests[r] is None]
+                        self.requests[replica] = None
+                        self.count -= 1
+                        raise CollectiveTimeoutError(
+                            f"replica {replica}: {request.describe()} timed out after {timeout:g} s: "
+                            f"replica(s) {names(missing)} never arrived")
+                    cond.wait(min(remaining, _SLICE))
+                return self._mine(replica)
+            requests = list(self.requests)
+        # The last to arrive resolves, without the lock (resolve may take long).
+        try:
+            outcomes = self.resolve(requests)
+        except BaseException as e:  # noqa: BLE001 - every waiting replica must hear of it
+            outcomes = [Raise(e)] * self.n
+        with cond:
+            self.outcomes = outcomes
+            self.requests = [None] * self.n
+            self.count = 0
+            self.generation += 1
+            cond.notify_all()
+        return self._mine(replica)
+
+    def _mine(self, replica: int) -> Any:
+        o = self.outcomes[replica]  # type: ignore[index]
+        if type(o) is Raise:
+            raise o.error
+        return o
+
+
+class _Step:
+    """One run of the replica function on every replica."""
+
+    __slots__ = ("fn", "meeting", "results", "failures", "pending", "done", "lock", "order", "deadline",
+                 "timeout", "abandoned", "on_fail", "__weakref__")
+
+    def __init__(self, n: int, fn: Callable, resolve, order, timeout: float, on_fail) -> None:
+        self.fn = fn
+        self.meeting = _Meeting(n, resolve)
+        self.results: List[Any] = [None] * n
+        self.failures: List[Failure] = []
+        self.pending = n - 1
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.lock = threading.Lock()
+        self.order = order
+        self.timeout = timeout
+        self.deadline = _monotonic() + timeout
+        self.abandoned = False
+        self.on_fail = on_fail
+
+    def fail(self, replica: int, error: BaseException) -> None:
+        """Records ``error`` of ``replica`` and releases everybody waiting in the step."""
+        with self.lock:
+            self.failures.append(Failure(next(self.order), replica, error))
+        why = f"replica {replica} raised {type(error).__name__}: {error}"
+        self.meeting.abort(replica, why)
+        self.on_fail(replica, why)
+
+    def worker_done(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            if self.pending == 0:
+                self.done.release()
+
+
+class _Worker:
+    """One replica thread and its task queue."""
+
+    __slots__ = ("replica", "tasks", "thread", "current", "retired")
+
+    def __init__(self, replica: int, name: str) -> None:
+        self.replica = replica
+        self.tasks: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.current: Optional[_Step] = None
+        self.retired = False
+        self.thread = threading.Thread(target=_worker_main, args=(self,), name=f"{name}-{replica}", daemon=True)
+
+
+def _worker_main(w: _Worker) -> None:
+    # Only `w` is referenced here, never the runner or its strategy, so both can be
+    # garbage collected while the thread waits for work.
+    local = context._local
+    get = w.tasks.get
+    try:
+        while True:
+            task = get()
+            if task is _STOP:
+                return
+            step, args, kwargs, entry = task
+            task = None
+            if step.abandoned:
+                step.worker_done()
+                continue
+            w.current = step
+            local.stack = [entry]
+            try:
+                step.results[w.replica] = step.fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - every failure reaches the caller
+                step.fail(w.replica, e)
+                e = None
+            finally:
+                step.meeting.finish(w.replica)
+                # Nothing of the step may stay referenced from this frame between steps
+                # (the entry holds the strategy), or the strategy is never collected.
+                args = kwargs = entry = None
+                local.stack = []
+                w.current = None
+                step.worker_done()
+                step = None
+            if w.retired:
+                return
+    except BaseException:  # noqa: BLE001 - an asynchronous exception sent to a retired thread
+        if not w.retired:
+            raise
+
+
+def _stop_workers(workers: List[Optional[_Worker]]) -> None:
+    for w in workers:
+        if w is not None:
+            w.retired = True
+            w.tasks.put(_STOP)
+
+
+class ThreadRunner:
+    """Runs one callable per replica: replica 0 on the calling thread, the others on
+    their own threads. Same interface as ``InlineRunner``."""
+
+    mode = "threads"
+
+    def __init__(self, num_replicas: int, resolve: Callable[[List[Request]], List[Any]],
+                 on_fail: Callable[[int, str], None], name: str = "distvals-replica") -> None:
+        self.n = num_replicas
+        self._resolve = resolve
+        self._on_fail = on_fail
+        self._name = name
+        self.failures: List[Failure] = []
+        self._order = itertools.count()
+        self._step: Optional[_Step] = None
+        self._workers: List[Optional[_Worker]] = [None] * num_replicas
+        self._fork = fork_generation()
+        try:
+            for r in range(1, num_replicas):
+                self._start(r)
+        except BaseException:
+            # Threads already started must not outlive the failure (e.g. an address-space
+            # limit reached half-way through 64 replicas).
+            _stop_workers(self._workers)
+            raise
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+
+    def _start(self, r: int) -> _Worker:
+        w = _Worker(r, self._name)
+        w.thread.start()
+        self._workers[r] = w
+        return w
+
+    # ---- meeting (called by a replica) -------------------------------------------------
+    def meet(self, replica: int, request: Request) -> Any:
+        step = self._step
+        if step is None:
+            raise RuntimeError("no step is running")
+        return step.meeting.meet(replica, request, step.deadline, step.timeout)
+
+    # ---- one step ------------------------------------------------------------------------
+    def _ready_workers(self) -> List[_Worker]:
+        """The replica threads, each idle: threads lost to a fork are started again, and
+        a thread still busy with an abandoned step gets a moment, then a successor."""
+        if self._fork != fork_generation():
+            self._fork = fork_generation()
+            self._workers = [None] * self.n
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+        out: List[_Worker] = []
+        grace = None
+        for r in range(1, self.n):
+            w = self._workers[r]
+            if w is not None and w.current is not None:
+                if grace is None:
+                    grace = _monotonic() + _GRACE
+                while w.current is not None and _monotonic() < grace:
+                    time.sleep(0.001)
+                if w.current is not None:
+                    self._retire(w)
+                    w = None
+            if w is None:
+                w = self._start(r)
+            out.append(w)
+        return out
+
+    def _retire(self, w: _Worker) -> None:
+        w.retired = True
+        w.tasks.put(_STOP)
+        set_async_exception(w.thread.ident, AbortedError)
+
+    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
+             timeout: float) -> List[Any]:
+        """Runs ``fn`` once per replica; returns the N results. Failures land in
+        ``failures``; replicas still running ``timeout`` seconds after the start (or a
+        Ctrl-C while waiting) abandon the step: StepTimeout / KeyboardInterrupt."""
+        n = self.n
+        workers = self._ready_workers()
+        step = _Step(n, fn, self._resolve, self._order, timeout, self._on_fail)
+        self._step = step
+        self.failures = step.failures
+        try:
+            for w, (args, kwargs), entry in zip(workers, per_replica[1:], entries[1:]):
+                w.tasks.put((step, args, kwargs or _EMPTY, entry))
+            args, kwargs = per_replica[0]
+            local = context._local
+            saved = local.stack
+            local.stack = [entries[0]]
+            try:
+                step.results[0] = fn(*args, **(kwargs or _EMPTY))
+            except BaseException as e:  # noqa: BLE001
+                step.fail(0, e)
+                if not isinstance(e, Exception):
+                    raise  # Ctrl-C, SystemExit: return at once, the step is abandoned
+            finally:
+                local.stack = saved
+                step.meeting.finish(0)
+            if n > 1:
+                self._wait(step)
+        except BaseException:
+            self._abandon(step, "strategy.run was interrupted")
+            raise
+        return step.results
+
+    def _wait(self, step: _Step) -> None:
+        """Waits for replicas 1..N-1 until the step's deadline. Once a replica has failed
+        (the others are released), a replica still busy in its own code gets a short
+        grace, then the step is abandoned: the failure reaches the caller now."""
+        acquire = step.done.acquire
+        failed_at = None
+        while not acquire(True, _SLICE):
+            now = _monotonic()
+            if step.failures:
+                if failed_at is None:
+                    failed_at = now
+                elif now - failed_at > _GRACE:
+                    self._abandon(step, "another replica failed")
+                    return
+            if now > step.deadline:
+                stuck = [w.replica for w in self._workers if w is not None and w.current is step]
+                raise StepTimeout(step.timeout, stuck, f"replica(s) {names(stuck)} did not finish")
+
+    def _abandon(self, step: _Step, why: str) -> None:
+        """Releases every replica of ``step`` still waiting or running: the step is over."""
+        step.abandoned = True
+        stuck = [w.replica for w in self._workers if w is not None and w.current is step]
+        step.meeting.abort(stuck[0] if stuck else -1, why)
+        self._on_fail(stuck[0] if stuck else -1, why)
+
+    def busy_replicas(self) -> List[int]:
+        """Replica threads still running an abandoned step."""
+        return [w.replica for w in self._workers if w is not None and w.current is not None]
+
+    def close(self) -> None:
+        """Stops the replica threads (idle ones at once, busy ones when they return)."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"ThreadRunner(num_replicas={self.n})"
