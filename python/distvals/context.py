@@ -221,7 +221,7 @@ class ReplicaContext:
     same order), and ``merge_call`` to run code once in cross-replica context.
     """
 
-    __slots__ = ("_strategy", "_replica_id", "_num_replicas", "_in_run", "_entry")
+    __slots__ = ("_strategy", "_replica_id", "_num_replicas", "_in_run", "_entry", "_ext")
 
     def __init__(self, strategy: "Strategy", replica_id_in_sync_group: int, *, _in_run: bool = True,
                  _num_replicas: Optional[int] = None) -> None:
@@ -235,6 +235,7 @@ class ReplicaContext:
             )
         self._in_run = _in_run
         self._entry = (strategy, self)
+        self._ext: Any = None  # the strategy's extended object, set by it (a shortcut)
 
     @property
     def replica_id_in_sync_group(self) -> int:
@@ -274,8 +275,12 @@ class ReplicaContext:
         replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
         gets the result. Leaves of one dtype travel together in one engine call. Integer
         MEAN gives float64. Only inside the ``strategy.run`` this context belongs to."""
-        self._require_current("all_reduce")
-        return self._strategy.extended._replica_all_reduce(self, reduce_op, value, options)
+        ext = self._ext
+        s = _local.stack
+        if not (s and s[-1][1] is self and ext is not None and ext._step_active):
+            self._require_current("all_reduce")
+            ext = self._strategy.extended
+        return ext._replica_all_reduce(self, reduce_op, value, options)
 
     def all_gather(self, value, axis: int, options=None):
         """Concatenate every replica's ``value`` (nested structures too) along ``axis``;

@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import context, kinds, nest
+from . import _core, context, kinds, nest
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, MismatchError
 from .collectives import REDUCIBLE_KINDS, Collectives, engine_supports, normalize_axis, numpy_reduce, \
     type_name, work_dtype
@@ -27,7 +27,7 @@ from .meeting import check_calls, check_leaves, check_structures
 from .options import DEFAULT_TIMEOUT_SECONDS, CollectiveAllReduce, CommunicationOptions, CrossDeviceOps, \
     ReductionToOneDevice
 from .reduce_op import ReduceOp, as_reduce_op
-from .replicas import Failure, Raise, Request, StepTimeout, fork_generation, names
+from .replicas import Failure, Raise, Request, StepTimeout, _fork_generation as _forks, fork_generation, names
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
 
 __all__ = ["LocalExtended", "EXECUTION_MODES"]
@@ -145,10 +145,13 @@ class LocalExtended(StrategyExtended):
         self._on_gpu = any(d.startswith("GPU:") for d in self._devices)
         self._make_group = make_group
         self._coll: Collectives = self._make_collectives()
+        self._quick = self._quick_group()
         self._execution = self._choose_execution(execution, what)
         self._contexts = tuple(context.ReplicaContext(container_strategy, r, _num_replicas=self._n)
                                for r in range(self._n))
         self._entries = tuple(c._entry for c in self._contexts)
+        for c in self._contexts:
+            c._ext = self
         self._runner = self._make_runner()
         # One collective at a time per strategy: a step's meetings and cross-replica calls
         # from other threads (a logging thread's strategy.reduce) take turns.
@@ -180,6 +183,16 @@ class LocalExtended(StrategyExtended):
 
         group = self._new_group() if self._make_group and n > 1 else None
         return HostCollectives(group, n)
+
+    def _quick_group(self) -> Any:
+        """The host engine's group when one all-reduce of one numpy array per replica
+        can go to it directly (the common case of a step), else None."""
+        from .host_collectives import HostCollectives
+
+        if type(self._coll) is HostCollectives and self._via_root is None:
+            group = self._coll.group
+            return None if group is None else group.engine
+        return None
 
     def _new_group(self) -> Any:
         from .group import ReplicaGroup
@@ -240,8 +253,9 @@ class LocalExtended(StrategyExtended):
             kwargs = _EMPTY
         elif not isinstance(kwargs, dict):
             raise ValueError(f"strategy.run: kwargs must be a dict, got {type(kwargs).__name__}")
-        ctx = context.current_run_context()
-        if ctx is not None:
+        stack = context._local.stack
+        ctx = stack[-1][1] if stack else None
+        if ctx is not None and ctx._in_run:
             raise RuntimeError(
                 f"strategy.run cannot be called inside strategy.run (replica "
                 f"{ctx.replica_id_in_sync_group}); call the function directly, or use "
@@ -257,7 +271,7 @@ class LocalExtended(StrategyExtended):
                     f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
                     "another thread); one step at a time"
                 )
-            if self._fork != fork_generation():
+            if self._fork != _forks[0]:
                 self._after_fork()
             self._step_active = True
             return self._step(fn, args, kwargs)
@@ -268,7 +282,7 @@ class LocalExtended(StrategyExtended):
 
     def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
         n = self._n
-        group = self._group
+        group = self._quick if self._quick is not None else self._group
         if group is not None and group.aborted:
             # A collective of an earlier step (or of the group used directly) failed or
             # was interrupted: clear that before this step's collectives.
@@ -276,7 +290,8 @@ class LocalExtended(StrategyExtended):
                 group.reset()
             except Exception:  # noqa: BLE001 - still in flight; this step's collectives report it
                 pass
-        if contains_distributed(args, n, "strategy.run") or contains_distributed(kwargs, n, "strategy.run"):
+        if (args and contains_distributed(args, n, "strategy.run")) or (
+                kwargs and contains_distributed(kwargs, n, "strategy.run")):
             per = [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
         else:
             per = [(args, kwargs)] * n
@@ -323,6 +338,7 @@ class LocalExtended(StrategyExtended):
         self._fork = fork_generation()
         old = self._coll
         self._coll = self._make_collectives()
+        self._quick = self._quick_group()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
             _leak(old.group)
@@ -333,6 +349,10 @@ class LocalExtended(StrategyExtended):
 
     def _resolve(self, requests: List[Request]) -> List[Any]:
         """One outcome per replica for a meeting that every replica has reached."""
+        if requests[0].extra is _QUICK:
+            out = self._resolve_quick(requests)
+            if out is not None:
+                return out
         n = len(requests)
         try:
             check_calls(requests)
@@ -344,6 +364,36 @@ class LocalExtended(StrategyExtended):
             if isinstance(e, MismatchError):
                 return [Raise(_for_replica(e, r)) for r in range(n)]
             return [Raise(e)] * n
+
+    def _resolve_quick(self, requests: List[Request]) -> Optional[List[Any]]:
+        """Every replica all-reduces one C-contiguous numpy array of one engine dtype and
+        shape with the same op: one engine call, straight from the replicas' arrays into
+        new ones, and each replica's outcome is its result array. None when anything
+        differs (the general path then checks and reports it)."""
+        q0 = requests[0]
+        op = q0.params[0]
+        a0 = q0.value
+        dt = a0.dtype
+        # By type number (hashing a dtype is slow): native byte order checked apart.
+        name = _ENGINE_NAMES[op._name_].get(dt.num)
+        if name is None or not dt.isnative:
+            return None
+        shape = a0.shape
+        ins = []
+        for q in requests:
+            a = q.value
+            if (q.extra is not _QUICK or q.kind != "all_reduce" or q.params[0] is not op or a.shape != shape
+                    or (a.dtype is not dt and a.dtype != dt) or not a.flags.c_contiguous):
+                return None
+            ins.append(a)
+        size = a0.nbytes
+        if size < _POOL_MIN_BYTES:
+            outs = [np.empty(shape, dt) for _ in ins]
+        else:
+            outs = [_pooled_empty(shape, dt) for _ in ins]
+        with self._lock:
+            self._quick.all_reduce(ins, name, self._algorithm, out=outs)
+        return outs
 
     def _convert(self, leaf: Any) -> Any:
         """A leaf (inside the replica) as the collectives take it."""
@@ -360,10 +410,12 @@ class LocalExtended(StrategyExtended):
             op = as_reduce_op(reduce_op)
         if options is not None and not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
+        if options is None and type(value) is np.ndarray and self._quick is not None \
+                and value.dtype.num in _QUICK_NUMS:
+            # The common case: one numpy array of a number dtype, no options. Its outcome
+            # is the result array itself (see _resolve_quick).
+            return self._runner.meet(ctx._replica_id, Request("all_reduce", (op,), value, _QUICK))
         timeout = None if options is None else options.timeout_seconds
-        if type(value) is np.ndarray and not self._on_gpu and value.dtype in _QUICK_DTYPES:
-            # The common case: one numpy array of a number dtype, nothing to convert.
-            return self._meet(ctx, Request("all_reduce", (op,), value, ([value], options), timeout))[0]
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)
         arrays = [self._convert(x) for x in leaves]
@@ -423,6 +475,14 @@ class LocalExtended(StrategyExtended):
         return algorithm, merged.bytes_per_pack
 
     def _resolve_all_reduce(self, requests: List[Request]) -> List[Any]:
+        if any(q.extra is _QUICK for q in requests):
+            # Requests of the quick path that it could not take (they differ, say): the
+            # general path, whose outcome for a quick request is its single result.
+            quick = [q.extra is _QUICK for q in requests]
+            requests = [Request(q.kind, q.params, q.value, ([q.value], None)) if k else q
+                        for q, k in zip(requests, quick)]
+            out = self._resolve_all_reduce(requests)
+            return [o[0] if k else o for o, k in zip(out, quick)]
         q0 = requests[0]
         op = q0.params[0]
         leaves = [q.extra[0] for q in requests]
@@ -752,7 +812,16 @@ def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], w
                             "pass numbers or arrays of numbers")
 
 
-_QUICK_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int16",
+# What marks a request of the quick path (one numpy array, no options).
+_QUICK = ("quick",)
+_POOL_MIN_BYTES = 4096
+_pooled_empty = _core.pooled_empty
+# (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).
+# Keyed by the op's name: hashing an enum member calls Python code.
+_ENGINE_NAMES = {op._name_: {np.dtype(t).num: op.engine_name
+                             for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+                             if op is not ReduceOp.MEAN or t.startswith("float")} for op in ReduceOp}
+_QUICK_NUMS = frozenset(np.dtype(t).num for t in ("float16", "float32", "float64", "int8", "uint8", "int16",
                                                  "uint16", "int32", "uint32", "int64", "uint64", "bool",
                                                  "complex64", "complex128"))
 

@@ -166,6 +166,8 @@ class _MultiWorkerExtended(LocalExtended):
         self._contexts = tuple(_WorkerReplicaContext(container_strategy, r, self._offset + r, self._total, self._n)
                                for r in range(self._n))
         self._entries = tuple(c._entry for c in self._contexts)
+        for c in self._contexts:
+            c._ext = self
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
         if cores == 1 and self._n > 1 and (os.cpu_count() or 1) > 1:
             # mpirun binds each process to one core by default: the replicas (and the

@@ -38,7 +38,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
-from .replicas import Failure, Raise, Request, StepTimeout, main_thread_id, names, set_async_exception
+from .replicas import Failure, Raise, Request, StepTimeout, _fork_generation as _forks, main_thread_id, names, \
+    set_async_exception
 
 try:
     import greenlet as _greenlet_module
@@ -49,7 +50,10 @@ except ImportError:  # pragma: no cover - greenlet is a dependency; threads mode
 
 __all__ = ["InlineRunner", "available"]
 
+_get_ident = threading.get_ident
+
 _EMPTY: dict = {}
+_INF = math.inf
 _monotonic = time.monotonic
 # Markers a replica greenlet switches to the scheduler with when its function ends.
 _DONE = object()
@@ -106,7 +110,7 @@ class InlineRunner:
         self._timeout = math.inf
         self._thread_id: Optional[int] = None
         self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent too
-        self._registered = False
+        self._registered: Optional[int] = None  # the fork generation it registered in
 
     # ---- meeting (called by a replica) -------------------------------------------------
     def meet(self, replica: int, request: Request) -> Any:
@@ -136,7 +140,6 @@ class InlineRunner:
         ``timeout`` seconds raises StepTimeout here."""
         n = self.n
         self.failures = failures = []
-        order = self._order
         results: List[Any] = [None] * n
         local = context._local
         saved = local.stack
@@ -145,60 +148,46 @@ class InlineRunner:
         # lines below leaves greenlets suspended in this step, and the next step must not
         # resume them.
         self._greenlets = None
-        stacks = [[e] for e in entries]
+        self._results = results
+        self._stacks = [[e] for e in entries]
+        self._msgs = msgs = [None] * n
+        self._waiting = 0
         base = contextvars.copy_context()
-        self._arm(timeout)
-        msgs: List[Any] = [None] * n
-
-        def resume(r: int, value: Any, error: Optional[BaseException]) -> None:
-            local.stack = stacks[r]
-            g = gls[r]
-            try:
-                # throw with the traceback, so that the frames where the error arose
-                # (merge_fn's, say) stay on it.
-                m = g.throw(type(error), error, error.__traceback__) if error is not None else g.switch(value)
-            except BaseException as e:  # noqa: BLE001 - the greenlet died between two lines
-                m = (_FAILED, e)
-            if type(m) is Request:
-                msgs[r] = m
-                return
-            msgs[r] = None
-            if m[0] is _DONE:
-                results[r] = m[1]
-            else:
-                failures.append(Failure(next(order), r, m[1]))
-
+        if timeout < _INF:
+            self._arm(timeout)
+        resume = self._resume
         try:
+            # Every replica runs until its first meeting (or its end).
             for r in range(n):
                 if failures:
                     # A replica failed: the ones not started yet are not started (they
                     # would only be released at their first meeting).
                     break
                 gls[r].gr_context = base.copy()
-                resume(r, (fn, per_replica[r][0], per_replica[r][1] or _EMPTY), None)
-            while True:
-                waiting = [r for r in range(n) if msgs[r] is not None]
-                if not waiting:
-                    break
+                args, kwargs = per_replica[r]
+                resume(r, gls[r], (fn, args, kwargs or _EMPTY), None)
+            # Then, while replicas wait: resolve the meeting they all reached, or release
+            # them when some replica failed or returned.
+            while self._waiting:
                 if failures:
                     if not all(isinstance(f.error, Exception) for f in failures):
                         # Ctrl-C, SystemExit, the timeout: return now; the suspended
                         # replicas are dropped with their greenlets.
                         break
-                    self._release(waiting, msgs, failures[0], resume)
+                    self._release([r for r in range(n) if msgs[r] is not None], msgs, failures[0], gls)
                     continue
-                if len(waiting) < n:
-                    self._release_early_return(waiting, msgs, resume)
+                if self._waiting < n:
+                    self._release_early_return([r for r in range(n) if msgs[r] is not None], msgs, gls)
                     continue
                 local.stack = saved
                 outcomes = self._resolve(msgs)
                 for r in range(n):
                     o = outcomes[r]
                     if type(o) is Raise:
-                        resume(r, None, o.error)
+                        resume(r, gls[r], None, o.error)
                     else:
-                        resume(r, o, None)
-            if all(msgs[r] is None for r in range(n)):
+                        resume(r, gls[r], o, None)
+            if not self._waiting:
                 self._greenlets = gls
         except (InlineTimeout, KeyboardInterrupt):
             # The watchdog's interrupt landed in the scheduler itself (between replicas).
@@ -207,21 +196,43 @@ class InlineRunner:
             raise
         finally:
             local.stack = saved
-            fired = self._disarm()
+            fired = self._disarm() if self._active else 0
         if fired:
             self._timeout_failures(failures, timeout, fired)
         return results
 
-    def _release(self, waiting: List[int], msgs: List[Any], first: Failure, resume) -> None:
+    def _resume(self, r: int, g: Any, value: Any, error: Optional[BaseException]) -> None:
+        """Switches into replica ``r`` (with ``value``, or raising ``error`` there) and
+        notes what it switched back with: a request, its result or its failure."""
+        context._local.stack = self._stacks[r]
+        msgs = self._msgs
+        if msgs[r] is not None:
+            msgs[r] = None
+            self._waiting -= 1
+        try:
+            # throw with the traceback, so that the frames where the error arose
+            # (merge_fn's, say) stay on it.
+            m = g.throw(type(error), error, error.__traceback__) if error is not None else g.switch(value)
+        except BaseException as e:  # noqa: BLE001 - the greenlet died between two lines
+            m = (_FAILED, e)
+        if type(m) is Request:
+            msgs[r] = m
+            self._waiting += 1
+        elif m[0] is _DONE:
+            self._results[r] = m[1]
+        else:
+            self.failures.append(Failure(next(self._order), r, m[1]))
+
+    def _release(self, waiting: List[int], msgs: List[Any], first: Failure, gls: List[Any]) -> None:
         """A replica failed: the ones waiting at a meeting raise AbortedError."""
         e = first.error
         for r in waiting:
             req = msgs[r]
-            resume(r, None, AbortedError(
+            self._resume(r, gls[r], None, AbortedError(
                 f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
                 f"{type(e).__name__}: {e}"))
 
-    def _release_early_return(self, waiting: List[int], msgs: List[Any], resume) -> None:
+    def _release_early_return(self, waiting: List[int], msgs: List[Any], gls: List[Any]) -> None:
         """Some replicas returned while others wait: they can never meet."""
         done = [r for r in range(self.n) if r not in waiting]
         calls = "; ".join(f"replica {r} waits in {msgs[r].describe()}" for r in waiting)
@@ -231,7 +242,7 @@ class InlineRunner:
                 "without making that call; every replica must make the same collective, merge_call and "
                 "variable-update calls in the same order")
             err.replica = r
-            resume(r, None, err)
+            self._resume(r, gls[r], None, err)
 
     def _timeout_failures(self, failures: List[Failure], timeout: float, fired: int) -> None:
         """After the watchdog fired: the replica it interrupted failed with InlineTimeout
@@ -247,20 +258,21 @@ class InlineRunner:
 
     # ---- watchdog ------------------------------------------------------------------------
     def _arm(self, timeout: float) -> None:
-        if not timeout < math.inf:
-            return
-        now = _monotonic()
-        with self._wd_lock:
-            self._thread_id = threading.get_ident()
-            self._timeout = timeout
-            self._deadline = now + timeout
-            self._fired = 0
-            self._active = True
-        _WATCHDOG.watch(self)
+        # No lock: the watchdog reads _active before _deadline, and these are written in
+        # the opposite order, so it never pairs this step's flag with a stale deadline
+        # (and _fire checks both again under the lock).
+        deadline = _monotonic() + timeout
+        self._thread_id = _get_ident()
+        self._timeout = timeout
+        self._deadline = deadline
+        self._fired = 0
+        self._active = True
+        # Steps that end in time cost the watchdog nothing: it is told only when this
+        # deadline comes before the one it sleeps until.
+        if self._registered != _forks[0] or deadline < _WATCHDOG._wake_at:
+            _WATCHDOG.watch(self)
 
     def _disarm(self) -> int:
-        if not self._active:
-            return 0
         with self._wd_lock:
             self._active = False
             fired = self._fired
@@ -316,11 +328,9 @@ class _Watchdog:
     def watch(self, runner: InlineRunner) -> None:
         import os
 
-        if runner._registered and runner._deadline >= self._wake_at and self._pid == os.getpid():
-            return
         with self._cond:
             self._runners.add(runner)
-            runner._registered = True
+            runner._registered = _forks[0]
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._loop, name="distvals-inline-watchdog", daemon=True)

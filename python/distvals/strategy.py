@@ -82,7 +82,8 @@ class Strategy:
         replica's id, the original chained. The whole step is bounded by
         ``CommunicationOptions.timeout_seconds`` (300 s by default).
         """
-        _check_run_options(options)
+        if options is not None:
+            _check_run_options(options)
         return self._extended._call_for_each_replica(fn, args, kwargs)
 
     def reduce(self, reduce_op: Any, value: Any, axis: Optional[int] = None) -> Any:
