@@ -624,7 +624,8 @@ def test_strategies_release_their_threads_when_closed_or_collected(execution):
     del s
     del made  # the other four are only collected
     gc.collect()
-    assert settle_threads(base) <= base
+    left = settle_threads(base)
+    assert left <= base, [t.name for t in threading.enumerate()]
 
 
 @needs_plain_malloc

@@ -356,6 +356,9 @@ class _Watchdog:
                             due.append(r)
                         else:
                             nearest = min(nearest, r._deadline)
+                # No strong reference to a runner may survive into the wait: it would keep
+                # its strategy (and the strategy's threads) from being collected.
+                r = None  # type: ignore[assignment]
                 if nearest == math.inf:
                     nearest = now + shortest
                 self._wake_at = nearest
@@ -364,6 +367,8 @@ class _Watchdog:
                     continue
             for r in due:
                 r._fire(now)
+            r = None  # type: ignore[assignment]
+            due = []
 
 
 _WATCHDOG = _Watchdog()
