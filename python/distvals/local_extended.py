@@ -74,6 +74,25 @@ class _SingleRunner:
         pass
 
 
+_get_ident = threading.get_ident
+
+
+def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
+    """True when thread ``thread_id`` is inside ``ext``'s ``_call_for_each_replica`` now
+    (looked up on its current stack, or on the caller's own stack for itself)."""
+    import sys
+
+    # For this thread, start above the _call_for_each_replica that is asking (frames: this
+    # function, _claim_step, that call).
+    frame = sys._getframe(3) if thread_id == me else sys._current_frames().get(thread_id)
+    code = LocalExtended._call_for_each_replica.__code__
+    while frame is not None:
+        if frame.f_code is code and frame.f_locals.get("self") is ext:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _unwrap(x: Any) -> Any:
     # A distributed value stands for the current replica's part, a variable for its value.
     from .variables import Variable
@@ -157,6 +176,7 @@ class LocalExtended(StrategyExtended):
         # from other threads (a logging thread's strategy.reduce) take turns.
         self._lock = threading.RLock()
         self._run_lock = threading.Lock()
+        self._owner: Optional[int] = None  # the thread running a step
         self._step_active = False
         self._fork = fork_generation()
         # Variables created under this strategy's scope get one copy per replica.
@@ -263,22 +283,31 @@ class LocalExtended(StrategyExtended):
             )
         if self._closed:
             raise ClosedError(f"{self._container!r} is closed")
-        acquired = False
+        self._claim_step()
         try:
-            acquired = self._run_lock.acquire(False)
-            if not acquired:
-                raise RuntimeError(
-                    f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
-                    "another thread); one step at a time"
-                )
             if self._fork != _forks[0]:
                 self._after_fork()
             self._step_active = True
             return self._step(fn, args, kwargs)
         finally:
-            if acquired:
-                self._step_active = False
-                self._run_lock.release()
+            self._step_active = False
+            self._owner = None
+
+    def _claim_step(self) -> None:
+        """Makes this thread the one running a step, or raises when a step is running.
+        A claim left behind by a step that a KeyboardInterrupt cut short before it could
+        let go (the interrupt may land between any two bytecodes) is recognized as stale
+        (its thread no longer runs a step of this strategy) and taken over: a strategy
+        never refuses forever."""
+        me = _get_ident()
+        with self._run_lock:
+            owner = self._owner
+            if owner is not None and _runs_step(self, owner, me):
+                raise RuntimeError(
+                    f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
+                    "another thread); one step at a time"
+                )
+            self._owner = me
 
     def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
         n = self._n

@@ -28,9 +28,11 @@ A replica blocked in such a wait on another thread cannot be interrupted; use
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import math
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -43,6 +45,7 @@ from .replicas import Failure, Raise, Request, StepTimeout, _fork_generation as 
 
 try:
     import greenlet as _greenlet_module
+    from greenlet import GreenletExit as _GreenletExit
     from greenlet import getcurrent as _getcurrent
     from greenlet import greenlet as _Greenlet
 except ImportError:  # pragma: no cover - greenlet is a dependency; threads mode still works
@@ -70,14 +73,17 @@ class InlineTimeout(BaseException):
     BaseException so that ``except Exception`` in the replica does not swallow it."""
 
 
-def _replica_main(task: Tuple[Callable, tuple, dict]) -> None:
+def _replica_main(task: Tuple[Callable, tuple, dict], runner: Any = None) -> None:
     # The body of every replica greenlet: run a task, switch its outcome to the
-    # scheduler (the parent), receive the next task.
+    # scheduler (the parent), receive the next task. `runner` stays in this frame so
+    # that the watchdog can tell whose step a thread is in (see _in_step_of).
     while True:
         fn, args, kwargs = task
         task = None
         try:
             out: Tuple[Any, Any] = (_DONE, fn(*args, **kwargs))
+        except _GreenletExit:
+            return  # killed (an abandoned step's greenlet): end quietly
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the scheduler
             out = (_FAILED, e)
         fn = args = kwargs = None
@@ -101,6 +107,8 @@ class InlineRunner:
         self._resolve = resolve
         self.failures: List[Failure] = []
         self._greenlets: Optional[List[Any]] = None
+        # The greenlets of the step in progress (or of one that was abandoned half-way).
+        self._abandoned: Optional[List[Any]] = None
         self._owner: Optional[int] = None  # thread that owns the greenlets
         self._order = itertools.count()
         # Watchdog state, guarded by _wd_lock (see _Watchdog).
@@ -109,8 +117,22 @@ class InlineRunner:
         self._deadline = math.inf
         self._timeout = math.inf
         self._thread_id: Optional[int] = None
-        self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent too
+        self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent instead
+        # The greenlets' body, with this runner in its frame (the watchdog looks for it).
+        self._main = functools.partial(_replica_main, runner=self)
         self._registered: Optional[int] = None  # the fork generation it registered in
+
+    def _bury(self) -> None:
+        """Ends the greenlets of an abandoned step (suspended at a meeting) here and now,
+        rather than whenever the garbage collector gets to them: their `finally` blocks
+        run at a known point, and nothing they raise goes unreported."""
+        old, self._abandoned = self._abandoned, None
+        for g in old or ():
+            if not g.dead:
+                try:
+                    g.throw(_GreenletExit)
+                except _GreenletExit:
+                    pass
 
     # ---- meeting (called by a replica) -------------------------------------------------
     def meet(self, replica: int, request: Request) -> Any:
@@ -122,13 +144,16 @@ class InlineRunner:
         me = threading.get_ident()
         gls = self._greenlets
         if gls is None or self._owner != me:
+            if self._abandoned and self._owner == me:
+                self._bury()
             # Greenlets belong to the thread that made them.
-            gls = [_Greenlet(_replica_main) for _ in range(self.n)]
+            gls = [_Greenlet(self._main) for _ in range(self.n)]
             self._greenlets, self._owner = gls, me
+            self._abandoned = gls
         parent = _getcurrent()
         for r, g in enumerate(gls):
             if g.dead:
-                gls[r] = g = _Greenlet(_replica_main)
+                gls[r] = g = _Greenlet(self._main)
             if g.parent is not parent:
                 g.parent = parent
         return gls
@@ -152,6 +177,7 @@ class InlineRunner:
         self._stacks = [[e] for e in entries]
         self._msgs = msgs = [None] * n
         self._waiting = 0
+        self._lost = False
         base = contextvars.copy_context()
         if timeout < _INF:
             self._arm(timeout)
@@ -187,8 +213,10 @@ class InlineRunner:
                         resume(r, gls[r], None, o.error)
                     else:
                         resume(r, gls[r], o, None)
-            if not self._waiting:
+            if not self._waiting and not self._lost:
+                # Every replica is back at the head of its loop: reusable.
                 self._greenlets = gls
+                self._abandoned = None
         except (InlineTimeout, KeyboardInterrupt):
             # The watchdog's interrupt landed in the scheduler itself (between replicas).
             if self._fired:
@@ -213,7 +241,11 @@ class InlineRunner:
             # throw with the traceback, so that the frames where the error arose
             # (merge_fn's, say) stay on it.
             m = g.throw(type(error), error, error.__traceback__) if error is not None else g.switch(value)
-        except BaseException as e:  # noqa: BLE001 - the greenlet died between two lines
+        except BaseException as e:  # noqa: BLE001
+            # The greenlet died, or an interrupt (Ctrl-C) landed here right after it
+            # switched back, and what it switched back with is lost: its state is
+            # unknown, so this step's greenlets are never resumed again.
+            self._lost = True
             m = (_FAILED, e)
         if type(m) is Request:
             msgs[r] = m
@@ -293,6 +325,10 @@ class InlineRunner:
             if not self._active or now < self._deadline or self._fired:
                 return
             tid = self._thread_id
+            if not _in_step_of(self, tid):
+                # A step interrupted before it could disarm: nothing runs it any more.
+                self._active = False
+                return
             if tid == main_thread_id() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 self._fired = 2
                 signal.pthread_kill(tid, signal.SIGINT)
@@ -307,6 +343,22 @@ class InlineRunner:
 
     def __repr__(self) -> str:
         return f"InlineRunner(num_replicas={self.n})"
+
+
+def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:
+    """True when thread ``thread_id`` is now inside a step of ``runner``: its scheduler
+    (``step``, ``_resume``) or one of its replica greenlets (``_replica_main``) is on the
+    thread's current stack."""
+    frame = sys._current_frames().get(thread_id)  # type: ignore[arg-type]
+    while frame is not None:
+        if frame.f_code in _STEP_CODES:
+            owner = frame.f_locals.get("self", frame.f_locals.get("runner"))
+            return owner is runner
+        frame = frame.f_back
+    return False
+
+
+_STEP_CODES = frozenset([InlineRunner.step.__code__, InlineRunner._resume.__code__, _replica_main.__code__])
 
 
 class _Watchdog:

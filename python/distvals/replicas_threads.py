@@ -18,6 +18,7 @@ wait with the step's timeout; a replica that fails or returns early releases the
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import queue
 import threading
@@ -41,6 +42,7 @@ __all__ = ["ThreadRunner"]
 
 _EMPTY: dict = {}
 _STOP = None
+_allocate_lock = _thread.allocate_lock
 _monotonic = time.monotonic
 # Longest single blocking wait, so that a signal (Ctrl-C) is handled soon.
 _SLICE = 0.05
@@ -49,14 +51,30 @@ _SLICE = 0.05
 _GRACE = 0.2
 
 
-class _Meeting:
-    """Where the replicas of one step meet; the last to arrive resolves."""
+# The step each thread runs a replica of (replica 0's on the caller's thread).
+_current = threading.local()
 
-    __slots__ = ("n", "cond", "requests", "count", "generation", "outcomes", "failed", "finished", "resolve")
+
+class _Meeting:
+    """Where the replicas of one step meet; the last to arrive resolves.
+
+    Built on plain locks used only in ``with`` blocks (and a per-replica wake-up lock
+    waited on in slices) rather than on ``threading.Condition``, whose Python code can be
+    cut short by a KeyboardInterrupt right after it has taken its lock: an interrupt on
+    the caller's thread (replica 0) must never leave a lock held.
+    """
+
+    __slots__ = ("n", "mu", "requests", "count", "generation", "outcomes", "failed", "finished", "resolve",
+                 "wake")
 
     def __init__(self, n: int, resolve: Callable[[List[Request]], List[Any]]) -> None:
         self.n = n
-        self.cond = threading.Condition(threading.Lock())
+        self.mu = _allocate_lock()
+        # wake[r] is held while replica r has nothing new to see; releasing it wakes r
+        # (a stale release only causes one spurious check).
+        self.wake = [_allocate_lock() for _ in range(n)]
+        for lock in self.wake:
+            lock.acquire()
         self.requests: List[Optional[Request]] = [None] * n
         self.count = 0
         self.generation = 0
@@ -65,18 +83,27 @@ class _Meeting:
         self.finished = [False] * n
         self.resolve = resolve
 
+    def _wake_all(self) -> None:
+        for lock in self.wake:
+            if lock.locked():
+                try:
+                    lock.release()
+                except RuntimeError:  # released meanwhile
+                    pass
+
     def abort(self, replica: int, why: str) -> None:
-        with self.cond:
+        with self.mu:
             if self.failed is None:
                 self.failed = (replica, why)
-            self.cond.notify_all()
+        self._wake_all()
 
     def finish(self, replica: int) -> None:
         """``replica`` returned from its function: it will not arrive again."""
-        with self.cond:
+        with self.mu:
             self.finished[replica] = True
-            if self.count:
-                self.cond.notify_all()
+            waiting = self.count
+        if waiting:
+            self._wake_all()
 
     def _check(self, replica: int, request: Request) -> None:
         if self.failed is not None:
@@ -97,43 +124,46 @@ class _Meeting:
         if request.timeout is not None and request.timeout < timeout:
             timeout = request.timeout
             deadline = min(deadline, _monotonic() + timeout)
-        cond = self.cond
-        with cond:
+        with self.mu:
             self._check(replica, request)
             generation = self.generation
             self.requests[replica] = request
             self.count += 1
-            if self.count < self.n:
-                while self.generation == generation:
-                    try:
-                        self._check(replica, request)
-                    except BaseException:
-                        self.requests[replica] = None
-                        self.count -= 1
-                        raise
-                    remaining = deadline - _monotonic()
-                    if remaining <= 0:
-                        missing = [r for r in range(self.n) if self.requests[r] is None]
-                        self.requests[replica] = None
-                        self.count -= 1
-                        raise CollectiveTimeoutError(
-                            f"replica {replica}: {request.describe()} timed out after {timeout:g} s: "
-                            f"replica(s) {names(missing)} never arrived")
-                    cond.wait(min(remaining, _SLICE))
-                return self._mine(replica)
-            requests = list(self.requests)
-        # The last to arrive resolves, without the lock (resolve may take long).
-        try:
-            outcomes = self.resolve(requests)
-        except BaseException as e:  # noqa: BLE001 - every waiting replica must hear of it
-            outcomes = [Raise(e)] * self.n
-        with cond:
-            self.outcomes = outcomes
-            self.requests = [None] * self.n
-            self.count = 0
-            self.generation += 1
-            cond.notify_all()
-        return self._mine(replica)
+            last = self.count == self.n
+            if last:
+                requests = list(self.requests)
+        if last:
+            # The last to arrive resolves, holding no lock (resolve may take long).
+            try:
+                outcomes = self.resolve(requests)
+            except BaseException as e:  # noqa: BLE001 - every waiting replica must hear of it
+                outcomes = [Raise(e)] * self.n
+            with self.mu:
+                self.outcomes = outcomes
+                self.requests = [None] * self.n
+                self.count = 0
+                self.generation += 1
+            self._wake_all()
+            return self._mine(replica)
+        wake = self.wake[replica]
+        while True:
+            wake.acquire(True, min(max(deadline - _monotonic(), 0.0), _SLICE))
+            with self.mu:
+                if self.generation != generation:
+                    return self._mine(replica)
+                try:
+                    self._check(replica, request)
+                except BaseException:
+                    self.requests[replica] = None
+                    self.count -= 1
+                    raise
+                if _monotonic() >= deadline:
+                    missing = [r for r in range(self.n) if self.requests[r] is None]
+                    self.requests[replica] = None
+                    self.count -= 1
+                    raise CollectiveTimeoutError(
+                        f"replica {replica}: {request.describe()} timed out after {timeout:g} s: "
+                        f"replica(s) {names(missing)} never arrived")
 
     def _mine(self, replica: int) -> Any:
         o = self.outcomes[replica]  # type: ignore[index]
@@ -207,6 +237,7 @@ def _worker_main(w: _Worker) -> None:
                 step.worker_done()
                 continue
             w.current = step
+            _current.step = step
             local.stack = [entry]
             try:
                 step.results[w.replica] = step.fn(*args, **kwargs)
@@ -219,6 +250,7 @@ def _worker_main(w: _Worker) -> None:
                 # (the entry holds the strategy), or the strategy is never collected.
                 args = kwargs = entry = None
                 local.stack = []
+                _current.step = None
                 w.current = None
                 step.worker_done()
                 step = None
@@ -271,9 +303,11 @@ class ThreadRunner:
 
     # ---- meeting (called by a replica) -------------------------------------------------
     def meet(self, replica: int, request: Request) -> Any:
-        step = self._step
+        # The step of the calling thread, not the runner's latest: a thread still busy
+        # with an abandoned step must meet (and be released) there, never in a new step.
+        step = getattr(_current, "step", None)
         if step is None:
-            raise RuntimeError("no step is running")
+            raise RuntimeError("no step is running on this thread")
         return step.meeting.meet(replica, request, step.deadline, step.timeout)
 
     # ---- one step ------------------------------------------------------------------------
@@ -324,6 +358,7 @@ class ThreadRunner:
             local = context._local
             saved = local.stack
             local.stack = [entries[0]]
+            _current.step = step
             try:
                 step.results[0] = fn(*args, **(kwargs or _EMPTY))
             except BaseException as e:  # noqa: BLE001
@@ -331,6 +366,7 @@ class ThreadRunner:
                 if not isinstance(e, Exception):
                     raise  # Ctrl-C, SystemExit: return at once, the step is abandoned
             finally:
+                _current.step = None
                 local.stack = saved
                 step.meeting.finish(0)
             if n > 1:
