@@ -85,12 +85,18 @@ def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
     # For this thread, start above the _call_for_each_replica that is asking (frames: this
     # function, _claim_step, that call).
     frame = sys._getframe(3) if thread_id == me else sys._current_frames().get(thread_id)
+    top = frame
     code = LocalExtended._call_for_each_replica.__code__
     while frame is not None:
         if frame.f_code is code and frame.f_locals.get("self") is ext:
             return True
         frame = frame.f_back
-    return False
+    # A thread running an inline replica is inside that replica's greenlet, whose frames
+    # do not lead back to the scheduler's: look for the runner there.
+    from .replicas_inline import InlineRunner, runs_in
+
+    runner = getattr(ext, "_runner", None)
+    return isinstance(runner, InlineRunner) and runs_in(runner, top)
 
 
 def _unwrap(x: Any) -> Any:

@@ -118,8 +118,10 @@ class InlineRunner:
         self._timeout = math.inf
         self._thread_id: Optional[int] = None
         self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent instead
-        # The greenlets' body, with this runner in its frame (the watchdog looks for it).
-        self._main = functools.partial(_replica_main, runner=self)
+        # The greenlets' body, with (a weak reference to) this runner in its frame, where
+        # the watchdog and the strategy look for it. A strong one would make a cycle
+        # through a suspended greenlet's frame, which the garbage collector cannot see.
+        self._main = functools.partial(_replica_main, runner=weakref.ref(self))
         self._registered: Optional[int] = None  # the fork generation it registered in
 
     def _bury(self) -> None:
@@ -349,10 +351,18 @@ def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:
     """True when thread ``thread_id`` is now inside a step of ``runner``: its scheduler
     (``step``, ``_resume``) or one of its replica greenlets (``_replica_main``) is on the
     thread's current stack."""
-    frame = sys._current_frames().get(thread_id)  # type: ignore[arg-type]
+    return runs_in(runner, sys._current_frames().get(thread_id))  # type: ignore[arg-type]
+
+
+def runs_in(runner: "InlineRunner", frame: Any) -> bool:
+    """True when ``frame`` (a thread's current frame) or a frame below it belongs to a
+    step of ``runner``: its scheduler, or one of its replica greenlets."""
     while frame is not None:
         if frame.f_code in _STEP_CODES:
-            owner = frame.f_locals.get("self", frame.f_locals.get("runner"))
+            local = frame.f_locals
+            owner = local["self"] if "self" in local else local.get("runner")
+            if isinstance(owner, weakref.ref):
+                owner = owner()
             return owner is runner
         frame = frame.f_back
     return False
