@@ -68,13 +68,19 @@ def test_n_replicas_equal_one_replica(train_module, replicas):
     assert losses_many[-1] < losses_many[0]
 
 
-def test_main_prints_a_short_log(train_module, capsys):
-    assert train_module.main(["--epochs", "3", "--examples", "512"]) == 0
+def test_main_prints_a_short_log_and_the_comparison(train_module, capsys, execution):
+    assert train_module.main(["--epochs", "3", "--examples", "512", "--batch", "64", "--hidden", "32",
+                              "--execution", execution]) == 0
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
-    assert "4 replicas" in lines[0]
+    assert "4 replicas" in lines[0] and f"execution {execution!r}" in lines[0]
     assert sum(line.startswith("epoch") for line in lines) == 3
-    assert lines[-1].startswith("done: 24 steps")
+    assert lines[-2].startswith("done: 24 steps") and "ms per step" in lines[-2]
+    assert lines[-1].startswith("one process, plain numpy, same global batches:") and "distvals/numpy:" in lines[-1]
     first = float(lines[2].split("loss")[1].split()[0])
     last = float(lines[4].split("loss")[1].split()[0])
     assert last < first
+    # The plain numpy loop trains the same model on the same batches: the same losses.
+    ours = [float(x) for x in lines[-2].split("loss")[1].split("->")]
+    numpy_losses = [float(x.strip(" ()")) for x in lines[-1].split("(loss")[1].split(")")[0].split("->")]
+    np.testing.assert_allclose(ours, numpy_losses, rtol=1e-3)

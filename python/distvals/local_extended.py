@@ -793,11 +793,37 @@ class LocalExtended(StrategyExtended):
         self._require_cross_replica("extended.batch_reduce_to")
         if not isinstance(value_destination_pairs, (list, tuple)):
             raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
-        out = []
+        op = as_reduce_op(reduce_op)
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
+        out: List[Any] = [None] * len(value_destination_pairs)
+        fused: List[int] = []
         for i, pair in enumerate(value_destination_pairs):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
-            out.append(self.reduce_to(reduce_op, pair[0], pair[1], options))
+            value, dests = pair
+            if (isinstance(value, PerReplica) and self._n > 1 and self._via_root is None
+                    and self._destinations(dests, "batch_reduce_to") == list(self._devices)):
+                fused.append(i)
+            else:
+                out[i] = self.reduce_to(op, value, dests, options)
+        if fused:
+            # Every PerReplica bound for the replicas' own devices in one all-reduce: its
+            # small leaves travel packed (one engine call per dtype), as TensorFlow's
+            # batch_reduce_to fuses gradients.
+            values = [value_destination_pairs[i][0] for i in fused]
+            parts = [self._part_values(v, "batch_reduce_to") for v in values]
+            for k, ps in enumerate(parts):
+                _first_difference([tuple(p.shape) for p in ps], [p.dtype for p in ps],
+                                  f"batch_reduce_to (item {fused[k]})")
+            leaves = [[ps[r] for ps in parts] for r in range(self._n)]
+            opts = self._options if options is None else self._options.merge(options)
+            with self._lock:
+                results = self._all_reduce_leaves(op, leaves, self._algorithm, opts.bytes_per_pack,
+                                                  [v.values[0] for v in values])
+            for k, i in enumerate(fused):
+                original = _unwrap_part(values[k].values[0])
+                out[i] = Mirrored(tuple(self._placed(results[r][k], original) for r in range(self._n)))
         return out
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
