@@ -802,15 +802,17 @@ class LocalExtended(StrategyExtended):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
             value, dests = pair
-            if (isinstance(value, PerReplica) and self._n > 1 and self._via_root is None
-                    and self._destinations(dests, "batch_reduce_to") == list(self._devices)):
+            # Which items travel together depends on the values alone (never on local
+            # replica counts or destinations), so that every process of a multi-worker
+            # strategy makes the same collective calls.
+            if (isinstance(value, DistributedValues) and self._via_root is None
+                    and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)):
                 fused.append(i)
             else:
                 out[i] = self.reduce_to(op, value, dests, options)
         if fused:
-            # Every PerReplica bound for the replicas' own devices in one all-reduce: its
-            # small leaves travel packed (one engine call per dtype), as TensorFlow's
-            # batch_reduce_to fuses gradients.
+            # Every distributed value in one all-reduce: the small leaves travel packed
+            # (one engine call per dtype), as TensorFlow's batch_reduce_to fuses gradients.
             values = [value_destination_pairs[i][0] for i in fused]
             parts = [self._part_values(v, "batch_reduce_to") for v in values]
             for k, ps in enumerate(parts):
@@ -823,7 +825,11 @@ class LocalExtended(StrategyExtended):
                                                   [v.values[0] for v in values])
             for k, i in enumerate(fused):
                 original = _unwrap_part(values[k].values[0])
-                out[i] = Mirrored(tuple(self._placed(results[r][k], original) for r in range(self._n)))
+                dests = self._destinations(value_destination_pairs[i][1], "batch_reduce_to")
+                if dests == list(self._devices):
+                    out[i] = Mirrored(tuple(self._placed(results[r][k], original) for r in range(self._n)))
+                else:
+                    out[i] = self._spread(kinds.restore(results[0][k], original), dests)
         return out
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
