@@ -87,7 +87,8 @@ LAYOUTS = [(2, "2"), (2, "1"), (3, "1,2,3"), (3, "2,1,1")]
 
 @needs_mpi
 @pytest.mark.parametrize("workers,replicas", LAYOUTS, ids=[f"{w}w-{r}" for w, r in LAYOUTS])
-@pytest.mark.parametrize("script", ["check_collectives.py", "check_input.py", "check_variables.py"])
+@pytest.mark.parametrize("script", ["check_collectives.py", "check_input.py", "check_variables.py",
+                                    "check_agreement.py"])
 def test_worker_script(script, workers, replicas, tmp_path):
     proc = mpirun(workers, str(SCRIPTS / script), "--replicas", replicas, "--dir", str(tmp_path))
     assert_all_passed(proc, workers)

@@ -636,6 +636,34 @@ class LocalExtended(StrategyExtended):
                 out = self._reduce_along(op, parts, axis, what)
         return kinds.restore(out, original)
 
+    def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
+        """``strategy.reduce`` of a nested structure whose leaves are all distributed
+        values: one all-reduce for every leaf (small leaves packed), described with the
+        whole structure, so that processes of a multi-worker strategy that pass different
+        keys or nestings are told so. None when some leaf is not distributed (or is a
+        Mirrored under MEAN, which needs no collective): then leaf by leaf."""
+        leaves = nest.flatten(value)
+        if not leaves or not all(isinstance(x, DistributedValues) and not (isinstance(x, Mirrored) and
+                                                                             op is ReduceOp.MEAN)
+                                 for x in leaves) or self._via_root is not None:
+            return None
+        parts = [self._as_parts(x, what) for x in leaves]
+        for i, ps in enumerate(parts):
+            _first_difference([tuple(p.shape) for p in ps], [p.dtype for p in ps], what)
+            dt = ps[0].dtype
+            if dt.hasobject or dt.kind not in REDUCIBLE_KINDS:
+                return None
+        n = len(parts[0])
+        rows = [[ps[r] for ps in parts] for r in range(n)]
+        with self._lock:
+            results = self._all_reduce_leaves(op, rows, self._algorithm, 0,
+                                              nest.pack_sequence_as(value, [ps[0] for ps in parts]))
+        firsts = [_unwrap_part(x.values[0]) for x in leaves]
+        return nest.pack_sequence_as(value, [kinds.restore(o, f) for o, f in zip(results[0], firsts)])
+
+    def _as_parts(self, value: DistributedValues, what: str) -> List[Any]:
+        return self._part_values(value, what)
+
     def _coll_copy(self, x: Any) -> Any:
         if isinstance(x, np.ndarray):
             return np.array(x, copy=True)

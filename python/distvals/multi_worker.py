@@ -299,6 +299,11 @@ class _MultiWorkerExtended(LocalExtended):
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
         return super()._reduce_one(op, self._as_local_parts(value), axis, what)
 
+    def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
+        if self._plain_is_local:
+            value = nest.map_structure(self._as_local_parts, value)
+        return super()._reduce_structure(op, value, what)
+
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
         return super()._gather_one(self._as_local_parts(value), axis, what)
 

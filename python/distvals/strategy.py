@@ -101,6 +101,10 @@ class Strategy:
         ext._require_cross_replica("strategy.reduce")
         op = as_reduce_op(reduce_op)
         if nest.is_nested(value):
+            if axis is None:
+                fused = ext._reduce_structure(op, value, "strategy.reduce")
+                if fused is not None:
+                    return fused
             return nest.map_structure(lambda v: ext._reduce_one(op, v, axis, "strategy.reduce"), value)
         return ext._reduce_one(op, value, axis, "strategy.reduce")
 

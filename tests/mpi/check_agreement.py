@@ -1,0 +1,90 @@
+"""Worker script: how the workers agree on each collective, and what disagreeing gives.
+
+- A training loop that repeats the same collectives pays one MPI call per collective
+  after its first step: the agreement rides in the data call (no separate exchange).
+- Workers that pass different shapes, dtypes, keys or nestings to one collective all
+  get a MismatchError naming the first difference (never a wrong result, never a hang),
+  and the next collective works.
+- Large collectives (which agree first with one small exchange) and small ones mixed in
+  one loop keep every worker's MPI calls matched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _check import expect, expect_close, expect_raises, make_strategy, parse_args  # noqa: E402
+
+import distvals as dv  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+
+def main() -> int:
+    a = parse_args()
+    rank = MPI.COMM_WORLD.Get_rank()
+    s = make_strategy(a.replicas, a.timeout)
+    ext = s.extended
+    total, offset, n = s.num_replicas_in_sync, ext._offset, ext._n
+    coll = ext._coll
+    checks = 0
+
+    def small_and_large(i):
+        ctx = dv.get_replica_context()
+        g = ctx.replica_id_in_sync_group
+        grads = {"w": np.full((3, 2), g + i, np.float32), "b": np.full(2, 2.0 * g, np.float32)}
+        big = np.full(40_000, float(g + i), np.float64)  # 320 KB: agrees first
+        return ctx.all_reduce("sum", grads), ctx.all_reduce("mean", big), ctx.all_reduce("max", np.int64(g))
+
+    steady = None
+    for i in range(6):
+        grads, big, top = s.run(small_and_large, args=(i,))
+        local = s.experimental_local_results
+        for r in range(n):
+            expect_close(local(grads["w"])[r], np.full((3, 2), sum(range(total)) + total * i), rank, f"step {i}: w")
+            expect_close(local(grads["b"])[r], np.full(2, 2.0 * sum(range(total))), rank, f"step {i}: b")
+            expect_close(local(big)[r], np.full(40_000, np.mean(np.arange(total)) + i), rank, f"step {i}: big",
+                         1e-12)
+            expect_close(local(top)[r], total - 1, rank, f"step {i}: max")
+        checks += 1
+        if i == 2:
+            steady = dict(coll.stats)
+    # Steady state: per step, one data call per small collective (2) and the large one's
+    # exchange plus its data call; no other exchange.
+    per_step = {k: (coll.stats[k] - steady[k]) / 3 for k in coll.stats}
+    expect(per_step["exchanges"] == 1, rank, f"exchanges per step in the steady state: {per_step}")
+    expect(per_step["flagged"] == 0, rank, f"flagged calls in the steady state: {per_step}")
+    expect(per_step["data_calls"] == 3, rank, f"data calls per step in the steady state: {per_step}")
+    checks += 1
+
+    # Disagreements, outside run (so that no worker aborts the job): every worker gets a
+    # MismatchError naming the first difference, and the next collective works.
+    def parts(make):
+        return s.experimental_distribute_values_from_function(lambda c: make(c.replica_id_in_sync_group))
+
+    cases = [
+        ("shape", lambda g: np.ones(4 if rank == 0 else 3, np.float32), ["shape (4,)", "shape (3,)"]),
+        ("dtype", lambda g: np.ones(2, np.int16 if rank == 0 else np.int64), ["int16", "int64"]),
+        ("keys", lambda g: {"a": np.ones(2), "b": np.ones(2)} if rank == 0 else {"b": np.ones(2), "c": np.ones(2)},
+         ["'a'", "'c'"]),
+        ("nesting", lambda g: {"weights": np.ones(2), "bias": np.ones(1)} if rank == 0 else
+         {"weights": np.ones(1), "bias": np.ones(2)}, ["['bias']", "['weights']"]),
+    ]
+    for what, make, needles in cases:
+        value = parts(make)
+        expect_raises(dv.MismatchError, lambda: s.reduce("sum", value, axis=None), rank, what,
+                      "the workers disagree", *needles)
+        ok = s.reduce("sum", parts(lambda g: np.full(3, float(g), np.float32)), axis=None)
+        expect_close(ok, np.full(3, float(sum(range(total)))), rank, f"after the {what} mismatch")
+        checks += 1
+
+    print(f"worker {rank}: {checks} checks passed", flush=True)
+    s.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
