@@ -21,6 +21,8 @@ import time
 import numpy as np
 import pytest
 
+import distvals as dv
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "mpi"
 EXAMPLE = ROOT / "examples" / "train_multi_worker.py"
@@ -38,6 +40,13 @@ def _mpirun() -> str | None:
 MPIRUN = _mpirun()
 HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
 NO_MPI4PY = 'mpi4py is not installed (pip install "distvals[mpi]")'
+
+
+def _real_gpus() -> int:
+    try:
+        return dv.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no driver
+        return 0
 
 
 def needs_mpi(fn):
@@ -92,6 +101,23 @@ LAYOUTS = [(2, "2"), (2, "1"), (3, "1,2,3"), (3, "2,1,1")]
 def test_worker_script(script, workers, replicas, tmp_path):
     proc = mpirun(workers, str(SCRIPTS / script), "--replicas", replicas, "--dir", str(tmp_path))
     assert_all_passed(proc, workers)
+
+
+@needs_mpi
+@pytest.mark.parametrize("replicas", ["2", "1,2"])
+def test_gpu_replicas_across_workers_on_the_simulated_backend(replicas):
+    """The local collective on the (simulated) GPUs, MPI on a host buffer, the result
+    back on every local GPU; every replica checked against numpy."""
+    proc = mpirun(2, str(SCRIPTS / "check_gpu.py"), "--replicas", replicas)
+    assert_all_passed(proc, 2)
+
+
+@needs_mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(_real_gpus() == 0, reason="needs a CUDA GPU")
+def test_gpu_replicas_across_workers_on_real_gpus():
+    proc = mpirun(2, str(SCRIPTS / "check_gpu.py"), "--replicas", "2", "--mode", "real")
+    assert_all_passed(proc, 2)
 
 
 @pytest.mark.mpi
