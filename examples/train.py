@@ -103,8 +103,9 @@ def train(strategy: dv.Strategy, x: np.ndarray, y: np.ndarray, *, epochs: int, b
     losses = []
     for epoch in range(epochs):
         total_loss, total_correct, steps = 0.0, 0, 0
-        for features, labels in strategy.experimental_distribute_dataset(dataset):
-            global_batch = sum(len(p) for p in strategy.experimental_local_results(labels))
+        for i, (features, labels) in enumerate(strategy.experimental_distribute_dataset(dataset)):
+            # Every process reads the same global batches, so each knows their size.
+            global_batch = min(batch, len(x) - i * batch)
             stats = strategy.experimental_local_results(strategy.run(step, args=(features, labels, global_batch)))[0]
             total_loss += float(stats[0])
             total_correct += int(round(float(stats[1])))
