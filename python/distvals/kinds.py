@@ -75,9 +75,31 @@ def _torch_device(t: Any) -> Any:
     """A CUDA torch tensor as a DeviceArray view (bfloat16 and grad-requiring ones too)."""
     from . import cuda
 
+    torch = sys.modules["torch"]
     if t.requires_grad:
         t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()  # the collectives read whole buffers
+    if t.dtype == torch.bfloat16:
+        # __cuda_array_interface__ has no bfloat16 type string (torch gives "<V2"); DLPack
+        # has one, so hand the tensor over through DLPack alone.
+        return cuda.as_device_array(_DLPackOnly(t))
     return cuda.as_device_array(t)
+
+
+class _DLPackOnly:
+    """A tensor seen through its DLPack protocol only."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
 
 
 def to_engine_value(x: Any) -> Any:
@@ -134,13 +156,7 @@ def _to_torch(result: Any, original: Any) -> Any:
         if original.device.type != "cpu":
             out = out.to(original.device)
         return out
-    # A DeviceArray: zero-copy through DLPack, bfloat16 through its bits.
-    if result.dtype.name == "bfloat16":
-        from . import cuda
-
-        bits = cuda.DeviceArray._view(result.ptr, tuple(result.shape), np.dtype(np.int16), result.device, result,
-                                      readonly=False)
-        return torch.from_dlpack(bits).view(torch.bfloat16)
+    # A DeviceArray: zero-copy through DLPack (which carries bfloat16 too).
     return torch.from_dlpack(result)
 
 

@@ -616,7 +616,7 @@ def _is_python_value(value: Any) -> bool:
     """True for Python numbers and (nested) lists/tuples of them: values that TensorFlow
     converts to the variable's dtype by value rules."""
     if isinstance(value, (bool, int, float, complex)):
-        return True
+        return not isinstance(value, np.generic)  # np.float64 is a float, but numpy's
     if isinstance(value, (list, tuple)):
         return all(_is_python_value(v) for v in value)
     return False
