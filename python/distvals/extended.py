@@ -26,7 +26,7 @@ class StrategyExtended:
     ``worker_devices``, ``parameter_devices``, ``reduce_to``, ``batch_reduce_to``,
     ``broadcast_to``, ``update``, ``read_var``, ``value_container``,
     ``variable_created_in_scope``, ``call_for_each_replica``,
-    ``worker_devices_by_replica``, ``non_slot_devices``, ``update_non_slot``,
+    ``worker_devices_by_replica``, ``non_slot_devices``, ``update_non_slot``, ``colocate_vars_with``,
     ``should_checkpoint``, ``should_save_summary``, ``experimental_should_init``.
     """
 

@@ -277,7 +277,7 @@ class DistributedIterator:
                 raise _no_batch_dim("experimental_distribute_dataset")
             if n == 1:
                 return element
-            return PerReplica(_split(element, n))
+            return PerReplica._of(_split(element, n))
         structured = nest.is_nested(element)
         on_gpu = self._places is not None
         flat = nest.flatten(element) if structured else [element]
@@ -305,7 +305,7 @@ class DistributedIterator:
             return regroup(per_replica, what="experimental_distribute_dataset")
         if n == 1:
             return nest.pack_sequence_as(element, leaves) if structured else leaves[0]
-        columns = [PerReplica(_split(a, n)) for a in leaves]
+        columns = [PerReplica._of(_split(a, n)) for a in leaves]
         return nest.pack_sequence_as(element, columns) if structured else columns[0]
 
     def get_next(self) -> Any:
