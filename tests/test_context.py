@@ -188,11 +188,25 @@ def test_contexts_are_per_thread(s2):
     assert seen["ctx"] is not None and seen["ctx"].num_replicas_in_sync == 1
 
 
-def test_experimental_set_strategy(s2):
-    with dv.experimental_set_strategy(s2):
+def test_experimental_set_strategy_is_a_plain_function(s2, s3):
+    # As in TensorFlow: it returns None, the strategy stays current until cleared, and a
+    # second call replaces the first.
+    try:
+        assert dv.experimental_set_strategy(s2) is None
+        assert dv.get_strategy() is s2 and dv.has_strategy() and dv.in_cross_replica_context()
+        with s2.scope():  # its own scope inside counts, and leaves it current
+            assert dv.get_strategy() is s2
         assert dv.get_strategy() is s2
-    with dv.experimental_set_strategy(None):
-        assert not dv.has_strategy()
+        with pytest.raises(RuntimeError, match="mixing different strategies"):
+            s3.scope().__enter__()
+        dv.experimental_set_strategy(s3)
+        assert dv.get_strategy() is s3
+    finally:
+        dv.experimental_set_strategy(None)
+    assert not dv.has_strategy() and dv.get_replica_context() is not None
+    with s2.scope():
+        with pytest.raises(RuntimeError, match="must not be called inside a strategy's scope"):
+            dv.experimental_set_strategy(s3)
     assert not dv.has_strategy()
 
 

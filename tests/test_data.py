@@ -115,3 +115,67 @@ def test_range_and_from_tensors():
     assert [int(e) for e in Dataset.range(2, 5)] == [2, 3, 4]
     (only,) = list(Dataset.from_tensors([1.0, 2.0]))
     assert only.dtype == np.float32 and only.tolist() == [1.0, 2.0]
+
+
+# ---- batches cut from whole arrays ------------------------------------------------------------
+
+def _generic(ds: Dataset) -> Dataset:
+    """The same elements through the row-by-row path (a map loses the array slices)."""
+    return ds.map(lambda *x: x if len(x) > 1 else x[0])
+
+
+def test_batches_of_slices_are_views():
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    y = np.arange(10)
+    batches = list(Dataset.from_tensor_slices((x, y)).batch(4))
+    assert [len(b[0]) for b in batches] == [4, 4, 2]
+    assert all(np.shares_memory(b[0], x) and np.shares_memory(b[1], y) for b in batches)
+    np.testing.assert_array_equal(batches[2][0], x[8:])
+    assert batches[1][1].dtype == y.dtype and isinstance(batches[0], tuple)
+
+
+@pytest.mark.parametrize("build", [
+    lambda ds: ds.batch(3),
+    lambda ds: ds.batch(3, drop_remainder=True),
+    lambda ds: ds.repeat(3).batch(4),
+    lambda ds: ds.skip(2).take(5).batch(2),
+    lambda ds: ds.take(7).repeat(2).batch(5, drop_remainder=True),
+    lambda ds: ds.repeat().take(23).batch(6),
+    lambda ds: ds.skip(1).repeat(2).skip(3).batch(4),
+])
+def test_sliced_batches_equal_stacked_rows(build):
+    data = {"a": np.arange(30.0).reshape(10, 3), "b": np.arange(10, dtype=np.int32)}
+    fast = list(build(Dataset.from_tensor_slices(data)))
+    slow = list(build(_generic(Dataset.from_tensor_slices(data))))
+    assert len(fast) == len(slow) > 0
+    for f, s in zip(fast, slow):
+        assert list(f) == ["a", "b"]
+        np.testing.assert_array_equal(f["a"], s["a"])
+        np.testing.assert_array_equal(f["b"], s["b"])
+        assert f["b"].dtype == np.int32
+
+
+def test_shuffled_sliced_batches_are_permutations_per_pass():
+    ds = Dataset.from_tensor_slices(np.arange(100)).shuffle(100, seed=5).batch(32)
+    first = np.concatenate(list(ds))
+    second = np.concatenate(list(ds))
+    assert sorted(first.tolist()) == list(range(100)) == sorted(second.tolist())
+    assert first.tolist() != second.tolist() and first.tolist() != list(range(100))
+    again = np.concatenate(list(Dataset.from_tensor_slices(np.arange(100)).shuffle(100, seed=5).batch(32)))
+    assert again.tolist() == first.tolist()
+    # A small buffer still bounds how far an element moves forward.
+    k = 4
+    order = np.concatenate(list(Dataset.from_tensor_slices(np.arange(200)).shuffle(k, seed=2).batch(7)))
+    assert sorted(order.tolist()) == list(range(200))
+    assert all(value <= pos + k - 1 for pos, value in enumerate(order.tolist()))
+    # shuffle then repeat: every pass a new order.
+    epochs = np.concatenate(list(Dataset.from_tensor_slices(np.arange(10)).shuffle(10, seed=1).repeat(3).batch(10)))
+    passes = epochs.reshape(3, 10)
+    assert all(sorted(p.tolist()) == list(range(10)) for p in passes)
+    assert len({tuple(p) for p in passes.tolist()}) > 1
+
+
+def test_unbatched_slices_are_rows():
+    x = np.arange(6).reshape(3, 2)
+    rows = list(Dataset.from_tensor_slices(x).shuffle(3, seed=0).repeat(2).skip(1))
+    assert len(rows) == 5 and all(r.shape == (2,) for r in rows)

@@ -81,8 +81,6 @@ def test_creation_errors(s2):
             dv.Variable(1.0, synchronization=dv.VariableSynchronization.NONE)
         with pytest.raises(ValueError, match="aggregation must be one of"):
             dv.Variable(1.0, aggregation="median")
-    with pytest.raises(RuntimeError, match="create variables in cross-replica context"):
-        s2.run(lambda: dv.Variable(1.0))
     # Outside a strategy, synchronization NONE is fine.
     assert dv.Variable(1.0, synchronization="NONE").synchronization is dv.VariableSynchronization.NONE
 
@@ -290,12 +288,45 @@ def test_sync_on_read_sum_cross_replica_add_is_an_error(s2):
         v.assign_add(1.0)
 
 
-def test_sync_on_read_integer_sum_division_truncates_as_tf(s3):
+def test_sync_on_read_integer_sum_assign_keeps_the_sum_exactly(s2, s3):
+    # TensorFlow stores 7 // N in every copy, so a counter of 7 reads back as 6; here
+    # the remainder goes to the first copies and the sum is the assigned value.
     with s3.scope():
         v = dv.Variable(0, synchronization=ON_READ, aggregation=SUM)
     v.assign(7)
-    assert copies(v) == [2, 2, 2]  # 7 / 3 cast back to int32
-    assert v.numpy() == 6
+    assert copies(v) == [3, 2, 2]
+    assert v.numpy() == 7
+    with s3.scope():
+        a = dv.Variable(np.zeros(4, np.int64), synchronization=ON_READ, aggregation=SUM)
+    value = np.array([-7, 0, 5, 2**40 + 1], np.int64)
+    a.assign(value)
+    np.testing.assert_array_equal(np.sum(copies(a), axis=0), value)
+    assert all(np.all(np.abs(c - value / 3) < 1) for c in copies(a))  # balanced: no copy off by more than 1
+    with s2.scope():
+        u = dv.Variable(np.uint8(0), synchronization=ON_READ, aggregation=SUM)
+    u.assign(np.uint8(255))
+    assert copies(u) == [128, 127] and u.numpy() == 255
+
+
+def test_sum_sync_on_read_integer_checkpoint_loads_its_count(s2, s3, tmp_path):
+    # A counter of 3 + 4 over 2 replicas is saved as 7 and loads as 7 (TensorFlow: 6);
+    # 21 saved from 3 replicas loads as 21 on 2.
+    with s2.scope():
+        c = dv.Variable(0, synchronization=ON_READ, aggregation=SUM, name="count")
+    s2.run(lambda: c.assign_add(np.int32(3 + rid())))
+    path = tmp_path / "count.npz"
+    dv.save_variables(path, [c])
+    c.assign(0)
+    dv.load_variables(path, [c])
+    assert c.numpy() == 7 and copies(c) == [4, 3]
+    with s3.scope():
+        c3 = dv.Variable(0, synchronization=ON_READ, aggregation=SUM, name="count")
+    s3.run(lambda: c3.assign_add(np.int32(6 + rid())))
+    dv.save_variables(path, [c3])
+    with s2.scope():
+        c2 = dv.Variable(0, synchronization=ON_READ, aggregation=SUM, name="count")
+    dv.load_variables(path, [c2])
+    assert c2.numpy() == 21 and copies(c2) == [11, 10]
 
 
 # ---- extended.update and read_var ---------------------------------------------------------------

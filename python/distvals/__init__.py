@@ -12,7 +12,8 @@ from .context import (
     has_strategy,
     in_cross_replica_context,
 )
-from .input import InputContext, InputOptions, ValueContext
+from .input import DistributedDataset, DistributedIterator, InputContext, ValueContext
+from .input_options import InputOptions, InputReplicationMode
 from .options import (
     CollectiveAllReduce,
     CommunicationImplementation,
@@ -21,7 +22,8 @@ from .options import (
     ReductionToOneDevice,
 )
 from .reduce_op import ReduceOp
-from .strategy import MirroredStrategy, OneDeviceStrategy, Strategy, StrategyExtended
+from .cross_device_compat import HierarchicalCopyAllReduce, NcclAllReduce
+from .strategy import MirroredStrategy, OneDeviceStrategy, RunOptions, Strategy, StrategyExtended
 from .multi_worker import MultiWorkerMirroredStrategy
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
@@ -31,7 +33,10 @@ from .variables import (
     VariableAggregation,
     VariableSynchronization,
 )
+from .sparse import IndexedSlices
+from .specs import TensorSpec
 from .checkpoint import load_variables, save_variables
+from . import experimental
 
 __all__ = [
     "__version__",
@@ -44,12 +49,14 @@ __all__ = [
     "config",
     "cuda",
     "data",
+    "experimental",
     "DistributedValues",
     "PerReplica",
     "Mirrored",
     "ReduceOp",
     "Strategy",
     "StrategyExtended",
+    "RunOptions",
     "MirroredStrategy",
     "OneDeviceStrategy",
     "MultiWorkerMirroredStrategy",
@@ -64,9 +71,16 @@ __all__ = [
     "CrossDeviceOps",
     "CollectiveAllReduce",
     "ReductionToOneDevice",
+    "NcclAllReduce",
+    "HierarchicalCopyAllReduce",
     "InputContext",
     "InputOptions",
+    "InputReplicationMode",
     "ValueContext",
+    "DistributedDataset",
+    "DistributedIterator",
+    "TensorSpec",
+    "IndexedSlices",
     "Variable",
     "MirroredVariable",
     "SyncOnReadVariable",

@@ -112,18 +112,22 @@ def current_run_context() -> Optional["ReplicaContext"]:
 
 
 class _Scope:
-    """What ``strategy.scope()`` returns: a context manager, entered once."""
+    """What ``strategy.scope()`` returns: a context manager.
 
-    __slots__ = ("_strategy", "_entry", "_entered")
+    As TensorFlow's: entering the scope of the strategy already in force (nested, or
+    re-entering the same object) only counts, and the matching exit only uncounts; the
+    exit of the scope that made the strategy current makes it no longer current, in
+    whatever order the scopes are left. So the stack never holds stale entries and
+    ``has_strategy()`` is False once the outermost scope is left."""
+
+    __slots__ = ("_strategy", "_entry", "_again")
 
     def __init__(self, strategy: "Strategy") -> None:
         self._strategy = strategy
         self._entry = (strategy, None)
-        self._entered = False
+        self._again = 0
 
     def __enter__(self) -> "Strategy":
-        if self._entered:
-            raise RuntimeError("a strategy scope object can be entered only once; call strategy.scope() again")
         strategy = self._strategy
         current, ctx = _top()
         default = _defaults()[0]
@@ -138,13 +142,16 @@ class _Scope:
                 f"{ctx.replica_id_in_sync_group}): it needs cross-replica context; use "
                 "get_replica_context().merge_call() to run code there"
             )
-        _local.stack.append(self._entry)
-        self._entered = True
+        if current is strategy:
+            self._again += 1
+        else:
+            _local.stack.append(self._entry)
         return strategy
 
     def __exit__(self, *exc) -> None:
-        # Scopes exited out of order are tolerated, as in TensorFlow: this scope's own
-        # entry leaves the stack wherever it is, so the stack stays consistent.
+        if self._again:
+            self._again -= 1
+            return
         s = _local.stack
         for i in range(len(s) - 1, -1, -1):
             if s[i] is self._entry:
@@ -182,35 +189,17 @@ class CrossReplica:
             s.pop()
 
 
-class _SetStrategy:
-    """What ``experimental_set_strategy`` returns: usable as a context manager that
-    restores the previous strategy on exit."""
-
-    __slots__ = ("_previous",)
-
-    def __init__(self, previous: Optional[tuple]) -> None:
-        self._previous = previous
-
-    def __enter__(self) -> "Strategy":
-        return get_strategy()
-
-    def __exit__(self, *exc) -> None:
-        _local.base = self._previous
-
-
-def experimental_set_strategy(strategy: Optional["Strategy"]) -> _SetStrategy:
+def experimental_set_strategy(strategy: Optional["Strategy"]) -> None:
     """Makes ``strategy`` the current strategy of this thread, as if its scope were
     entered and left open; ``None`` clears it (back to the default strategy). As in
-    TensorFlow, it must not be called inside a strategy's scope. The returned object
-    also works as a context manager that restores the previous setting."""
+    TensorFlow, a plain function (it returns None) that must not be called inside a
+    strategy's scope or ``run``; a strategy it set is replaced by the next call."""
     if _local.stack:
         raise RuntimeError("experimental_set_strategy must not be called inside a strategy's scope or run")
-    previous = _local.base
     if strategy is None or strategy is _defaults()[0]:
         _local.base = None
     else:
         _local.base = (strategy, None)
-    return _SetStrategy(previous)
 
 
 class ReplicaContext:

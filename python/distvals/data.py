@@ -1,10 +1,16 @@
 """``distvals.data.Dataset``: a small input pipeline in the style of ``tf.data.Dataset``.
 
 Enough for examples and tests: ``from_tensor_slices``, ``from_tensors``, ``range``,
-``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``map``, ``prefetch``.
-Iteration yields numpy arrays (0-d arrays for scalar elements) or nested structures
-(tuples, namedtuples, dicts) of them; as in tf.data, a list is one component. Python floats become float32 and Python ints int32, as in TensorFlow; numpy
-arrays keep their dtype.
+``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``map``, ``prefetch``, and
+``element_spec`` / ``cardinality()`` as tf.data has them. Iteration yields numpy arrays
+(0-d arrays for scalar elements) or nested structures (tuples, namedtuples, dicts) of
+them; as in tf.data, a list is one component. Python floats become float32 and Python
+ints int32, as in TensorFlow; numpy arrays keep their dtype.
+
+A dataset of slices of arrays (``from_tensor_slices``, then any of ``shuffle``,
+``repeat``, ``take``, ``skip``) knows which rows of its arrays each element is, so
+``batch`` cuts whole arrays instead of stacking rows one by one: a batch of consecutive
+rows is a view of the arrays (no copy), a shuffled batch one vectorized gather.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import nest
+from . import nest, specs
+from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "Optional", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY"]
+
+#: What ``cardinality()`` says of a dataset that never ends / whose length is unknown.
+INFINITE_CARDINALITY = -1
+UNKNOWN_CARDINALITY = -2
 
 _INT32 = np.iinfo(np.int32)
 
@@ -77,15 +88,124 @@ def _convert_leaf(x: Any, what: str) -> np.ndarray:
     return a
 
 
+class _Rows:
+    """What a dataset of array slices is: ``arrays`` (the leaves of ``template``) and,
+    for each pass, a stream of row selections (``range``s, or index arrays once
+    shuffled); elements are those rows in order."""
+
+    __slots__ = ("template", "arrays", "selections")
+
+    def __init__(self, template: Any, arrays: list, selections: Callable[[], Iterator[Any]]) -> None:
+        self.template = template
+        self.arrays = arrays
+        self.selections = selections
+
+    def derive(self, selections: Callable[[], Iterator[Any]]) -> "_Rows":
+        return _Rows(self.template, self.arrays, selections)
+
+    def element(self, i: int) -> Any:
+        parts = [a[i, ...] for a in self.arrays]
+        return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
+
+    def batch(self, rows: Any) -> Any:
+        """The element holding ``rows`` (a range of step 1: views; an index array: one
+        gather per array)."""
+        if isinstance(rows, range):
+            parts = [a[rows.start:rows.stop] for a in self.arrays]
+        else:
+            parts = [a[rows] for a in self.arrays]
+        return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
+
+
+def _cut(selections: Iterator[Any], start: int, stop: Optional[int]) -> Iterator[Any]:
+    """Rows ``start`` .. ``stop`` (None: to the end) of a stream of row selections."""
+    seen = 0
+    for sel in selections:
+        n = len(sel)
+        lo, hi = max(start - seen, 0), n if stop is None else min(stop - seen, n)
+        if lo < hi:
+            yield sel[lo:hi]
+        seen += n
+        if stop is not None and seen >= stop:
+            return
+
+
+def _batches(selections: Iterator[Any], size: int, drop_remainder: bool) -> Iterator[Any]:
+    """Row selections of ``size`` rows each, cut from a stream of selections; a batch
+    that spans two selections becomes one index array."""
+    pending: list = []
+    have = 0
+    for sel in selections:
+        pos, n = 0, len(sel)
+        while pos < n:
+            take = min(size - have, n - pos)
+            piece = sel[pos:pos + take]
+            pos += take
+            if not pending and take == size:
+                yield piece
+                continue
+            pending.append(piece)
+            have += take
+            if have == size:
+                yield _joined(pending)
+                pending, have = [], 0
+    if pending and not drop_remainder:
+        yield _joined(pending)
+
+
+def _joined(pieces: list) -> Any:
+    if len(pieces) == 1:
+        return pieces[0]
+    return np.concatenate([np.arange(p.start, p.stop) if isinstance(p, range) else p for p in pieces])
+
+
+def _shuffled_order(n: int, buffer_size: int, rng: Any) -> np.ndarray:
+    """The order in which a buffer of ``buffer_size`` shuffles n elements: uniform when
+    the buffer holds them all, else the streaming buffer of ``Dataset.shuffle``."""
+    if buffer_size >= n:
+        return rng.permutation(n)
+    out = np.empty(n, dtype=np.int64)
+    buf = list(range(buffer_size))
+    # While the source lasts the buffer is full: every draw is over buffer_size slots.
+    draws = rng.integers(buffer_size, size=n - buffer_size)
+    for k, j in enumerate(draws.tolist()):
+        out[k] = buf[j]
+        buf[j] = buffer_size + k
+    tail = n - buffer_size
+    for k in range(buffer_size):
+        j = int(rng.integers(len(buf)))
+        buf[j], buf[-1] = buf[-1], buf[j]
+        out[tail + k] = buf.pop()
+    return out
+
+
+def _card_batch(card: int, size: int, drop_remainder: bool) -> int:
+    if card < 0:
+        return card
+    return card // size if drop_remainder else -(-card // size)
+
+
 class Dataset:
     """A re-iterable sequence of elements (arrays or nested structures of arrays)."""
 
     def __init__(self, make_iterator: Callable[[], Iterator[Any]], *, batched: bool = False,
-                 finite: bool = True, description: str = "Dataset") -> None:
+                 finite: bool = True, description: str = "Dataset", spec: Any = None,
+                 cardinality: int = UNKNOWN_CARDINALITY, rows: Optional[_Rows] = None) -> None:
         self._make_iterator = make_iterator
         self._batched = batched
         self._finite = finite
         self._description = description
+        self._spec = spec
+        self._cardinality = cardinality
+        self._rows = rows
+
+    def _derived(self, make: Callable[[], Iterator[Any]], description: str, *, batched: Optional[bool] = None,
+                 finite: Optional[bool] = None, spec: Any = None, cardinality: Optional[int] = None,
+                 rows: Optional[_Rows] = None) -> "Dataset":
+        return Dataset(make, batched=self._batched if batched is None else batched,
+                       finite=self._finite if finite is None else finite, description=description,
+                       spec=self._spec if spec is None else spec,
+                       cardinality=self._cardinality if cardinality is None else cardinality, rows=rows)
 
     # ---- sources ------------------------------------------------------------------------
     @staticmethod
@@ -109,27 +229,27 @@ class Dataset:
                     f"from_tensor_slices: components need the same first dimension; component 0 "
                     f"has {size}, component {i} has {a.shape[0]}"
                 )
-        structured = _is_structure(tensors)
-
-        def make() -> Iterator[Any]:
-            for i in range(size):
-                parts = [a[i, ...] for a in arrays]
-                yield _pack(tensors, parts) if structured else parts[0]
-
-        return Dataset(make, description=f"TensorSliceDataset({size} elements)")
+        rows = _Rows(tensors, arrays, lambda: iter((range(size),)))
+        leaf_specs = [specs.TensorSpec(a.shape[1:], a.dtype) for a in arrays]
+        spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
+        return Dataset(_rows_maker(rows), description=f"TensorSliceDataset({size} elements)", spec=spec,
+                       cardinality=size, rows=rows)
 
     @staticmethod
     def from_tensors(tensors: Any) -> "Dataset":
         """A dataset of one element, ``tensors``."""
         leaves = [_convert_leaf(x, "from_tensors") for x in _flatten(tensors)]
         element = _pack(tensors, leaves) if _is_structure(tensors) else leaves[0]
-        return Dataset(lambda: iter((element,)), description="TensorDataset(1 element)")
+        leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
+        spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
+        return Dataset(lambda: iter((element,)), description="TensorDataset(1 element)", spec=spec, cardinality=1)
 
     @staticmethod
     def range(*args: int) -> "Dataset":
         """Like Python's ``range``: elements are 0-d int64 arrays."""
         r = range(*args)
-        return Dataset(lambda: (np.array(i, dtype=np.int64) for i in r), description=f"RangeDataset({r})")
+        return Dataset(lambda: (np.array(i, dtype=np.int64) for i in r), description=f"RangeDataset({r})",
+                       spec=specs.TensorSpec((), np.int64), cardinality=len(r))
 
     # ---- transformations ----------------------------------------------------------------------
     def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
@@ -139,16 +259,23 @@ class Dataset:
             raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
         batch_size = int(batch_size)
         source = self
+        rows = self._rows
+        if rows is not None:
+            def make() -> Iterator[Any]:
+                for sel in _batches(rows.selections(), batch_size, drop_remainder):
+                    yield rows.batch(sel)
+        else:
+            def make() -> Iterator[Any]:
+                it = iter(source)
+                while True:
+                    chunk = list(itertools.islice(it, batch_size))
+                    if not chunk or (drop_remainder and len(chunk) < batch_size):
+                        return
+                    yield _stack(chunk)
 
-        def make() -> Iterator[Any]:
-            it = iter(source)
-            while True:
-                chunk = list(itertools.islice(it, batch_size))
-                if not chunk or (drop_remainder and len(chunk) < batch_size):
-                    return
-                yield _stack(chunk)
-
-        return Dataset(make, batched=True, finite=self._finite, description=f"BatchDataset({batch_size})")
+        spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
+        return Dataset(make, batched=True, finite=self._finite, description=f"BatchDataset({batch_size})",
+                       spec=spec, cardinality=_card_batch(self._cardinality, batch_size, drop_remainder))
 
     def shuffle(self, buffer_size: int, seed: Optional[int] = None, reshuffle_each_iteration: bool = True) -> "Dataset":
         """Shuffles with a buffer of ``buffer_size`` elements (uniform when it holds the
@@ -161,12 +288,27 @@ class Dataset:
         epoch = itertools.count()
         base = np.random.SeedSequence(seed) if seed is not None else None
 
-        def make() -> Iterator[Any]:
+        def generator() -> Any:
             e = next(epoch) if reshuffle_each_iteration else 0
             if base is None:
-                rng = np.random.default_rng()
-            else:
-                rng = np.random.default_rng(np.random.SeedSequence(base.entropy, spawn_key=(e,)))
+                return np.random.default_rng()
+            return np.random.default_rng(np.random.SeedSequence(base.entropy, spawn_key=(e,)))
+
+        description = f"ShuffleDataset({buffer_size})"
+        if self._rows is not None and self._finite:
+            # Shuffle the row numbers of one pass, then read the rows in that order.
+            src_rows = self._rows
+
+            def selections() -> Iterator[Any]:
+                order = np.concatenate([np.arange(s.start, s.stop) if isinstance(s, range) else s
+                                        for s in src_rows.selections()] or [np.empty(0, np.int64)])
+                yield order[_shuffled_order(len(order), buffer_size, generator())]
+
+            rows = src_rows.derive(selections)
+            return self._derived(_rows_maker(rows), description, rows=rows)
+
+        def make() -> Iterator[Any]:
+            rng = generator()
             buf: list = []
             for x in source:
                 if len(buf) < buffer_size:
@@ -180,7 +322,7 @@ class Dataset:
                 buf[j], buf[-1] = buf[-1], buf[j]
                 yield buf.pop()
 
-        return Dataset(make, batched=self._batched, finite=self._finite, description=f"ShuffleDataset({buffer_size})")
+        return self._derived(make, description)
 
     def repeat(self, count: Optional[int] = None) -> "Dataset":
         """The dataset ``count`` times over (forever for None or -1)."""
@@ -188,10 +330,36 @@ class Dataset:
             raise ValueError(f"repeat: count must be None, -1 or a non-negative int, got {count!r}")
         forever = count is None or count == -1
         source = self
+        card = self._cardinality
+        if card == 0 or count == 0:
+            new_card = 0
+        elif forever:
+            new_card = INFINITE_CARDINALITY if card != UNKNOWN_CARDINALITY else UNKNOWN_CARDINALITY
+        else:
+            new_card = card * int(count) if card >= 0 else card
+
+        def passes() -> Iterator[int]:
+            return itertools.count() if forever else iter(range(int(count)))
+
+        description = f"RepeatDataset({count})"
+        finite = self._finite and not forever
+        if self._rows is not None:
+            src_rows = self._rows
+
+            def selections() -> Iterator[Any]:
+                for _ in passes():
+                    yielded = False
+                    for sel in src_rows.selections():
+                        yielded = yielded or len(sel) > 0
+                        yield sel
+                    if not yielded:
+                        return
+
+            rows = src_rows.derive(selections)
+            return self._derived(_rows_maker(rows), description, finite=finite, cardinality=new_card, rows=rows)
 
         def make() -> Iterator[Any]:
-            passes = itertools.count() if forever else range(int(count))
-            for _ in passes:
+            for _ in passes():
                 yielded = False
                 for x in source:
                     yielded = True
@@ -199,8 +367,7 @@ class Dataset:
                 if not yielded:
                     return
 
-        return Dataset(make, batched=self._batched, finite=self._finite and not forever,
-                       description=f"RepeatDataset({count})")
+        return self._derived(make, description, finite=finite, cardinality=new_card)
 
     def take(self, count: int) -> "Dataset":
         """The first ``count`` elements (all of them for -1)."""
@@ -208,17 +375,32 @@ class Dataset:
             raise ValueError(f"take: count must be -1 or a non-negative int, got {count!r}")
         source = self
         if count == -1:
-            return Dataset(lambda: iter(source), batched=self._batched, finite=self._finite, description="TakeDataset(-1)")
-        return Dataset(lambda: itertools.islice(iter(source), int(count)), batched=self._batched,
-                       finite=True, description=f"TakeDataset({count})")
+            return self._derived(lambda: iter(source), "TakeDataset(-1)", rows=self._rows)
+        count = int(count)
+        card = self._cardinality
+        new_card = count if card == INFINITE_CARDINALITY else (card if card == UNKNOWN_CARDINALITY else min(card, count))
+        description = f"TakeDataset({count})"
+        if self._rows is not None:
+            src_rows = self._rows
+            rows = src_rows.derive(lambda: _cut(src_rows.selections(), 0, count))
+            return self._derived(_rows_maker(rows), description, finite=True, cardinality=new_card, rows=rows)
+        return self._derived(lambda: itertools.islice(iter(source), count), description, finite=True,
+                             cardinality=new_card)
 
     def skip(self, count: int) -> "Dataset":
         """All but the first ``count`` elements."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ValueError(f"skip: count must be a non-negative int, got {count!r}")
         source = self
-        return Dataset(lambda: itertools.islice(iter(source), int(count), None), batched=self._batched,
-                       finite=self._finite, description=f"SkipDataset({count})")
+        count = int(count)
+        card = self._cardinality
+        new_card = card if card < 0 else max(card - count, 0)
+        description = f"SkipDataset({count})"
+        if self._rows is not None:
+            src_rows = self._rows
+            rows = src_rows.derive(lambda: _cut(src_rows.selections(), count, None))
+            return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
+        return self._derived(lambda: itertools.islice(iter(source), count, None), description, cardinality=new_card)
 
     def map(self, fn: Callable) -> "Dataset":
         """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
@@ -232,11 +414,35 @@ class Dataset:
                 leaves = [_convert_leaf(v, "map") for v in _flatten(y)]
                 yield _pack(y, leaves) if _is_structure(y) else leaves[0]
 
-        return Dataset(make, batched=self._batched, finite=self._finite, description="MapDataset")
+        # What fn makes is known once it has run (see element_spec).
+        return Dataset(make, batched=self._batched, finite=self._finite, description="MapDataset",
+                       cardinality=self._cardinality)
 
     def prefetch(self, buffer_size: Any = None) -> "Dataset":
         """Accepted for compatibility; elements are produced on demand."""
         return self
+
+    # ---- what it holds --------------------------------------------------------------------------
+    @property
+    def element_spec(self) -> Any:
+        """The spec of every element: a ``TensorSpec(shape, dtype)`` per component, nested
+        like the elements; the batch dimension is None when the last batch may be
+        smaller. After ``map`` it is read from the first element."""
+        if self._spec is None:
+            try:
+                first = next(iter(self))
+            except StopIteration:
+                return None
+            leaves = [np.asarray(x) for x in _flatten(first)]
+            leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
+            spec = _pack(first, leaf_specs) if _is_structure(first) else leaf_specs[0]
+            self._spec = specs.unbatched(spec) if self._batched else spec
+        return self._spec
+
+    def cardinality(self) -> np.int64:
+        """The number of elements: ``INFINITE_CARDINALITY`` (-1) for a dataset that repeats
+        forever, ``UNKNOWN_CARDINALITY`` (-2) when it cannot be known without reading it."""
+        return np.int64(self._cardinality)
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -248,6 +454,15 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"<Dataset {self._description}{' batched' if self._batched else ''}>"
+
+
+def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:
+    def make() -> Iterator[Any]:
+        for sel in rows.selections():
+            for i in sel:
+                yield rows.element(i)
+
+    return make
 
 
 def _stack(elements: list) -> Any:

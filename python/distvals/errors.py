@@ -2,7 +2,20 @@
 
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
 
-__all__ = ["AbortedError", "ClosedError", "CollectiveTimeoutError", "CudaError", "MismatchError", "replica_error"]
+__all__ = ["AbortedError", "ClosedError", "CollectiveTimeoutError", "CudaError", "MismatchError",
+           "InvalidArgumentError", "OutOfRangeError", "replica_error"]
+
+
+class InvalidArgumentError(ValueError):
+    """An argument TensorFlow would refuse with ``tf.errors.InvalidArgumentError`` (an index
+    out of range in a scatter or gather, ``Optional.get_value`` without a value); a
+    ValueError, so code that catches either works."""
+
+
+class OutOfRangeError(IndexError):
+    """A limit was reached, where TensorFlow raises ``tf.errors.OutOfRangeError``
+    (``Variable.count_up_to``). The end of a dataset is StopIteration, as for any Python
+    iterator."""
 
 
 def replica_error(failure) -> BaseException:

@@ -26,7 +26,7 @@ class StrategyExtended:
     ``worker_devices``, ``parameter_devices``, ``reduce_to``, ``batch_reduce_to``,
     ``broadcast_to``, ``update``, ``read_var``, ``value_container``,
     ``variable_created_in_scope``, ``call_for_each_replica``,
-    ``worker_devices_by_replica``, ``non_slot_devices``, ``update_non_slot``,
+    ``worker_devices_by_replica``, ``non_slot_devices``, ``update_non_slot``, ``colocate_vars_with``,
     ``should_checkpoint``, ``should_save_summary``, ``experimental_should_init``.
     """
 
@@ -161,12 +161,25 @@ class StrategyExtended:
                group: bool = True) -> Any:
         """Runs ``fn(copy, *args, **kwargs)`` on each of ``var``'s per-replica copies (each
         getting its replica's part of distributed arguments) and returns the results,
-        regrouped as a Mirrored (or as is, when every copy returned the same object)."""
+        regrouped as a Mirrored (or as is, when every copy returned the same object).
+
+        Inside ``strategy.run`` it meets the other replicas in ``merge_call`` first (their
+        arguments become PerReplica values), as TensorFlow does, so every copy is updated
+        once with its own replica's arguments and each replica gets its own result."""
         from .variables import DistributedVariable, Variable
 
-        self._require_cross_replica("extended.update")
         if kwargs is None:
             kwargs = {}
+        ctx = context.current_run_context()
+        if ctx is not None:
+            if ctx._strategy is not self._container:
+                raise RuntimeError(f"extended.update of {self._container!r} called inside the run of "
+                                   f"{ctx._strategy!r}")
+
+            def merge_fn(strategy: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
+                return self.update(var, fn, merged_args, merged_kwargs, group)
+
+            return ctx.merge_call(merge_fn, args=tuple(args), kwargs=kwargs)
         if isinstance(var, DistributedVariable):
             copies = var.values
         elif isinstance(var, Variable):
@@ -176,10 +189,20 @@ class StrategyExtended:
         n = len(copies)
         contains_distributed(args, n, "extended.update")
         contains_distributed(kwargs, n, "extended.update")
-        results = [fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs)) for i, c in enumerate(copies)]
+        with context.CrossReplica(self._container):
+            results = [fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs))
+                       for i, c in enumerate(copies)]
         if not group:
             return tuple(results)
         return regroup(results, wrap=Mirrored, what="extended.update")
+
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Any:
+        """A context manager placing new variables with ``colocate_with_variable``: every
+        distributed variable already has a copy on every replica's device, so there is
+        nothing to move (accepted for TensorFlow code that asks)."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
     def update_non_slot(self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
                         group: bool = True) -> Any:

@@ -9,6 +9,12 @@ The dataset may be a ``distvals.data.Dataset``, any iterable of batches (lists,
 generators), a ``tf.data.Dataset`` or a torch ``DataLoader``; their leaves are turned
 into numpy arrays without a copy where possible, and neither library is imported.
 
+``DistributedDataset`` and ``DistributedIterator`` offer TensorFlow's API around that:
+``element_spec`` (``distvals.specs``), ``cardinality`` (the number of global batches:
+``UNKNOWN_CARDINALITY`` when it cannot be known without reading, ``INFINITE_CARDINALITY``
+for a dataset that repeats forever), ``get_next_as_optional()`` and ``reduce``. Options:
+``distvals.input_options``.
+
 GPU replicas get their part of each batch in their GPU's memory: every per-replica
 part is copied host-to-device onto that replica's GPU (a ``DeviceArray``). Leaves that
 are already device arrays (cupy, torch CUDA tensors) are split on the GPU and only
@@ -18,121 +24,52 @@ hold (bool, strings, ...) stay on the host.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
-from . import devices, nest
-from .values import regroup
+from . import devices, nest, specs
+from .input_contexts import InputContext, ValueContext
+from .input_options import InputOptions, InputReplicationMode, check_options
+from .optional import Optional as _Optional
+from .values import PerReplica, regroup
 
 __all__ = [
     "InputContext",
     "ValueContext",
     "InputOptions",
+    "InputReplicationMode",
     "DistributedDataset",
     "DistributedDatasetsFromFunction",
     "DistributedIterator",
+    "Cardinality",
+    "INFINITE_CARDINALITY",
+    "UNKNOWN_CARDINALITY",
     "split_batch_sizes",
     "place_element",
 ]
 
-
-def _check_count(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
+#: ``cardinality`` of a dataset that never ends, and of one whose length is unknown
+#: (tf.data's values).
+INFINITE_CARDINALITY = -1
+UNKNOWN_CARDINALITY = -2
 
 
-class InputContext:
-    """What ``dataset_fn`` of ``distribute_datasets_from_function`` is told: how many
-    input pipelines there are, which one this is, and how many replicas consume them."""
+class Cardinality(int):
+    """The number of elements of a distributed dataset. TensorFlow 2.21 makes
+    ``DistributedDataset.cardinality`` a property while ``tf.data.Dataset.cardinality``
+    is a method: this int works both ways (``ds.cardinality`` and ``ds.cardinality()``)."""
 
-    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0, num_replicas_in_sync: int = 1) -> None:
-        self._num_input_pipelines = _check_count(num_input_pipelines, "num_input_pipelines", 1)
-        self._input_pipeline_id = _check_count(input_pipeline_id, "input_pipeline_id", 0)
-        self._num_replicas_in_sync = _check_count(num_replicas_in_sync, "num_replicas_in_sync", 1)
-        if self._input_pipeline_id >= self._num_input_pipelines:
-            raise ValueError(
-                f"input_pipeline_id {input_pipeline_id} is out of range for {num_input_pipelines} input pipelines"
-            )
-
-    @property
-    def num_input_pipelines(self) -> int:
-        return self._num_input_pipelines
-
-    @property
-    def input_pipeline_id(self) -> int:
-        return self._input_pipeline_id
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return self._num_replicas_in_sync
-
-    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
-        """``global_batch_size`` // ``num_replicas_in_sync``; ValueError when it does not divide."""
-        global_batch_size = _check_count(global_batch_size, "global_batch_size", 0)
-        if global_batch_size % self._num_replicas_in_sync:
-            raise ValueError(
-                f"the global batch size {global_batch_size} is not divisible by the "
-                f"{self._num_replicas_in_sync} replicas in sync"
-            )
-        return global_batch_size // self._num_replicas_in_sync
+    def __call__(self) -> "Cardinality":
+        return self
 
     def __repr__(self) -> str:
-        return (f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
-                f"input_pipeline_id={self._input_pipeline_id}, "
-                f"num_replicas_in_sync={self._num_replicas_in_sync})")
+        return int.__repr__(self)
 
 
-class ValueContext:
-    """What ``value_fn`` of ``experimental_distribute_values_from_function`` is told."""
-
-    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1) -> None:
-        self._replica_id = _check_count(replica_id_in_sync_group, "replica_id_in_sync_group", 0)
-        self._num_replicas = _check_count(num_replicas_in_sync, "num_replicas_in_sync", 1)
-        if self._replica_id >= self._num_replicas:
-            raise ValueError(
-                f"replica_id_in_sync_group {replica_id_in_sync_group} is out of range for "
-                f"{num_replicas_in_sync} replicas"
-            )
-
-    @property
-    def replica_id_in_sync_group(self) -> int:
-        return self._replica_id
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return self._num_replicas
-
-    def __repr__(self) -> str:
-        return (f"ValueContext(replica_id_in_sync_group={self._replica_id}, "
-                f"num_replicas_in_sync={self._num_replicas})")
-
-
-class InputOptions:
-    """Options of distributed datasets, as ``tf.distribute.InputOptions``.
-
-    ``experimental_fetch_to_device``: None or True (the default) copies GPU replicas'
-    batches to their GPUs; False keeps them in host memory. The other options are
-    accepted for compatibility and change nothing."""
-
-    def __init__(self, experimental_fetch_to_device: Optional[bool] = None,
-                 experimental_replication_mode: Any = None, experimental_place_dataset_on_device: bool = False,
-                 experimental_per_replica_buffer_size: int = 1) -> None:
-        self.experimental_fetch_to_device = experimental_fetch_to_device
-        self.experimental_replication_mode = experimental_replication_mode
-        self.experimental_place_dataset_on_device = experimental_place_dataset_on_device
-        self.experimental_per_replica_buffer_size = experimental_per_replica_buffer_size
-
-    def __repr__(self) -> str:
-        return "InputOptions()"
-
-
-def _check_options(options: Any) -> None:
-    if options is not None and not isinstance(options, InputOptions) and type(options).__name__ != "InputOptions":
-        raise TypeError(f"options must be an InputOptions, got {type(options).__name__}")
+def _check_options(options: Any, what: str = "distribute_datasets_from_function") -> InputReplicationMode:
+    return check_options(options, what)
 
 
 def split_batch_sizes(batch: int, n: int) -> List[int]:
@@ -168,13 +105,11 @@ def to_numpy(x: Any) -> np.ndarray:
 
 def _leaf(x: Any, on_gpu: bool) -> Any:
     """A leaf as an array: device arrays stay on their GPU for GPU replicas."""
+    if type(x) is np.ndarray:
+        return x
     if on_gpu and devices.is_device_array(x):
         return devices.as_value(x)
     return to_numpy(x)
-
-
-def _rows(a: Any, start: int, stop: int) -> Any:
-    return a[start:stop] if isinstance(a, np.ndarray) else devices.slice_rows(a, start, stop)
 
 
 def place_element(element: Any, place: Optional[int]) -> Any:
@@ -197,9 +132,10 @@ def place_element(element: Any, place: Optional[int]) -> Any:
 
 
 def _gpu_places(strategy: Any, n: int, options: Any = None) -> Optional[tuple]:
-    """Each replica's CUDA device when the strategy runs GPU replicas (and ``options`` do
-    not say ``experimental_fetch_to_device=False``), else None."""
-    if options is not None and getattr(options, "experimental_fetch_to_device", None) is False:
+    """Each replica's CUDA device when the strategy runs GPU replicas and ``options`` let
+    elements go there (fetched to the device, or made on it), else None."""
+    if options is not None and getattr(options, "experimental_fetch_to_device", None) is False \
+            and not getattr(options, "experimental_place_dataset_on_device", False):
         return None
     ext = getattr(strategy, "extended", None)
     places = tuple(getattr(ext, "_places", ()))
@@ -217,15 +153,117 @@ def _iterable(dataset: Any, what: str) -> Any:
     return dataset
 
 
+def _no_batch_dim(what: str) -> ValueError:
+    return ValueError(f"{what} needs batched data, but an element has shape (); batch the dataset first, "
+                      "e.g. dataset.batch(global_batch_size)")
+
+
+# ---- what a dataset says about itself, without reading it --------------------------------------
+
+class _Source:
+    """A dataset with what distributing it needs to know: its element_spec and
+    cardinality, read from the dataset where it says (distvals and tf.data datasets), else
+    from its first element. A one-shot iterator keeps the element read for its one pass
+    (and says nothing once that pass has begun)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self._peeked: Optional[List[Any]] = None
+        self._begun = False
+        self._spec: Any = _UNSET
+
+    def iterator(self) -> Iterator[Any]:
+        it = iter(self.dataset)
+        if it is self.dataset:
+            self._begun = True
+            if self._peeked is not None:
+                peeked, self._peeked = self._peeked, None
+                return itertools.chain(peeked, it)
+        return it
+
+    def _first(self) -> Any:
+        """The first element (StopIteration for an empty dataset)."""
+        it = iter(self.dataset)
+        if it is not self.dataset:
+            return next(it)
+        if self._begun:
+            raise _Unknown
+        if self._peeked is None:
+            self._peeked = list(itertools.islice(it, 1))
+        if not self._peeked:
+            raise StopIteration
+        return self._peeked[0]
+
+    def element_spec(self) -> Any:
+        if self._spec is _UNSET:
+            self._spec = self._read_spec()
+        return self._spec
+
+    def _read_spec(self) -> Any:
+        spec = getattr(self.dataset, "element_spec", None)
+        if spec is not None:
+            return spec if type(self.dataset).__module__.startswith("distvals") else specs.from_tensorflow(spec)
+        try:
+            first = self._first()
+        except (StopIteration, _Unknown):
+            return None
+        leaves = [to_numpy(x) for x in (nest.flatten(first) if nest.is_nested(first) else [first])]
+        element = nest.pack_sequence_as(first, leaves) if nest.is_nested(first) else leaves[0]
+        # Later batches may be smaller: the batch dimension is unknown.
+        return specs.unbatched(specs.spec_of(element))
+
+    def cardinality(self) -> int:
+        card = getattr(self.dataset, "cardinality", None)
+        if callable(card):
+            try:
+                return int(np.asarray(card()))
+            except Exception:  # noqa: BLE001 - a cardinality that cannot be computed is unknown
+                return UNKNOWN_CARDINALITY
+        if hasattr(self.dataset, "__len__"):
+            return len(self.dataset)
+        return UNKNOWN_CARDINALITY
+
+
+_UNSET = object()
+
+
+class _Unknown(Exception):
+    """The first element of a one-shot iterator whose pass has begun is gone."""
+
+
+def _per_replica_spec(spec: Any, n: int, split: Optional[int]) -> Any:
+    """The spec of a distributed element from the spec of one element: with ``split`` (the
+    global replica count) the batch dimension is divided (known only when it divides
+    evenly), otherwise every replica gets a whole element. One replica gets the plain
+    spec, as in TensorFlow."""
+    def one(s: specs.TensorSpec) -> Any:
+        if split is not None and s.shape:
+            b = s.shape[0]
+            per = b // split if b is not None and b % split == 0 else None
+            s = specs.TensorSpec((per,) + s.shape[1:], s.dtype, s.name)
+        return s if n == 1 else specs.PerReplicaSpec(*([s] * n))
+
+    if spec is None:
+        return None
+    if isinstance(spec, specs.TensorSpec):
+        return one(spec)
+    return nest.map_structure(one, spec)
+
+
+# ---- experimental_distribute_dataset ----------------------------------------------------------
+
 class DistributedIterator:
     """Iterator over a distributed dataset: each ``next`` gives one global batch as
-    PerReplica values (nested like the dataset's elements)."""
+    PerReplica values (nested like the dataset's elements). The end is StopIteration,
+    from ``next`` and ``get_next`` alike."""
 
-    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None) -> None:
+    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None,
+                 element_spec: Optional[Callable[[], Any]] = None) -> None:
         self._strategy = strategy
         self._iterator = iterator
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
+        self._spec_fn = element_spec  # asked only when wanted: it may read the dataset
 
     def __iter__(self) -> "DistributedIterator":
         return self
@@ -233,17 +271,22 @@ class DistributedIterator:
     def __next__(self) -> Any:
         element = next(self._iterator)
         n = self._n
+        if type(element) is np.ndarray and self._places is None:
+            # The common case, one host array: its per-replica views straight away.
+            if element.ndim == 0:
+                raise _no_batch_dim("experimental_distribute_dataset")
+            if n == 1:
+                return element
+            return PerReplica._of(_split(element, n))
         structured = nest.is_nested(element)
         on_gpu = self._places is not None
-        leaves = [_leaf(x, on_gpu) for x in (nest.flatten(element) if structured else [element])]
+        flat = nest.flatten(element) if structured else [element]
+        leaves = [_leaf(x, on_gpu) for x in flat]
         if not leaves:
             raise ValueError("experimental_distribute_dataset: an element has no components")
         for a in leaves:
             if a.ndim == 0:
-                raise ValueError(
-                    "experimental_distribute_dataset needs batched data, but an element has shape (); "
-                    "batch the dataset first, e.g. dataset.batch(global_batch_size)"
-                )
+                raise _no_batch_dim("experimental_distribute_dataset")
         batch = leaves[0].shape[0]
         for i, a in enumerate(leaves):
             if a.shape[0] != batch:
@@ -251,23 +294,66 @@ class DistributedIterator:
                     f"experimental_distribute_dataset: the components of a batch have different batch "
                     f"sizes: component 0 has {batch}, component {i} has {a.shape[0]}"
                 )
-        sizes = split_batch_sizes(batch, n)
-        per_replica = []
-        start = 0
-        for size in sizes:
-            parts = [_rows(a, start, start + size) for a in leaves]
-            per_replica.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
-            start += size
         if on_gpu:
+            per_replica = []
+            start = 0
+            for size in split_batch_sizes(batch, n):
+                parts = [_rows(a, start, start + size) for a in leaves]
+                per_replica.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
+                start += size
             per_replica = [place_element(e, p) for e, p in zip(per_replica, self._places)]
-        return regroup(per_replica, what="experimental_distribute_dataset")
+            return regroup(per_replica, what="experimental_distribute_dataset")
+        if n == 1:
+            return nest.pack_sequence_as(element, leaves) if structured else leaves[0]
+        columns = [PerReplica._of(_split(a, n)) for a in leaves]
+        return nest.pack_sequence_as(element, columns) if structured else columns[0]
 
     def get_next(self) -> Any:
         """The next global batch (StopIteration at the end)."""
         return self.__next__()
 
+    def get_next_as_optional(self) -> _Optional:
+        """The next global batch as an Optional: ``has_value()`` is False at the end,
+        instead of an exception."""
+        try:
+            value = self.__next__()
+        except StopIteration:
+            return _Optional.empty(self.element_spec)
+        return _Optional.from_value(value)
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of the distributed elements (see ``DistributedDataset.element_spec``)."""
+        return _spec_of(self._spec_fn)
+
     def __repr__(self) -> str:
         return f"DistributedIterator(num_replicas={self._n})"
+
+
+def _spec_of(spec_fn: Optional[Callable[[], Any]]) -> Any:
+    if spec_fn is None:
+        return None
+    try:
+        return spec_fn()
+    except Exception:  # noqa: BLE001 - a dataset that cannot describe itself has no spec
+        return None
+
+
+def _split(a: Any, n: int) -> tuple:
+    """The n per-replica row ranges of ``a`` (views for host arrays)."""
+    q, rem = divmod(a.shape[0], n)
+    out = []
+    start = 0
+    is_host = isinstance(a, np.ndarray)
+    for r in range(n):
+        stop = start + q + (r < rem)
+        out.append(a[start:stop] if is_host else devices.slice_rows(a, start, stop))
+        start = stop
+    return tuple(out)
+
+
+def _rows(a: Any, start: int, stop: int) -> Any:
+    return a[start:stop] if isinstance(a, np.ndarray) else devices.slice_rows(a, start, stop)
 
 
 class DistributedDataset:
@@ -276,10 +362,11 @@ class DistributedDataset:
     passed over once only)."""
 
     def __init__(self, strategy: Any, dataset: Any, options: Any = None) -> None:
-        _check_options(options)
+        check_options(options, "experimental_distribute_dataset")
         self._strategy = strategy
         self._options = options
         self._dataset = _iterable(dataset, "experimental_distribute_dataset")
+        self._source = _Source(dataset)
         if getattr(dataset, "_batched", True) is False:
             raise ValueError(
                 "experimental_distribute_dataset needs a batched dataset: call "
@@ -287,7 +374,31 @@ class DistributedDataset:
             )
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._strategy, iter(self._dataset), self._options)
+        return DistributedIterator(self._strategy, self._source_of().iterator(), self._options,
+                                   lambda: self.element_spec)
+
+    def _source_of(self) -> _Source:
+        # A subclass may have replaced _dataset after construction.
+        source = getattr(self, "_source", None)
+        if source is None or source.dataset is not self._dataset:
+            source = self._source = _Source(self._dataset)
+        return source
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of each distributed element: the dataset's, with the batch dimension
+        divided over the replicas (None unless every global batch divides evenly), as a
+        PerReplicaSpec per leaf (a plain TensorSpec for one replica)."""
+        total = self._strategy.num_replicas_in_sync
+        local = getattr(self, "_count", total)
+        return _per_replica_spec(self._source_of().element_spec(), local, total)
+
+    @property
+    def cardinality(self) -> Cardinality:
+        """The number of global batches (``INFINITE_CARDINALITY`` = -1 when the dataset
+        repeats forever, ``UNKNOWN_CARDINALITY`` = -2 when it cannot be known without
+        reading it). A property as in TensorFlow 2.21; calling it also works."""
+        return Cardinality(self._source_of().cardinality())
 
     def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
         """Folds ``reduce_func(state, element)`` over every distributed element."""
@@ -300,60 +411,130 @@ class DistributedDataset:
         return f"DistributedDataset(num_replicas={self._strategy.num_replicas_in_sync})"
 
 
-class _FromFunctionIterator:
-    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None) -> None:
+# ---- distribute_datasets_from_function -----------------------------------------------------------
+
+class _FromFunctionIterator(DistributedIterator):
+    """Replica r of each step takes the r-th of N consecutive elements of one dataset
+    (PER_WORKER), or the next element of its own dataset (PER_REPLICA, ``iterators``).
+    A last round that does not reach every replica gives the others empty batches."""
+
+    def __init__(self, strategy: Any, iterator: Optional[Iterator[Any]], options: Any = None,
+                 iterators: Optional[List[Iterator[Any]]] = None,
+                 element_spec: Optional[Callable[[], Any]] = None) -> None:
+        self._strategy = strategy
         self._iterator = iterator
+        self._iterators = iterators
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
+        self._spec_fn = element_spec
 
     def __iter__(self) -> "_FromFunctionIterator":
         return self
 
+    def _take(self) -> List[Any]:
+        if self._iterators is None:
+            return list(itertools.islice(self._iterator, self._n))
+        got = [next(it, _MISSING) for it in self._iterators]
+        present = [g for g in got if g is not _MISSING]
+        if not present:
+            return []
+        if len(present) < len(got):
+            # Replicas whose dataset has ended get empty batches until every one has.
+            filler = _empty_like(present[0])
+            if filler is None:
+                return []
+            got = [filler if g is _MISSING else g for g in got]
+        return got
+
     def __next__(self) -> Any:
+        raw = self._take()
+        if not raw:
+            raise StopIteration
+        on_gpu = self._places is not None
         values: List[Any] = []
-        for _ in range(self._n):
-            try:
-                element = next(self._iterator)
-            except StopIteration:
-                break
+        for element in raw:
             structured = nest.is_nested(element)
-            on_gpu = self._places is not None
             leaves = [_leaf(x, on_gpu) for x in (nest.flatten(element) if structured else [element])]
             values.append(nest.pack_sequence_as(element, leaves) if structured else leaves[0])
-        if not values:
-            raise StopIteration
         if len(values) < self._n:
             # A last partial round: the replicas without an element get empty batches.
-            template = values[0]
-            leaves = nest.flatten(template) if nest.is_nested(template) else [template]
-            if any(a.ndim == 0 for a in leaves):
+            filler = _empty_like(values[0])
+            if filler is None:
                 raise StopIteration
-            empty = [np.empty((0,) + tuple(a.shape[1:]), dtype=a.dtype) for a in leaves]
-            filler = nest.pack_sequence_as(template, empty) if nest.is_nested(template) else empty[0]
             values.extend(filler for _ in range(self._n - len(values)))
         if self._places is not None:
             values = [place_element(v, p) for v, p in zip(values, self._places)]
         return regroup(values, what="distribute_datasets_from_function")
 
-    def get_next(self) -> Any:
-        return self.__next__()
+
+_MISSING = object()
 
 
-class DistributedDatasetsFromFunction:
+def _empty_like(template: Any) -> Any:
+    """An element like ``template`` with no rows (None when a leaf has no batch axis)."""
+    leaves = nest.flatten(template) if nest.is_nested(template) else [template]
+    leaves = [to_numpy(a) for a in leaves]
+    if any(a.ndim == 0 for a in leaves):
+        return None
+    empty = [np.empty((0,) + tuple(a.shape[1:]), dtype=a.dtype) for a in leaves]
+    return nest.pack_sequence_as(template, empty) if nest.is_nested(template) else empty[0]
+
+
+class DistributedDatasetsFromFunction(DistributedDataset):
     """What ``distribute_datasets_from_function`` returns: replica r of each step takes
-    the r-th of N consecutive elements of the dataset built by ``dataset_fn``."""
+    the r-th of N consecutive elements of the dataset built by ``dataset_fn``; with
+    ``InputOptions(experimental_replication_mode=PER_REPLICA)`` ``dataset_fn`` is called
+    once per replica and each replica reads its own dataset."""
 
     def __init__(self, strategy: Any, dataset_fn: Callable[[InputContext], Any], options: Any = None) -> None:
-        _check_options(options)
+        what = "distribute_datasets_from_function"
+        mode = check_options(options, what, per_replica_allowed=True)
         if not callable(dataset_fn):
             raise TypeError(f"dataset_fn must be callable, got {type(dataset_fn).__name__}")
         self._strategy = strategy
         self._options = options
-        ctx = InputContext(1, 0, strategy.num_replicas_in_sync)
-        self._dataset = _iterable(dataset_fn(ctx), "distribute_datasets_from_function (the dataset_fn result)")
+        n = strategy.num_replicas_in_sync
+        result = f"{what} (the dataset_fn result)"
+        if mode is InputReplicationMode.PER_REPLICA:
+            self._datasets = [_iterable(dataset_fn(InputContext(n, r, n)), result) for r in range(n)]
+            self._dataset = self._datasets[0]
+        else:
+            self._datasets = None
+            self._dataset = _iterable(dataset_fn(InputContext(1, 0, n)), result)
 
     def __iter__(self) -> _FromFunctionIterator:
-        return _FromFunctionIterator(self._strategy, iter(self._dataset), self._options)
+        datasets = getattr(self, "_datasets", None)
+        options = getattr(self, "_options", None)
+        spec = lambda: self.element_spec  # noqa: E731
+        if datasets is not None:
+            return _FromFunctionIterator(self._strategy, None, options, [iter(d) for d in datasets], element_spec=spec)
+        return _FromFunctionIterator(self._strategy, iter(self._dataset), options, element_spec=spec)
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of each step's elements: every replica gets one whole element of its
+        dataset, so the dataset's spec, as a PerReplicaSpec per leaf (a plain TensorSpec
+        for one replica)."""
+        n = getattr(self, "_count", self._strategy.num_replicas_in_sync)
+        spec = _Source(self._dataset).element_spec() if not _one_shot(self._dataset) else None
+        return _per_replica_spec(spec, n, None)
+
+    @property
+    def cardinality(self) -> Cardinality:
+        """The number of steps: the dataset's elements over the replicas (rounded up)
+        with one pipeline, the longest replica's dataset with PER_REPLICA; -1 / -2 for
+        infinite / unknown. A property as in TensorFlow 2.21; calling it also works."""
+        datasets = getattr(self, "_datasets", None)
+        if datasets is not None:
+            cards = [_Source(d).cardinality() for d in datasets]
+            if any(c == UNKNOWN_CARDINALITY for c in cards):
+                return Cardinality(UNKNOWN_CARDINALITY)
+            if any(c == INFINITE_CARDINALITY for c in cards):
+                return Cardinality(INFINITE_CARDINALITY)
+            return Cardinality(max(cards))
+        card = _Source(self._dataset).cardinality()
+        n = getattr(self, "_count", self._strategy.num_replicas_in_sync)
+        return Cardinality(card if card < 0 else -(-card // n))
 
     def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
         state = initial_state
@@ -363,3 +544,11 @@ class DistributedDatasetsFromFunction:
 
     def __repr__(self) -> str:
         return f"DistributedDatasetsFromFunction(num_replicas={self._strategy.num_replicas_in_sync})"
+
+
+def _one_shot(dataset: Any) -> bool:
+    # Peeking at a one-shot iterator would lose an element of the one pass it has.
+    try:
+        return iter(dataset) is dataset and getattr(dataset, "element_spec", None) is None
+    except TypeError:
+        return True

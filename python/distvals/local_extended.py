@@ -628,7 +628,7 @@ class LocalExtended(StrategyExtended):
             if axis is None:
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
                 dt = parts[0].dtype
-                if dt.hasobject or dt.kind not in REDUCIBLE_KINDS:
+                if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
                     out = _numpy_objects(op, parts, value.values[0], what)
                 else:
                     out = self._coll.reduce(op, parts)

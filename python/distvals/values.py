@@ -39,6 +39,14 @@ class DistributedValues:
             raise ValueError(f"{type(self).__name__} needs at least one value")
         self._values = tuple(values)
 
+    @classmethod
+    def _of(cls, values: Tuple[Any, ...]) -> "DistributedValues":
+        """An instance over a non-empty tuple made by distvals itself (skips the checks of
+        the public constructor, for hot paths such as splitting every batch)."""
+        self = cls.__new__(cls)
+        self._values = values
+        return self
+
     @property
     def values(self) -> Tuple[Any, ...]:
         """The per-replica parts, in replica order."""

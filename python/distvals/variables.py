@@ -2,7 +2,7 @@
 
 ``Variable(initial_value, ...)`` outside any strategy scope (or under a
 ``OneDeviceStrategy``) is a plain single-copy variable. Under a ``MirroredStrategy``'s
-scope it has one copy per replica:
+scope it has one copy per replica (see ``distvals.distributed_variables``):
 
 - ``MirroredVariable`` (synchronization ON_WRITE or AUTO): every update keeps the copies
   equal. In cross-replica context an update goes to every copy (a PerReplica argument is
@@ -12,33 +12,46 @@ scope it has one copy per replica:
   replica 0's argument everywhere.
 - ``SyncOnReadVariable`` (ON_READ): updates inside ``run`` touch the local copy only;
   reading in cross-replica context aggregates the copies (SUM, MEAN or the first copy);
-  ``assign`` in cross-replica context stores value/N per copy for SUM, value for the
-  others.
+  ``assign`` in cross-replica context stores value/N per copy for SUM (integers split so
+  that the copies sum to the value exactly), value for the others.
+
+A variable created inside ``strategy.run`` is created once, from the first replica's
+initial value, and every replica gets that same variable (as in TensorFlow).
 
 A variable's value is an immutable snapshot: an update replaces the stored array, so a
 value read earlier never changes under the reader.
 
+Values keep the variable's dtype strictly: a value that does not convert exactly (a
+Python float for an integer variable, a float array for an integer variable, an integer
+outside the variable's range) is a TypeError, never silently truncated.
+
+As in TensorFlow 2, ``v == x`` compares element-wise, so variables are unhashable; use
+``v.ref()`` as a dict key or set member (``ref.deref()`` is the variable).
+
 On GPU replicas each copy is a read-only ``distvals.cuda.DeviceArray`` on its replica's
 GPU: reading a variable inside ``strategy.run`` gives the replica's DeviceArray, the
 all-reduce of an update runs on the GPUs, and ``assign_add``/``assign_sub`` compute the
-new value on the copy's GPU with the engine. ``numpy()``, ``repr`` and checkpoints copy
-the value to the host. Arithmetic operators on such a variable are not offered (a
-DeviceArray has none): use ``numpy()``, or cupy/torch on the value.
+new value on the copy's GPU with the engine (sparse updates go through the host).
+``numpy()``, ``repr`` and checkpoints copy the value to the host. Arithmetic operators on
+such a variable are not offered (a DeviceArray has none): use ``numpy()``, or cupy/torch
+on the value.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
-from . import context, devices, kinds
-from .reduce_op import ReduceOp
-from .values import DistributedValues, Mirrored, PerReplica
+from . import context, devices, kinds, sparse
+from .errors import OutOfRangeError
+from .values import DistributedValues
 
 __all__ = [
     "Variable",
+    "VariableRef",
     "DistributedVariable",
     "MirroredVariable",
     "SyncOnReadVariable",
@@ -96,6 +109,29 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     return a
 
 
+def _static_shape(shape: Any, what: str) -> Optional[Tuple[Optional[int], ...]]:
+    """A ``shape=`` argument as a tuple whose unknown dimensions are None (None for an
+    unknown rank)."""
+    if shape is None:
+        return None
+    dims = getattr(shape, "dims", shape)  # a tf.TensorShape
+    if dims is None:
+        return None
+    if isinstance(dims, (int, np.integer)):
+        dims = (dims,)
+    try:
+        return tuple(None if d is None or getattr(d, "value", d) is None else int(getattr(d, "value", d))
+                     for d in dims)
+    except TypeError:
+        raise TypeError(f"{what}: shape must be a sequence of ints (None for unknown), got {shape!r}") from None
+
+
+def _compatible(static: Optional[Tuple[Optional[int], ...]], shape: Tuple[int, ...]) -> bool:
+    if static is None:
+        return True
+    return len(static) == len(shape) and all(s is None or s == d for s, d in zip(static, shape))
+
+
 class _VariableMeta(type):
     """``Variable(...)`` picks the kind of variable the strategy in force wants."""
 
@@ -105,33 +141,72 @@ class _VariableMeta(type):
         return super().__call__(*args, **kwargs)
 
 
-def _create_variable(initial_value: Any = None, trainable: bool = True, name: Optional[str] = None,
-                     dtype: Any = None, synchronization: Any = VariableSynchronization.AUTO,
-                     aggregation: Any = VariableAggregation.NONE, shape: Any = None) -> "Variable":
+def _create_variable(initial_value: Any = None, trainable: Optional[bool] = None, validate_shape: bool = True,
+                     caching_device: Any = None, name: Optional[str] = None, variable_def: Any = None,
+                     dtype: Any = None, import_scope: Any = None, constraint: Optional[Callable] = None,
+                     synchronization: Any = VariableSynchronization.AUTO,
+                     aggregation: Any = VariableAggregation.NONE, shape: Any = None,
+                     experimental_enable_variable_lifting: bool = True) -> "Variable":
+    # The signature is TensorFlow's, positions included, so that ported calls bind alike.
+    if variable_def is not None or import_scope is not None:
+        raise NotImplementedError("Variable: variable_def and import_scope belong to TensorFlow graphs; "
+                                  "create the variable from an initial_value")
     if initial_value is None:
         raise ValueError("Variable: initial_value must be given")
+    if constraint is not None and not callable(constraint):
+        raise ValueError(f"Variable: constraint must be None or a callable, got {type(constraint).__name__}")
     sync = _enum(synchronization, VariableSynchronization, "synchronization")
     agg = _enum(aggregation, VariableAggregation, "aggregation")
+    if trainable is None:
+        # As in TensorFlow: ON_READ variables (metrics, counters) are not trained.
+        trainable = sync is not VariableSynchronization.ON_READ
     base = "Variable" if name is None else str(name)
     if base.endswith(":0"):
         base = base[:-2]
+    static = _static_shape(shape, f"Variable '{base}'")
+    spec = dict(trainable=bool(trainable), validate_shape=bool(validate_shape), name=base, dtype=dtype,
+                constraint=constraint, synchronization=sync, aggregation=agg, static=static)
     ctx = context.current_run_context()
     if ctx is not None:
-        raise RuntimeError(
-            f"replica {ctx.replica_id_in_sync_group}: create variables in cross-replica context, "
-            "under strategy.scope() and outside strategy.run"
-        )
+        return _create_in_replica(ctx, initial_value, spec)
+    return _create(_initial_array(initial_value, dtype), spec)
+
+
+def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> "Variable":
+    """Inside ``strategy.run``: every replica computes its initial value, then one
+    variable is made (in cross-replica context, from the first replica's value) and every
+    replica gets that same object, as TensorFlow's MirroredStrategy does."""
+    from .values import PerReplica
+
+    value = _initial_array(initial_value, spec["dtype"])
+
+    def create(strategy: Any, first: Any) -> "Variable":
+        if isinstance(first, PerReplica):
+            first = first.values[0]
+        return _create(first, spec)
+
+    return ctx.merge_call(create, args=(value,))
+
+
+def _create(value: np.ndarray, spec: dict) -> "Variable":
+    from .distributed_variables import MirroredVariable, SyncOnReadVariable
+
+    base, sync, agg = spec["name"], spec["synchronization"], spec["aggregation"]
+    static = spec["static"]
+    if not _compatible(static, value.shape):
+        raise ValueError(f"Variable '{base}': initial value has shape {value.shape}, not the given shape "
+                         f"{static}")
     strategy = context.get_strategy()
     ext = strategy.extended
-    value = _initial_array(initial_value, dtype)
-    if shape is not None and tuple(shape) != value.shape:
-        raise ValueError(f"Variable '{base}': initial value has shape {value.shape}, not the given shape {tuple(shape)}")
     places = tuple(getattr(ext, "_places", ()))
     if len(places) != len(ext._devices):
         places = (None,) * len(ext._devices)
+    fixed = spec["validate_shape"] and (static is None or None not in static)
+    common = dict(trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value,
+                  fixed_shape=fixed)
     if not context.has_strategy() or not getattr(ext, "_distributed_variables", False):
-        return type.__call__(Variable, _placed(value, places[0]), trainable=trainable, name=base,
-                             synchronization=sync, aggregation=agg, device=ext._devices[0])
+        return type.__call__(Variable, _placed(value, places[0]), name=base, synchronization=sync,
+                             device=ext._devices[0], **common)
     if sync is VariableSynchronization.NONE:
         raise ValueError(
             f"Variable '{base}': synchronization NONE is not supported under a distribution strategy; "
@@ -142,7 +217,10 @@ def _create_variable(initial_value: Any = None, trainable: bool = True, name: Op
             f"Variable '{base}': aggregation MEAN needs a floating dtype, got {value.dtype}; use SUM or "
             "a float variable"
         )
+    if sync is VariableSynchronization.AUTO:
+        sync = VariableSynchronization.ON_WRITE  # what AUTO means for a mirrored variable, as TF reports
     value = ext._initial_value(value)
+    common["initial"] = value
     copies = []
     for r, device in enumerate(ext._devices):
         copy_name = base if r == 0 else f"{base}/replica_{r}"
@@ -151,10 +229,17 @@ def _create_variable(initial_value: Any = None, trainable: bool = True, name: Op
         else:
             stored = value if r == 0 else value.copy()
             stored.flags.writeable = False
-        copies.append(type.__call__(Variable, stored, trainable=trainable, name=copy_name, synchronization=sync,
-                                    aggregation=agg, device=device))
+        copies.append(type.__call__(Variable, stored, name=copy_name, synchronization=sync, device=device, **common))
     kind = SyncOnReadVariable if sync is VariableSynchronization.ON_READ else MirroredVariable
-    return type.__call__(kind, strategy, tuple(copies), base, sync, agg, trainable)
+    container = type.__call__(kind, strategy, tuple(copies), base, sync, agg, spec["trainable"])
+    container._constraint = spec["constraint"]
+    container._initial = value
+    container._fixed_shape = fixed
+    ref = weakref.ref(container)
+    for c in copies:
+        # extended.value_container(copy) finds the variable from any of its copies.
+        c._distributed_container = ref
+    return container
 
 
 def _placed(value: np.ndarray, place: Any) -> Any:
@@ -174,26 +259,72 @@ def _unwrap(o: Any) -> Any:
     return o
 
 
+class VariableRef:
+    """A hashable reference to a variable (``v.ref()``): equal references name the same
+    variable; ``deref()`` gives it back."""
+
+    __slots__ = ("_variable",)
+
+    def __init__(self, variable: "Variable") -> None:
+        self._variable = variable
+
+    def deref(self) -> "Variable":
+        return self._variable
+
+    def __hash__(self) -> int:
+        return id(self._variable)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, VariableRef) and other._variable is self._variable
+
+    def __ne__(self, other: Any) -> bool:
+        return not self.__eq__(other)
+
+    def __repr__(self) -> str:
+        return f"<Reference wrapping {self._variable!r}>"
+
+
+def _equal(a: Any, b: Any, ufunc: Any) -> Any:
+    """Element-wise comparison, as TensorFlow's: shapes that do not broadcast compare
+    unequal (one False, or True for ``!=``) instead of raising; None cannot be compared."""
+    if b is None:
+        raise ValueError("Attempt to compare a variable with None, which is not a value")
+    b = _unwrap(b)
+    try:
+        return ufunc(devices.to_host(a), b)
+    except ValueError:
+        return np.bool_(ufunc is np.not_equal)
+
+
 class Variable(metaclass=_VariableMeta):
-    """A mutable value: ``Variable(initial_value, trainable=True, name=None, dtype=None,
-    synchronization=AUTO, aggregation=NONE)``.
+    """A mutable value: ``Variable(initial_value, trainable=None, validate_shape=True,
+    caching_device=None, name=None, variable_def=None, dtype=None, import_scope=None,
+    constraint=None, synchronization=AUTO, aggregation=NONE, shape=None)``, TensorFlow's
+    signature.
 
     ``initial_value`` may be an array-like or a callable returning one; Python floats
-    become float32 and ints int32, as in TensorFlow. Under a ``MirroredStrategy``'s scope
-    this returns a ``MirroredVariable`` or (ON_READ) a ``SyncOnReadVariable``.
+    become float32 and ints int32, as in TensorFlow. ``trainable`` defaults to True (False
+    for ON_READ). ``shape`` may leave dimensions unknown (None), and with
+    ``validate_shape=False`` assignments may change the shape. Under a
+    ``MirroredStrategy``'s scope this returns a ``MirroredVariable`` or (ON_READ) a
+    ``SyncOnReadVariable``; inside ``strategy.run`` it creates one shared variable.
 
-    Equality and hashing are by identity (so variables can be dict keys); compare values
-    with ``v.numpy() == x``.
+    ``v == x`` is element-wise (as in TensorFlow 2), so variables are unhashable: use
+    ``v.ref()`` as a dict key.
     """
 
     def __init__(self, value: np.ndarray, *, trainable: bool, name: str, synchronization: VariableSynchronization,
-                 aggregation: VariableAggregation, device: str) -> None:
+                 aggregation: VariableAggregation, device: str, constraint: Optional[Callable] = None,
+                 initial: Any = None, fixed_shape: bool = True) -> None:
         self._value = value
         self._trainable = bool(trainable)
         self._name = name
         self._synchronization = synchronization
         self._aggregation = aggregation
         self._device = device
+        self._constraint = constraint
+        self._initial = value if initial is None else initial
+        self._fixed_shape = fixed_shape
 
     # ---- reading ------------------------------------------------------------------------
     def _read(self) -> np.ndarray:
@@ -213,13 +344,41 @@ class Variable(metaclass=_VariableMeta):
         a = np.array(devices.to_host(self.read_value()), copy=True)
         return a[()] if a.ndim == 0 else a
 
+    def sparse_read(self, indices: Any, name: Any = None) -> np.ndarray:
+        """The rows ``indices`` of the value (along its first axis)."""
+        return self._on_home(sparse.take_rows(devices.to_host(self.read_value()), indices, "sparse_read"))
+
+    def gather_nd(self, indices: Any, name: Any = None) -> np.ndarray:
+        """The value gathered at ``indices``, whose last axis addresses the leading axes
+        (``tf.gather_nd``)."""
+        return self._on_home(sparse.gather_nd(devices.to_host(self.read_value()), indices, "gather_nd"))
+
+    def _on_home(self, host: np.ndarray) -> Any:
+        # A read of a GPU copy stays on that GPU.
+        current = self.read_value()
+        if isinstance(current, np.ndarray) or not devices.can_place(host.dtype):
+            return host
+        return devices.to_replica_device(host, devices.place_of(current))
+
     @property
     def name(self) -> str:
         return f"{self._name}:0"
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return self._read_meta().shape
+        return tuple(self._read_meta().shape)
+
+    def get_shape(self) -> Tuple[int, ...]:
+        """The shape (as ``shape``)."""
+        return self.shape
+
+    def set_shape(self, shape: Any) -> None:
+        """Checks that ``shape`` (None for unknown dimensions) is compatible with the
+        variable's; a variable's shape only changes by assignment."""
+        static = _static_shape(shape, f"set_shape of variable '{self.name}'")
+        if not _compatible(static, self.shape):
+            raise ValueError(f"set_shape of variable '{self.name}': shape {static} is not compatible with the "
+                             f"variable's shape {self.shape}")
 
     @property
     def dtype(self) -> np.dtype:
@@ -231,6 +390,16 @@ class Variable(metaclass=_VariableMeta):
 
     def _read_meta(self) -> np.ndarray:
         return self._value
+
+    @property
+    def initial_value(self) -> np.ndarray:
+        """The value the variable was created with (read-only)."""
+        return self._initial
+
+    @property
+    def constraint(self) -> Optional[Callable]:
+        """The ``constraint`` given at creation (optimizers apply it after each update)."""
+        return self._constraint
 
     @property
     def trainable(self) -> bool:
@@ -249,8 +418,16 @@ class Variable(metaclass=_VariableMeta):
         """Where this copy lives, e.g. "/job:localhost/replica:0/task:0/device:CPU:0"."""
         return "/job:localhost/replica:0/task:0/device:" + self._device
 
+    def ref(self) -> VariableRef:
+        """A hashable reference to this variable (``deref()`` gives it back)."""
+        return VariableRef(self)
+
+    def experimental_ref(self) -> VariableRef:
+        """TensorFlow's older name of ``ref``."""
+        return self.ref()
+
     # ---- updating -----------------------------------------------------------------------
-    def _coerce(self, value: Any, what: str) -> np.ndarray:
+    def _coerce(self, value: Any, what: str) -> Any:
         if isinstance(value, DistributedValues):
             raise TypeError(
                 f"{what} of variable '{self.name}': got a {type(value).__name__}; a single-copy "
@@ -258,8 +435,21 @@ class Variable(metaclass=_VariableMeta):
             )
         return _coerce_value(self, _unwrap(value), what)
 
+    def _coerce_update(self, kind: str, value: Any) -> Any:
+        """The checked argument of an update: a dense value, or a SparseDelta for the
+        scatter kinds (whose raw argument is (indices, updates) for scatter_nd)."""
+        if kind in sparse.SCATTER_KINDS:
+            return _coerce_sparse(self, kind, value)
+        return self._coerce(value, kind)
+
     def _apply(self, kind: str, value: Any) -> None:
         # `value` is already checked and of this variable's dtype and shape.
+        if isinstance(value, sparse.SparseDelta):
+            new = sparse.apply_sparse(kind, devices.to_host(self._value), value)
+            new.flags.writeable = False
+            self._value = _placed(new, devices.place_of(self._value)) if not isinstance(
+                self._value, np.ndarray) else new
+            return
         if not isinstance(self._value, np.ndarray):
             # A copy on a GPU: the new value is computed there (see distvals.devices).
             self._value = devices.freeze(_device_update(kind, self._value, value))
@@ -278,7 +468,7 @@ class Variable(metaclass=_VariableMeta):
         self._value = new
 
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
-        self._apply(kind, self._coerce(value, kind))
+        self._apply(kind, self._coerce_update(kind, value))
         return self if read_value else None
 
     def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
@@ -292,6 +482,62 @@ class Variable(metaclass=_VariableMeta):
     def assign_sub(self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> Any:
         """Subtracts ``delta``; returns the variable (None with ``read_value=False``)."""
         return self._update("assign_sub", delta, read_value)
+
+    # The scatter family: rows of the first axis, from an IndexedSlices(values, indices).
+    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        """Sets rows ``sparse_delta.indices`` to ``sparse_delta.values``."""
+        return self._update("scatter_update", sparse_delta, True)
+
+    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        """Adds ``sparse_delta.values`` to rows ``sparse_delta.indices`` (repeats add up)."""
+        return self._update("scatter_add", sparse_delta, True)
+
+    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        return self._update("scatter_sub", sparse_delta, True)
+
+    def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        return self._update("scatter_mul", sparse_delta, True)
+
+    def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        """Divides rows (integers truncate toward zero, as TensorFlow's kernel)."""
+        return self._update("scatter_div", sparse_delta, True)
+
+    def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        return self._update("scatter_min", sparse_delta, True)
+
+    def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+        return self._update("scatter_max", sparse_delta, True)
+
+    # scatter_nd: indices[..., :K] address the first K axes.
+    def scatter_nd_update(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+        return self._update("scatter_nd_update", (indices, updates), True)
+
+    def scatter_nd_add(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+        return self._update("scatter_nd_add", (indices, updates), True)
+
+    def scatter_nd_sub(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+        return self._update("scatter_nd_sub", (indices, updates), True)
+
+    def scatter_nd_min(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+        return self._update("scatter_nd_min", (indices, updates), True)
+
+    def scatter_nd_max(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+        return self._update("scatter_nd_max", (indices, updates), True)
+
+    def count_up_to(self, limit: int) -> np.ndarray:
+        """Adds 1 and returns the value from before, or raises OutOfRangeError once the
+        value has reached ``limit`` (integer variables; the +1 follows the rules of
+        ``assign_add``)."""
+        if self.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise TypeError(f"count_up_to of variable '{self.name}': needs an int32 or int64 variable, got {self.dtype}")
+        old = np.asarray(devices.to_host(self.read_value()))
+        if old >= limit:
+            raise OutOfRangeError(f"count_up_to of variable '{self.name}': reached limit of {limit}")
+        self._count_up(np.ones((), self.dtype))
+        return old
+
+    def _count_up(self, one: np.ndarray) -> None:
+        self._update("assign_add", one, False)
 
     # ---- behaving as the value ------------------------------------------------------------
     def __array__(self, dtype=None, copy=None):
@@ -322,6 +568,12 @@ class Variable(metaclass=_VariableMeta):
     def __rpow__(self, o): return _unwrap(o) ** self.read_value()
     def __matmul__(self, o): return self.read_value() @ _unwrap(o)
     def __rmatmul__(self, o): return _unwrap(o) @ self.read_value()
+    def __and__(self, o): return self.read_value() & _unwrap(o)
+    def __rand__(self, o): return _unwrap(o) & self.read_value()
+    def __or__(self, o): return self.read_value() | _unwrap(o)
+    def __ror__(self, o): return _unwrap(o) | self.read_value()
+    def __xor__(self, o): return self.read_value() ^ _unwrap(o)
+    def __rxor__(self, o): return _unwrap(o) ^ self.read_value()
     def __lt__(self, o): return self.read_value() < _unwrap(o)
     def __le__(self, o): return self.read_value() <= _unwrap(o)
     def __gt__(self, o): return self.read_value() > _unwrap(o)
@@ -329,13 +581,21 @@ class Variable(metaclass=_VariableMeta):
     def __neg__(self): return -self.read_value()
     def __pos__(self): return +self.read_value()
     def __abs__(self): return abs(self.read_value())
+    def __invert__(self): return ~self.read_value()
     def __getitem__(self, key): return self.read_value()[key]
     def __float__(self): return float(self.read_value())
     def __int__(self): return int(self.read_value())
+    def __bool__(self): return bool(self.read_value())
 
-    __eq__ = object.__eq__
-    __ne__ = object.__ne__
-    __hash__ = object.__hash__
+    def __eq__(self, o):  # type: ignore[override]
+        return _equal(self.read_value(), o, np.equal)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return _equal(self.read_value(), o, np.not_equal)
+
+    def __hash__(self) -> int:
+        raise TypeError(f"Variable is unhashable (== compares values); use variable.ref() as the key. "
+                        f"(Variable: {self.name})")
 
     def __repr__(self) -> str:
         a = devices.to_host(self._value)
@@ -352,185 +612,68 @@ def _device_update(kind: str, current: Any, value: Any) -> Any:
     return devices.subtract(current, value)
 
 
-def _coerce_value(var: Any, value: Any, what: str) -> Any:
-    dtype, shape = var.dtype, var.shape
-    # A device array stays where it is (as a DeviceArray); anything else becomes numpy.
-    a = devices.as_value(value)
-    if tuple(a.shape) != shape:
-        raise ValueError(f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape}")
+def _is_python_value(value: Any) -> bool:
+    """True for Python numbers and (nested) lists/tuples of them: values that TensorFlow
+    converts to the variable's dtype by value rules."""
+    if isinstance(value, (bool, int, float, complex)):
+        return not isinstance(value, np.generic)  # np.float64 is a float, but numpy's
+    if isinstance(value, (list, tuple)):
+        return all(_is_python_value(v) for v in value)
+    return False
+
+
+def _check_dtype(a: Any, dtype: np.dtype, python: bool, name: str, what: str) -> None:
+    """TypeError when ``a`` does not convert to ``dtype`` exactly."""
+    src = a.dtype
+    if src.hasobject:
+        raise TypeError(f"{what} of variable '{name}': cannot use a value of type {src} for a {dtype} variable")
+    if python:
+        # As TensorFlow's conversion of Python values: a float never becomes an integer
+        # (not even 2.0), a complex never becomes a real.
+        if (src.kind == "f" and dtype.kind in "iub") or (src.kind == "c" and dtype.kind != "c"):
+            raise TypeError(f"{what} of variable '{name}': cannot convert a Python {'float' if src.kind == 'f' else 'complex'} "
+                            f"to {dtype}")
+    elif not np.can_cast(src, dtype, casting="same_kind"):
+        raise TypeError(f"{what} of variable '{name}': cannot use a {src} value for a {dtype} variable")
+    if src.kind in "iu" and dtype.kind in "iu" and isinstance(a, np.ndarray) and a.size:
+        info = np.iinfo(dtype)
+        lo, hi = a.min(), a.max()
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise TypeError(f"{what} of variable '{name}': {bad} does not fit in {dtype}")
+
+
+def _coerce_dtype(var: Any, value: Any, what: str) -> Any:
+    """``value`` as an array of ``var``'s dtype (device arrays stay where they are)."""
+    dtype = var.dtype
+    python = _is_python_value(value)
+    if python:
+        a = np.asarray(value)
+    else:
+        a = devices.as_value(value)
     if a.dtype != dtype:
-        python_number = not isinstance(value, (np.ndarray, np.generic)) and not devices.is_device_array(value)
-        if not python_number and not np.can_cast(a.dtype, dtype, casting="same_kind"):
-            raise TypeError(f"{what} of variable '{var.name}': cannot use a {a.dtype} value for a {dtype} variable")
+        _check_dtype(a, dtype, python, var.name, what)
         a = devices.cast(a, dtype)
     return a
 
 
-class DistributedVariable(DistributedValues, Variable):
-    """A variable with one copy (a ``Variable``) per replica; ``.values`` are the copies."""
-
-    _select_whole = True
-
-    def __init__(self, strategy: Any, copies: Tuple[Variable, ...], name: str,
-                 synchronization: VariableSynchronization, aggregation: VariableAggregation, trainable: bool) -> None:
-        DistributedValues.__init__(self, copies)
-        self._strategy = strategy
-        self._name = name
-        self._synchronization = synchronization
-        self._aggregation = aggregation
-        self._trainable = trainable
-        self._n = len(copies)
-
-    @property
-    def distribute_strategy(self) -> Any:
-        return self._strategy
-
-    @property
-    def device(self) -> str:
-        return self._local_copy().device
-
-    def _read_meta(self) -> np.ndarray:
-        return self._values[0]._value
-
-    def _replica_context(self) -> Optional[context.ReplicaContext]:
-        """This strategy's replica context when called inside its ``run``."""
-        ctx = context.current_run_context()
-        if ctx is not None and ctx._strategy is self._strategy:
-            return ctx
-        if ctx is not None:
-            raise RuntimeError(
-                f"variable '{self.name}' belongs to {self._strategy!r}, not to the strategy running now "
-                f"({ctx._strategy!r})"
-            )
-        return None
-
-    def _local_copy(self) -> Variable:
-        ctx = self._replica_context()
-        return self._values[ctx._replica_id if ctx is not None else 0]
-
-    def _current(self):
-        ctx = self._replica_context()
-        if ctx is not None:
-            return self._values[ctx._replica_id]
-        return self._cross_replica_part()
-
-    def _read(self) -> Any:
-        part = self._current()
-        return part._read() if isinstance(part, Variable) else part
-
-    def value(self) -> np.ndarray:
-        return self._read()
-
-    def read_value(self) -> np.ndarray:
-        return self._read()
-
-    def _coerce_parts(self, value: Any, what: str) -> np.ndarray:
-        return _coerce_value(self, _unwrap(value), what)
-
-    def __repr__(self) -> str:
-        return DistributedValues.__repr__(self)
-
-    def __str__(self) -> str:
-        return DistributedValues.__str__(self)
+def _coerce_value(var: Any, value: Any, what: str) -> Any:
+    a = _coerce_dtype(var, value, what)
+    shape = var.shape
+    if tuple(a.shape) != shape and getattr(var, "_fixed_shape", True):
+        raise ValueError(f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape}")
+    return a
 
 
-class MirroredVariable(DistributedVariable, Mirrored):
-    """A variable whose copies are kept equal by every update (see the module doc)."""
-
-    def _cross_replica_part(self):
-        return self._values[0]
-
-    def _update(self, kind: str, value: Any, read_value: bool) -> Any:
-        ctx = self._replica_context()
-        agg = self._aggregation
-        if ctx is None:
-            self._update_cross_replica(kind, value)
-            return self if read_value else None
-        r = ctx._replica_id
-        if agg is VariableAggregation.NONE or self._strategy.num_replicas_in_sync == 1:
-            self._values[r]._apply(kind, self._coerce_parts(value, kind))
-            return self if read_value else None
-        ext = self._strategy.extended
-        local = self._coerce_parts(value, kind)
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            result = ext._replica_broadcast(ctx, local)
-        else:
-            op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-            # The resolver refuses a SUM update that got the very same plain object on
-            # every replica: it would count it once per replica.
-            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, value)
-        self._values[r]._apply(kind, devices.cast(devices.as_value(result), self.dtype))
-        return self if read_value else None
-
-    def _update_cross_replica(self, kind: str, value: Any) -> None:
-        if isinstance(value, PerReplica) or (isinstance(value, DistributedVariable) and isinstance(value, SyncOnReadVariable)):
-            if isinstance(value, PerReplica):
-                value = self._aggregate(value, kind)
-            else:
-                value = value.read_value()
-        elif isinstance(value, DistributedValues):
-            value = value.values[0]
-        coerced = self._coerce_parts(value, kind)
-        for c in self._values:
-            c._apply(kind, coerced)
-
-    def _aggregate(self, value: PerReplica, kind: str) -> Any:
-        agg = self._aggregation
-        if agg is VariableAggregation.NONE:
-            raise ValueError(
-                f"{kind} of variable '{self.name}' got a PerReplica value in cross-replica context, but the "
-                "variable's aggregation is NONE; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, "
-                "or reduce the value first"
-            )
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            return value.values[0]
-        op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-        return self._strategy.reduce(op, value, axis=None)
+def _coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
+    if isinstance(value, sparse.SparseDelta):
+        return value
+    coerce = lambda v, what: _coerce_dtype(var, _unwrap(v), what)  # noqa: E731
+    if kind.startswith("scatter_nd_"):
+        indices, updates = value
+        return sparse.nd_delta(indices, updates, var.shape, coerce, f"{kind} of variable '{var.name}'")
+    return sparse.sparse_delta(value, var.shape, coerce, f"{kind} of variable '{var.name}'")
 
 
-class SyncOnReadVariable(DistributedVariable):
-    """A variable whose copies are combined only when read in cross-replica context
-    (see the module doc)."""
-
-    def _cross_replica_part(self):
-        agg = self._aggregation
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            return self._values[0]._value
-        if agg is VariableAggregation.NONE:
-            raise ValueError(
-                f"cannot read SyncOnReadVariable '{self.name}' in cross-replica context: its aggregation is "
-                "NONE; read its copies with .values, or create it with SUM, MEAN or ONLY_FIRST_REPLICA"
-            )
-        op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-        parts = [c._value for c in self._values]
-        out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read")
-        # A DeviceArray on the first replica's GPU for GPU copies (see distvals.cuda_collectives).
-        out = devices.cast(devices.as_value(out), self.dtype)
-        return devices.freeze(np.asarray(out) if isinstance(out, np.ndarray) else out)
-
-    def _update(self, kind: str, value: Any, read_value: bool) -> Any:
-        ctx = self._replica_context()
-        if ctx is not None:
-            self._values[ctx._replica_id]._apply(kind, self._coerce_parts(value, kind))
-            return self if read_value else None
-        agg = self._aggregation
-        if isinstance(value, PerReplica):
-            if len(value.values) != self._n:
-                raise ValueError(f"{kind} of variable '{self.name}': a PerReplica with {len(value.values)} values "
-                                 f"for {self._n} copies")
-            parts = [self._coerce_parts(v, kind) for v in value.values]
-            for c, p in zip(self._values, parts):
-                c._apply(kind, p)
-            return self if read_value else None
-        if kind != "assign" and agg is VariableAggregation.SUM:
-            raise ValueError(
-                f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support {kind} in "
-                "cross-replica context (the change could not be split across the copies); use assign"
-            )
-        coerced = self._coerce_parts(value, kind)
-        if kind == "assign" and agg is VariableAggregation.SUM:
-            # Keep the sum: each copy stores value/N (cast back to the dtype, as TF does).
-            coerced = np.asarray(devices.to_host(coerced) / self._strategy.num_replicas_in_sync).astype(self.dtype)
-        for c in self._values:
-            c._apply(kind, coerced)
-        return self if read_value else None
+# The distributed kinds live in their own module; they are part of this one's API.
+from .distributed_variables import DistributedVariable, MirroredVariable, SyncOnReadVariable  # noqa: E402

@@ -1,0 +1,261 @@
+"""Distributed variables: one ``Variable`` copy per replica (see ``distvals.variables``).
+
+``MirroredVariable`` keeps its copies equal on every update; ``SyncOnReadVariable``
+lets each replica update its own copy and combines the copies when read in
+cross-replica context. Every update kind (assign, assign_add, assign_sub, the scatter
+family, count_up_to) follows the same rules in replica and cross-replica context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import context, devices, nest, sparse
+from .reduce_op import ReduceOp
+from .values import DistributedValues, Mirrored, PerReplica
+from .variables import Variable, VariableAggregation, VariableSynchronization, _coerce_sparse, _coerce_value, \
+    _equal, _unwrap
+
+__all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable"]
+
+
+class DistributedVariable(DistributedValues, Variable):
+    """A variable with one copy (a ``Variable``) per replica; ``.values`` are the copies."""
+
+    _select_whole = True
+
+    def __init__(self, strategy: Any, copies: Tuple[Variable, ...], name: str,
+                 synchronization: VariableSynchronization, aggregation: VariableAggregation, trainable: bool) -> None:
+        DistributedValues.__init__(self, copies)
+        self._strategy = strategy
+        self._name = name
+        self._synchronization = synchronization
+        self._aggregation = aggregation
+        self._trainable = trainable
+        self._n = len(copies)
+        self._constraint = None
+        self._initial = copies[0]._initial
+        self._fixed_shape = copies[0]._fixed_shape
+
+    @property
+    def distribute_strategy(self) -> Any:
+        return self._strategy
+
+    @property
+    def device(self) -> str:
+        return self._local_copy().device
+
+    def _read_meta(self) -> np.ndarray:
+        return self._values[0]._value
+
+    def _replica_context(self) -> Optional[context.ReplicaContext]:
+        """This strategy's replica context when called inside its ``run``."""
+        ctx = context.current_run_context()
+        if ctx is not None and ctx._strategy is self._strategy:
+            return ctx
+        if ctx is not None:
+            raise RuntimeError(
+                f"variable '{self.name}' belongs to {self._strategy!r}, not to the strategy running now "
+                f"({ctx._strategy!r})"
+            )
+        return None
+
+    def _local_copy(self) -> Variable:
+        ctx = self._replica_context()
+        return self._values[ctx._replica_id if ctx is not None else 0]
+
+    def _current(self):
+        ctx = self._replica_context()
+        if ctx is not None:
+            return self._values[ctx._replica_id]
+        return self._cross_replica_part()
+
+    def _read(self) -> Any:
+        part = self._current()
+        return part._read() if isinstance(part, Variable) else part
+
+    def value(self) -> np.ndarray:
+        return self._read()
+
+    def read_value(self) -> np.ndarray:
+        return self._read()
+
+    def _coerce_parts(self, value: Any, what: str) -> Any:
+        if what in sparse.SCATTER_KINDS:
+            return _coerce_sparse(self, what, value)
+        return _coerce_value(self, _unwrap(value), what)
+
+    # Values compare element-wise like any variable (not by identity like other
+    # distributed values).
+    def __eq__(self, o):  # type: ignore[override]
+        return _equal(self.read_value(), o, np.equal)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return _equal(self.read_value(), o, np.not_equal)
+
+    __hash__ = Variable.__hash__
+
+    def __repr__(self) -> str:
+        return DistributedValues.__repr__(self)
+
+    def __str__(self) -> str:
+        return DistributedValues.__str__(self)
+
+
+def _merge_sparse_update(strategy: Any, var: "MirroredVariable", kind: str, delta: Any,
+                         raw: Any) -> "MirroredVariable":
+    """merge_fn of a sparse update made inside ``run``: the replicas' updates, combined by
+    the variable's aggregation, go to every copy. ``raw`` (the caller's argument) is the
+    same object on every replica only when each replica passed that very object."""
+    leaves = nest.flatten(raw) if nest.is_nested(raw) else [raw]
+    if var._aggregation is VariableAggregation.SUM and not any(isinstance(x, PerReplica) for x in leaves):
+        raise ValueError(
+            f"a SUM update ({kind}) of variable '{var.name}' got the same plain value on every replica, which "
+            f"would count it {var._n} times; pass each replica's own value, or use aggregation MEAN or "
+            "ONLY_FIRST_REPLICA")
+    if not isinstance(delta, PerReplica):
+        delta = PerReplica((delta,) * var._n)
+    var._update_cross_replica(kind, delta)
+    return var
+
+
+class MirroredVariable(DistributedVariable, Mirrored):
+    """A variable whose copies are kept equal by every update (see distvals.variables)."""
+
+    def _cross_replica_part(self):
+        return self._values[0]
+
+    def _update(self, kind: str, value: Any, read_value: bool) -> Any:
+        ctx = self._replica_context()
+        agg = self._aggregation
+        if ctx is None:
+            self._update_cross_replica(kind, value)
+            return self if read_value else None
+        r = ctx._replica_id
+        if agg is VariableAggregation.NONE or self._strategy.num_replicas_in_sync == 1:
+            self._values[r]._apply(kind, self._coerce_parts(value, kind))
+            return self if read_value else None
+        local = self._coerce_parts(value, kind)
+        if isinstance(local, sparse.SparseDelta):
+            # Sparse updates meet in merge_call: the replicas' (indices, values) pairs are
+            # concatenated, as TensorFlow sums IndexedSlices across replicas.
+            ctx.merge_call(_merge_sparse_update, args=(self, kind, local, value))
+            return self if read_value else None
+        ext = self._strategy.extended
+        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+            result = ext._replica_broadcast(ctx, local)
+        else:
+            op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
+            # The resolver refuses a SUM update that got the very same plain object on
+            # every replica: it would count it once per replica.
+            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, value)
+        self._values[r]._apply(kind, devices.cast(devices.as_value(result), self.dtype))
+        return self if read_value else None
+
+    def _update_cross_replica(self, kind: str, value: Any) -> None:
+        if isinstance(value, PerReplica) or (isinstance(value, DistributedVariable) and isinstance(value, SyncOnReadVariable)):
+            if isinstance(value, PerReplica):
+                value = self._aggregate(value, kind)
+            else:
+                value = value.read_value()
+        elif isinstance(value, DistributedValues):
+            value = value.values[0]
+        coerced = self._coerce_parts(value, kind)
+        for c in self._values:
+            c._apply(kind, coerced)
+
+    def _aggregate(self, value: PerReplica, kind: str) -> Any:
+        agg = self._aggregation
+        if agg is VariableAggregation.NONE:
+            raise ValueError(
+                f"{kind} of variable '{self.name}' got a PerReplica value in cross-replica context, but the "
+                "variable's aggregation is NONE; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, "
+                "or reduce the value first"
+            )
+        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+            return value.values[0]
+        if kind in sparse.SCATTER_KINDS:
+            deltas = [self._coerce_parts(v, kind) for v in value.values]
+            scale = None if agg is VariableAggregation.SUM else self.dtype.type(1) / self.dtype.type(len(deltas))
+            return sparse.concat_deltas(deltas, scale)
+        op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
+        return self._strategy.reduce(op, value, axis=None)
+
+
+class SyncOnReadVariable(DistributedVariable):
+    """A variable whose copies are combined only when read in cross-replica context
+    (see distvals.variables)."""
+
+    def _cross_replica_part(self):
+        agg = self._aggregation
+        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+            return self._values[0]._value
+        if agg is VariableAggregation.NONE:
+            raise ValueError(
+                f"cannot read SyncOnReadVariable '{self.name}' in cross-replica context: its aggregation is "
+                "NONE; read its copies with .values, or create it with SUM, MEAN or ONLY_FIRST_REPLICA"
+            )
+        op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
+        parts = [c._value for c in self._values]
+        out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read")
+        # A DeviceArray on the first replica's GPU for GPU copies (see distvals.cuda_collectives).
+        out = devices.cast(devices.as_value(out), self.dtype)
+        return devices.freeze(np.asarray(out) if isinstance(out, np.ndarray) else out)
+
+    def _update(self, kind: str, value: Any, read_value: bool) -> Any:
+        ctx = self._replica_context()
+        if ctx is not None:
+            self._values[ctx._replica_id]._apply(kind, self._coerce_parts(value, kind))
+            return self if read_value else None
+        if kind in sparse.SCATTER_KINDS:
+            raise NotImplementedError(
+                f"SyncOnReadVariable '{self.name}' does not support {kind} in cross-replica context (as in "
+                "TensorFlow): update its copies inside strategy.run, or assign a dense value")
+        agg = self._aggregation
+        if isinstance(value, PerReplica):
+            if len(value.values) != self._n:
+                raise ValueError(f"{kind} of variable '{self.name}': a PerReplica with {len(value.values)} values "
+                                 f"for {self._n} copies")
+            parts = [self._coerce_parts(v, kind) for v in value.values]
+            for c, p in zip(self._values, parts):
+                c._apply(kind, p)
+            return self if read_value else None
+        if kind != "assign" and agg is VariableAggregation.SUM:
+            raise ValueError(
+                f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support {kind} in "
+                "cross-replica context (the change could not be split across the copies); use assign"
+            )
+        coerced = self._coerce_parts(value, kind)
+        if kind == "assign" and agg is VariableAggregation.SUM:
+            # Split over every replica in sync (with several workers, this worker's copies
+            # are replicas offset .. offset + n - 1 of them).
+            total = self._strategy.num_replicas_in_sync
+            offset = getattr(self._strategy.extended, "_offset", 0)
+            parts = _split_sum(devices.to_host(coerced), total)[offset:offset + self._n]
+            for c, part in zip(self._values, parts):
+                c._apply(kind, part)
+            return self if read_value else None
+        for c in self._values:
+            c._apply(kind, coerced)
+        return self if read_value else None
+
+    def count_up_to(self, limit: int) -> np.ndarray:
+        if self._replica_context() is None and self._aggregation is VariableAggregation.SUM:
+            raise ValueError(
+                f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support count_up_to in "
+                "cross-replica context (the change could not be split across the copies); call it inside "
+                "strategy.run")
+        return Variable.count_up_to(self, limit)
+
+
+def _split_sum(value: np.ndarray, n: int) -> list:
+    """``n`` parts that sum to ``value``: value/n each for floats; for integers the
+    quotient each, and the remainder spread one by one over the first copies, so that a
+    saved counter of 7 over 2 copies loads as 4 + 3, never 3 + 3."""
+    if value.dtype.kind not in "iu":
+        return [np.asarray(value / n).astype(value.dtype)] * n
+    q, rem = np.divmod(value, value.dtype.type(n))
+    return [np.asarray(q + (rem > k), dtype=value.dtype) for k in range(n)]
+

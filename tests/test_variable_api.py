@@ -1,0 +1,298 @@
+"""The TensorFlow 2 Variable API beyond assign: initial_value, constraint, shapes, the
+scatter and scatter_nd families, sparse_read, gather_nd and count_up_to, on plain and
+distributed variables, with the replica-context and aggregation rules of assign."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import distvals as dv
+
+SUM = dv.VariableAggregation.SUM
+MEAN = dv.VariableAggregation.MEAN
+FIRST = dv.VariableAggregation.ONLY_FIRST_REPLICA
+ON_READ = dv.VariableSynchronization.ON_READ
+
+
+def rid():
+    return dv.get_replica_context().replica_id_in_sync_group
+
+
+def copies(v):
+    return [c.numpy() for c in v.values]
+
+
+def slices(values, indices):
+    return dv.IndexedSlices(np.asarray(values, np.float32), np.asarray(indices))
+
+
+# ---- creation arguments -----------------------------------------------------------------------------
+
+def test_initial_value_and_constraint(s2):
+    clip = lambda x: np.clip(x, 0, 1)  # noqa: E731
+    v = dv.Variable([1.0, 2.0], constraint=clip)
+    v.assign([5.0, 6.0])
+    np.testing.assert_array_equal(v.initial_value, [1.0, 2.0])
+    assert v.initial_value.dtype == np.float32 and not v.initial_value.flags.writeable
+    assert v.constraint is clip and dv.Variable(1.0).constraint is None
+    with s2.scope():
+        m = dv.Variable(lambda: np.arange(3.0), constraint=clip)
+    m.assign([7.0, 8.0, 9.0])
+    np.testing.assert_array_equal(m.initial_value, [0.0, 1.0, 2.0])
+    assert m.constraint is clip
+    with pytest.raises(ValueError, match="constraint must be None or a callable, got int"):
+        dv.Variable(1.0, constraint=3)
+
+
+def test_tensorflow_signature_binds_positionally():
+    # Variable(initial_value, trainable, validate_shape, caching_device, name, ...)
+    v = dv.Variable(1.0, False, True, None, "pos")
+    assert not v.trainable and v.name == "pos:0"
+    with pytest.raises(NotImplementedError, match="variable_def and import_scope belong to TensorFlow graphs"):
+        dv.Variable(1.0, variable_def=object())
+
+
+def test_shapes(s2):
+    v = dv.Variable(np.zeros((2, 3), np.float32))
+    assert v.get_shape() == (2, 3) == v.shape
+    v.set_shape([2, 3])
+    v.set_shape((None, 3))
+    with pytest.raises(ValueError, match=r"shape \(3, 3\) is not compatible with the variable's shape \(2, 3\)"):
+        v.set_shape([3, 3])
+    with pytest.raises(ValueError, match="value has shape"):
+        v.assign(np.zeros((3, 3)))
+    # An unknown dimension (or validate_shape=False) lets assignments change the shape.
+    free = dv.Variable(np.zeros(2), shape=(None,))
+    free.assign(np.arange(5.0))
+    assert free.shape == (5,)
+    loose = dv.Variable(np.zeros(2), validate_shape=False)
+    loose.assign(np.zeros((4, 4)))
+    assert loose.get_shape() == (4, 4)
+    with pytest.raises(ValueError, match="not the given shape"):
+        dv.Variable(np.zeros(2), shape=(3,))
+    with s2.scope():
+        m = dv.Variable(np.zeros(4))
+    m.set_shape([4])
+    assert m.get_shape() == (4,)
+
+
+# ---- scatter on a plain variable ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["update", "add", "sub", "mul", "div", "min", "max"])
+def test_scatter_family_matches_numpy(op):
+    start = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], np.float32)
+    v = dv.Variable(start)
+    indices = np.array([2, 0, 2])
+    values = np.array([[2.0, 3.0], [4.0, 5.0], [0.5, 8.0]], np.float32)
+    out = getattr(v, f"scatter_{op}")(dv.IndexedSlices(values, indices))
+    assert out is v
+    want = start.astype(np.float64)
+    for i, row in zip(indices, values.astype(np.float64)):
+        # Repeated rows compose one update after another (update: the last one wins).
+        want[i] = {"update": row, "add": want[i] + row, "sub": want[i] - row, "mul": want[i] * row,
+                   "div": want[i] / row, "min": np.minimum(want[i], row), "max": np.maximum(want[i], row)}[op]
+    np.testing.assert_allclose(v.numpy(), want, rtol=1e-6)
+    assert v.dtype == np.float32
+
+
+def test_scatter_div_of_integers_truncates_toward_zero():
+    v = dv.Variable(np.array([7, -7, 9, 100], np.int32))
+    v.scatter_div(dv.IndexedSlices(np.array([2, 2, 4, 3], np.int32), np.array([0, 1, 2, 3])))
+    np.testing.assert_array_equal(v.numpy(), [3, -3, 2, 33])
+    with pytest.raises(ValueError, match="division by zero"):
+        v.scatter_div(dv.IndexedSlices(np.array([0], np.int32), np.array([0])))
+    np.testing.assert_array_equal(v.numpy(), [3, -3, 2, 33])
+
+
+@pytest.mark.parametrize("op", ["update", "add", "sub", "min", "max"])
+def test_scatter_nd_family_matches_numpy(op):
+    start = np.arange(12, dtype=np.float64).reshape(3, 4)
+    v = dv.Variable(start)
+    indices = np.array([[0, 1], [2, 3], [0, 1]])
+    updates = np.array([10.0, -5.0, 2.0])
+    assert getattr(v, f"scatter_nd_{op}")(indices, updates) is v
+    want = start.copy()
+    for (i, j), u in zip(indices, updates):
+        want[i, j] = {"update": u, "add": want[i, j] + u, "sub": want[i, j] - u, "min": min(want[i, j], u),
+                      "max": max(want[i, j], u)}[op]
+    np.testing.assert_array_equal(v.numpy(), want)
+    # Whole rows, addressed by the first axis only.
+    v.scatter_nd_update(np.array([[1]]), np.full((1, 4), -1.0))
+    np.testing.assert_array_equal(v.numpy()[1], [-1.0] * 4)
+
+
+def test_sparse_read_and_gather_nd():
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    v = dv.Variable(a)
+    np.testing.assert_array_equal(v.sparse_read([3, 0, 3]), a[[3, 0, 3]])
+    np.testing.assert_array_equal(v.gather_nd([[1, 2], [3, 0]]), [a[1, 2], a[3, 0]])
+    np.testing.assert_array_equal(v.gather_nd([[2]]), a[[2]])
+    with pytest.raises(ValueError, match=r"index 4 is out of range for shape \(4,\)"):
+        v.sparse_read([4])
+    with pytest.raises(dv.errors.InvalidArgumentError, match=r"index \[0, 3\] is out of range for shape \(4, 3\)"):
+        v.gather_nd([[0, 3]])
+
+
+def test_scatter_argument_errors():
+    v = dv.Variable(np.zeros((3, 2), np.float32))
+    with pytest.raises(TypeError, match="sparse_delta must be an IndexedSlices"):
+        v.scatter_add(([0], [[1.0, 1.0]]))
+    with pytest.raises(TypeError, match="indices must be integers, got float64"):
+        v.scatter_add(dv.IndexedSlices(np.ones((1, 2)), np.array([0.5])))
+    with pytest.raises(ValueError, match=r"values have shape \(1, 3\), 1 rows of the variable need \(1, 2\)"):
+        v.scatter_add(dv.IndexedSlices(np.ones((1, 3)), np.array([0])))
+    with pytest.raises(ValueError, match="index -1 is out of range"):
+        v.scatter_add(dv.IndexedSlices(np.ones((1, 2)), np.array([-1])))
+    with pytest.raises(TypeError, match="cannot use a float64 value"):
+        dv.Variable(np.zeros(3, np.int32)).scatter_add(dv.IndexedSlices(np.ones(1), np.array([0])))
+    with pytest.raises(ValueError, match="cannot address a variable of shape"):
+        v.scatter_nd_add(np.array([[0, 0, 0]]), np.ones(1))
+    with pytest.raises(ValueError, match="a scalar variable has no rows"):
+        dv.Variable(1.0).scatter_add(dv.IndexedSlices(np.ones(1), np.array([0])))
+    np.testing.assert_array_equal(v.numpy(), np.zeros((3, 2)))  # no failed call changed it
+
+
+def test_tensorflow_style_indexed_slices_are_accepted():
+    class Slices:  # what tf.IndexedSlices offers
+        def __init__(self, values, indices):
+            self.values, self.indices, self.dense_shape = values, indices, None
+
+    v = dv.Variable(np.zeros(3))
+    v.scatter_add(Slices(np.array([1.0, 2.0]), np.array([0, 2])))
+    np.testing.assert_array_equal(v.numpy(), [1.0, 0.0, 2.0])
+    assert "indices=" in repr(dv.IndexedSlices(np.ones(1), np.zeros(1, int)))
+
+
+def test_count_up_to():
+    v = dv.Variable(3)
+    assert v.count_up_to(5) == 3 and v.count_up_to(5) == 4
+    with pytest.raises(dv.errors.OutOfRangeError, match="reached limit of 5"):
+        v.count_up_to(5)
+    assert v.numpy() == 5
+    with pytest.raises(TypeError, match="needs an int32 or int64 variable"):
+        dv.Variable(1.0).count_up_to(3)
+
+
+# ---- the same rules as assign on distributed variables -------------------------------------------------------
+
+def test_cross_replica_scatter_updates_every_copy(s3):
+    with s3.scope():
+        v = dv.Variable(np.array([1.0, 2.0, 3.0, 4.0], np.float32))
+    v.scatter_add(slices([10.0, 20.0], [0, 2]))
+    v.scatter_sub(slices([1.0], [3]))
+    v.scatter_nd_max(np.array([[1]]), np.array([50.0], np.float32))
+    for c in copies(v):
+        np.testing.assert_array_equal(c, [11.0, 50.0, 23.0, 3.0])
+    np.testing.assert_array_equal(v.sparse_read([2]), [23.0])
+    np.testing.assert_array_equal(v.gather_nd([[0], [1]]), [11.0, 50.0])
+
+
+@pytest.mark.parametrize("agg,want", [
+    ("NONE", None),
+    ("SUM", [1.0 + 10 + 20 + 30, 2.0, 3.0 + 20 + 40 + 60, 4.0]),
+    ("MEAN", [1.0 + 20, 2.0, 3.0 + 40, 4.0]),
+    ("ONLY_FIRST_REPLICA", [11.0, 2.0, 23.0, 4.0]),
+])
+def test_replica_scatter_follows_the_aggregation(s3, agg, want):
+    # TensorFlow concatenates the replicas' IndexedSlices (MEAN scales them by 1/N).
+    with s3.scope():
+        v = dv.Variable(np.array([1.0, 2.0, 3.0, 4.0], np.float32), aggregation=agg)
+
+    def fn():
+        r = rid()
+        out = v.scatter_add(slices(np.array([10.0, 20.0]) * (r + 1), [0, 2]))
+        assert out is v
+        return v.read_value()
+
+    seen = s3.run(fn)
+    if want is None:  # NONE: each replica's own copy
+        for r, c in enumerate(copies(v)):
+            np.testing.assert_array_equal(c, [1.0 + 10 * (r + 1), 2.0, 3.0 + 20 * (r + 1), 4.0])
+    else:
+        for c, s in zip(copies(v), seen.values):
+            np.testing.assert_allclose(c, want, rtol=1e-6)
+            np.testing.assert_allclose(s, want, rtol=1e-6)
+
+
+def test_replica_scatter_nd_sum_gathers_every_replica(s2):
+    with s2.scope():
+        v = dv.Variable(np.zeros((2, 2), np.float32), aggregation=SUM)
+    s2.run(lambda: v.scatter_nd_add(np.array([[rid(), rid()]]), np.array([rid() + 1.0], np.float32)))
+    for c in copies(v):
+        np.testing.assert_array_equal(c, [[1.0, 0.0], [0.0, 2.0]])
+
+
+def test_replica_scatter_sum_of_one_object_is_refused(s2):
+    with s2.scope():
+        v = dv.Variable(np.zeros(2, np.float32), aggregation=SUM)
+    shared = slices([1.0], [0])
+    with pytest.raises(ValueError, match=r"SUM update \(scatter_add\) of variable 'Variable:0' got the same plain "
+                                         "value on every replica"):
+        s2.run(lambda: v.scatter_add(shared))
+    assert [c.tolist() for c in copies(v)] == [[0.0, 0.0]] * 2
+    with s2.scope():
+        m = dv.Variable(np.zeros(2, np.float32), aggregation=MEAN)
+    s2.run(lambda: m.scatter_add(shared))  # the mean of one value is that value
+    assert [c.tolist() for c in copies(m)] == [[1.0, 0.0]] * 2
+
+
+def test_replica_scatter_error_in_one_replica_changes_no_copy(s2):
+    with s2.scope():
+        v = dv.Variable(np.zeros(3, np.float32), aggregation=SUM)
+
+    def fn():
+        return v.scatter_add(slices([1.0], [7 if rid() == 1 else 0]))
+
+    with pytest.raises(ValueError, match=r"^replica 1: scatter_add of variable 'Variable:0': index 7 is out of range"):
+        s2.run(fn)
+    assert [c.tolist() for c in copies(v)] == [[0.0, 0.0, 0.0]] * 2
+    s2.run(lambda: v.scatter_add(slices([1.0], [rid()])))  # and the strategy still works
+    assert [c.tolist() for c in copies(v)] == [[1.0, 1.0, 0.0]] * 2
+
+
+def test_sync_on_read_scatter(s2):
+    with s2.scope():
+        v = dv.Variable(np.zeros(3, np.float32), synchronization=ON_READ, aggregation=SUM)
+    s2.run(lambda: v.scatter_add(slices([rid() + 1.0], [rid()])))
+    assert [c.tolist() for c in copies(v)] == [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]  # local copies only
+    np.testing.assert_array_equal(v.read_value(), [1.0, 2.0, 0.0])
+    # TensorFlow: "Variables with synchronization=ON_READ doesn't support scatter_add".
+    with pytest.raises(NotImplementedError, match="does not support scatter_add in cross-replica context"):
+        v.scatter_add(slices([1.0], [0]))
+
+
+def test_count_up_to_on_distributed_variables(s2):
+    with s2.scope():
+        steps = dv.Variable(0, aggregation=FIRST)
+        local = dv.Variable(0, synchronization=ON_READ, aggregation=SUM)
+    assert steps.count_up_to(2) == 0
+    assert copies(steps) == [1, 1]
+    out = s2.run(lambda: steps.count_up_to(2))
+    assert int(out.values[0]) == 1 and copies(steps) == [2, 2]
+    with pytest.raises(dv.errors.OutOfRangeError, match="reached limit of 2"):
+        s2.run(lambda: steps.count_up_to(2))
+    assert copies(steps) == [2, 2]
+    s2.run(lambda: local.count_up_to(10))
+    assert copies(local) == [1, 1] and local.numpy() == 2
+    with pytest.raises(ValueError, match="does not support count_up_to in cross-replica context"):
+        local.count_up_to(10)
+
+
+def test_extended_update_inside_run_meets_in_merge_call(s3):
+    # TensorFlow: extended.update in replica context goes through merge_call, so every
+    # copy is updated once, with its own replica's argument.
+    with s3.scope():
+        v = dv.Variable(np.zeros(2, np.float32))
+    calls = []
+
+    def update(copy, delta):
+        calls.append(copy)
+        return copy.assign_add(delta)
+
+    out = s3.run(lambda: s3.extended.update(v, update, args=(np.full(2, rid() + 1.0, np.float32),)))
+    assert len(calls) == 3 and all(a is b for a, b in zip(calls, v.values))
+    assert [c.tolist() for c in copies(v)] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert isinstance(out, dv.PerReplica) and all(o is c for o, c in zip(out.values, v.values))
+    with s3.extended.colocate_vars_with(v):
+        pass
