@@ -54,6 +54,7 @@ naming this worker. float16 and bfloat16 cross MPI as float32; dtypes MPI cannot
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -85,18 +86,31 @@ _AGREE = {ReduceOp.SUM: 0, ReduceOp.MAX: 0, ReduceOp.MIN: 1, ReduceOp.PRODUCT: 1
 _DISAGREE = {ReduceOp.SUM: 1, ReduceOp.MAX: 1, ReduceOp.MIN: 0, ReduceOp.PRODUCT: 0}
 
 
+_SINGLE_DESCRIPTIONS: Dict[Tuple[str, str, Any, Tuple[int, ...]], str] = {}
+
+
 def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
     """A call's description: kind, op, then every leaf's path, dtype and shape."""
     if not nest.is_nested(value):
         a = leaves[0]
-        return f"{kind}({_op_name(op)}) of dtype {a.dtype.name}{_order(a.dtype)} shape {tuple(a.shape)}"
+        # A loop asks for the same few descriptions again and again: remembered by
+        # (kind, op, dtype, shape), whose parts are cheap to get (a dtype's name is not).
+        key = (kind, _op_name(op), a.dtype, tuple(a.shape))
+        text = _SINGLE_DESCRIPTIONS.get(key)
+        if text is None:
+            if len(_SINGLE_DESCRIPTIONS) > 4096:
+                _SINGLE_DESCRIPTIONS.clear()
+            text = _SINGLE_DESCRIPTIONS[key] = (f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} "
+                                                f"shape {key[3]}")
+        return text
     paths = nest.paths(value)
     parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
     return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
 
 
 def _op_name(op: Any) -> str:
-    return getattr(op, "name", str(op))
+    name = getattr(op, "_name_", None)  # a ReduceOp (its .name property is slow)
+    return name if isinstance(name, str) else str(op)
 
 
 def _order(dt: np.dtype) -> str:
@@ -122,7 +136,8 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
-    return _F32 if dtype.name in ("float16", "bfloat16") else dtype
+    return _F32 if dtype.kind == "f" and dtype.itemsize == 2 or dtype.kind == "V" and dtype.itemsize == 2 and \
+        dtype.name == "bfloat16" else dtype
 
 
 class _Expected:
@@ -347,7 +362,7 @@ class HierarchicalCollectives(Collectives):
         results from it."""
         n = self.num_local
         shapes = [tuple(a.shape) for a in leaves[0]]
-        total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        total = sum(math.prod(s) for s in shapes)
         local_op = _LOCAL_OP[op]
         what = self._what
         if total * work.itemsize <= SMALL_BYTES:

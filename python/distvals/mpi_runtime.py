@@ -19,8 +19,10 @@ from ._core import AbortedError
 __all__ = ["load_mpi", "poll", "MpiJob", "MpiThread", "LocalMeeting", "report_and_abort", "WAIT_SLICE"]
 
 _monotonic = time.monotonic
-# A polling wait first spins (yielding the core) this long, then naps this long per poll.
-_SPIN = 1e-3
+# A polling wait first spins this long without pause, then yields the core between
+# tests until _SPIN, then naps this long per test.
+_SPIN_TIGHT = 2e-4
+_SPIN = 1e-2
 _NAP = 1e-4
 # Longest single blocking wait on a thread event, in seconds (keeps Ctrl-C responsive).
 WAIT_SLICE = 0.1
@@ -156,26 +158,34 @@ class LocalMeeting:
 
 def poll(req: Any, deadline: float, stop: Optional[Callable[[], None]] = None) -> bool:
     """Tests ``req`` until it completes (True) or the deadline passes (False); ``stop()``
-    is called while napping (it raises to give up, e.g. when a local replica failed)."""
+    is called while napping (it raises to give up, e.g. when a local replica failed).
+
+    Three phases, because each ``Test`` is also what moves a nonblocking MPI collective
+    along: first a tight loop (a small collective between processes that each have a
+    core completes within microseconds, and any pause adds to its latency), then a loop
+    that yields the core between tests (with more processes than cores, the peer we
+    wait for may need ours), then short naps (a worker that is far behind must not cost
+    a core for the whole wait).
+    """
     test = req.Test
     if test():
         return True
-    spin_until = _monotonic() + _SPIN
+    now = _monotonic()
+    spin_until = now + _SPIN_TIGHT
+    yield_until = now + _SPIN
     while True:
         if test():
             return True
         now = _monotonic()
         if now < spin_until:
-            # Give the core to whoever needs it (a peer process, an engine thread) but
-            # come back at once: small collectives finish within microseconds.
+            continue
+        if now < yield_until:
             os.sched_yield()
             continue
         if now > deadline:
             return False
         if stop is not None:
             stop()
-        # Then back off: a waiter that keeps a core busy slows the workers it waits for
-        # when there are more processes than cores.
         time.sleep(_NAP)
 
 
