@@ -1,12 +1,12 @@
-"""MirroredStrategy on GPU replicas.
+"""One strategy suite, run on every backend and in every execution mode.
 
-Every strategy test runs twice: on a real GPU (marked ``gpu``; replicas are logical GPUs
-of the machine's GPUs, skipped with the reason when ``logical_device_count()`` is 0),
-and on the simulated backend of ``simulated_cuda`` (two simulated GPUs over host
-memory, whose copies and collectives check every pointer they are handed), which runs
-everywhere and checks the Python layer: placement, packing, which buffers reach which
-collective. Results are compared with float64 numpy references, every replica checked,
-distinct values per replica.
+Every test runs with CPU replicas inline and on threads, on the simulated GPU backend of
+``simulated_cuda`` (two simulated GPUs over host memory, whose copies and collectives
+check every pointer they are handed; it checks the Python layer's placement, packing
+and which buffers reach which collective), and on a real GPU (marked ``gpu``; replicas
+are logical GPUs of the machine's GPUs, skipped with the reason when there is none).
+Results are compared with float64 numpy references, every replica checked, distinct
+values per replica. A few tests only make sense on GPUs and skip on CPU replicas.
 
 The tests at the end need no GPU at all: the device abstraction on host values, logical
 GPU counting, and the errors when GPU replicas are asked for without a GPU.
@@ -38,25 +38,43 @@ SIMULATED_GPUS = 2
 
 
 class Env:
-    """Where the replicas of a test run: the real backend or the simulated one."""
+    """Where the replicas of a test run: CPU replicas (inline or threads), the simulated
+    GPU backend or the real one."""
 
-    def __init__(self, kind: str, physical: int, backend=None) -> None:
+    def __init__(self, kind: str, physical: int, backend=None, execution: str = "auto") -> None:
         self.kind = kind
         self.physical = physical
         self.backend = backend
+        self.execution = execution
+        self.logical = 1
         self._strategies = []
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.kind in ("simulated", "cuda")
+
+    def device(self, k: int) -> str:
+        return f"GPU:{k}" if self.on_gpu else f"CPU:{k}"
+
     def strategy(self, n: int, **kwargs) -> dv.MirroredStrategy:
-        """n GPU replicas, spread over the physical GPUs (several per GPU when needed)."""
-        self.logical = math.ceil(n / self.physical)
-        config.set_logical_gpus(self.logical)
-        s = dv.MirroredStrategy([f"GPU:{k}" for k in range(n)], **kwargs)
+        """n replicas; GPU replicas spread over the physical GPUs (several per GPU when
+        needed)."""
+        if self.on_gpu:
+            self.logical = math.ceil(n / self.physical)
+            config.set_logical_gpus(self.logical)
+        else:
+            kwargs.setdefault("execution", self.execution)
+        s = dv.MirroredStrategy([self.device(k) for k in range(n)], **kwargs)
         self._strategies.append(s)
         return s
 
-    def place(self, r: int) -> int:
-        """The CUDA device of replica r."""
-        return r // self.logical
+    def place(self, r: int):
+        """Where replica r's values live: its CUDA device, or None (host memory)."""
+        return r // self.logical if self.on_gpu else None
+
+    def needs_gpu(self) -> None:
+        if not self.on_gpu:
+            pytest.skip("a GPU-only behaviour")
 
     def close(self) -> None:
         for s in self._strategies:
@@ -64,6 +82,8 @@ class Env:
 
 
 BACKENDS = [
+    pytest.param("cpu-inline", id="cpu-inline"),
+    pytest.param("cpu-threads", id="cpu-threads"),
     pytest.param("simulated", id="simulated"),
     pytest.param("cuda", id="cuda", marks=[
         pytest.mark.gpu,
@@ -75,7 +95,9 @@ BACKENDS = [
 @pytest.fixture(params=BACKENDS)
 def env(request, monkeypatch):
     before = config.get_logical_gpus()
-    if request.param == "simulated":
+    if request.param.startswith("cpu-"):
+        e = Env("cpu", 0, execution=request.param.split("-")[1])
+    elif request.param == "simulated":
         sim = SimulatedCuda(SIMULATED_GPUS)
         core = CoreWithBackend(sim)
         monkeypatch.setattr(dvc, "_core", core)
@@ -101,9 +123,22 @@ def host_of(x) -> np.ndarray:
     return devices.to_host(x)
 
 
-def assert_on(x, gpu: int, what: str) -> None:
+def assert_on(x, gpu, what: str) -> None:
+    """``x`` lives at ``gpu``: a DeviceArray on that CUDA device, or host memory (numpy)
+    for None."""
+    if gpu is None:
+        assert isinstance(x, (np.ndarray, np.generic)), f"{what}: a {type(x).__name__}, not a numpy array"
+        return
     assert isinstance(x, dvc.DeviceArray), f"{what}: a {type(x).__name__}, not a DeviceArray"
     assert x.device == gpu, f"{what}: on CUDA device {x.device}, expected {gpu}"
+
+
+def ptr_of(x) -> int:
+    return x.ptr if isinstance(x, dvc.DeviceArray) else np.asarray(x).ctypes.data
+
+
+def readonly(x) -> bool:
+    return x.readonly if isinstance(x, dvc.DeviceArray) else not np.asarray(x).flags.writeable
 
 
 def check_close(got, want, dtype, what: str) -> None:
@@ -129,7 +164,7 @@ def test_run_hands_each_replica_its_part_on_its_gpu(env, n):
     x = distribute(s, host)
     for r in range(n):
         assert_on(x.values[r], env.place(r), f"replica {r}'s part")
-        np.testing.assert_array_equal(x.values[r].numpy(), host[r], err_msg=f"replica {r}")
+        np.testing.assert_array_equal(host_of(x.values[r]), host[r], err_msg=f"replica {r}")
 
     def step(v):
         r = rid()
@@ -140,7 +175,7 @@ def test_run_hands_each_replica_its_part_on_its_gpu(env, n):
     assert s.experimental_local_results(ids) == tuple(range(n))
     for r, p in enumerate(s.experimental_local_results(parts)):
         assert_on(p, env.place(r), f"replica {r}'s result")
-        np.testing.assert_array_equal(p.numpy(), host[r], err_msg=f"replica {r}")
+        np.testing.assert_array_equal(host_of(p), host[r], err_msg=f"replica {r}")
 
 
 def test_values_from_function_keep_python_numbers_and_host_only_dtypes(env):
@@ -153,7 +188,7 @@ def test_values_from_function_keep_python_numbers_and_host_only_dtypes(env):
         assert isinstance(out["mask"].values[r], np.ndarray)  # a GPU holds no bool
         np.testing.assert_array_equal(out["mask"].values[r], [True, r == 1])
         assert_on(out["x"].values[r], env.place(r), f"replica {r}")
-        np.testing.assert_array_equal(out["x"].values[r].numpy(), [r, r])
+        np.testing.assert_array_equal(host_of(out["x"].values[r]), [r, r])
 
 
 # ---- cross-replica reduce and gather ------------------------------------------------------
@@ -183,7 +218,7 @@ def test_reduce_matches_the_float64_reference(env, n, dtype, op):
         want = np.prod(np.stack(host), axis=0, dtype=np.dtype(dtype)).astype(np.float64)
     check_close(out, want, dtype, f"reduce {op} {dtype}")
     for r in range(n):  # the inputs are left alone
-        np.testing.assert_array_equal(per.values[r].numpy(), host[r], err_msg=f"replica {r}'s part changed")
+        np.testing.assert_array_equal(host_of(per.values[r]), host[r], err_msg=f"replica {r}'s part changed")
 
 
 @pytest.mark.parametrize("n", NS)
@@ -207,8 +242,8 @@ def test_reduce_along_an_axis_and_of_host_values(env, n):
     m = s.extended.broadcast_to(np.arange(3.0), destinations=per)
     mean = s.reduce("MEAN", m, axis=None)
     assert_on(mean, env.place(0), "MEAN of a Mirrored")
-    assert mean.ptr != m.values[0].ptr
-    np.testing.assert_array_equal(mean.numpy(), np.arange(3.0))
+    assert ptr_of(mean) != ptr_of(m.values[0])
+    np.testing.assert_array_equal(host_of(mean), np.arange(3.0))
 
 
 @pytest.mark.parametrize("n", NS)
@@ -223,7 +258,7 @@ def test_gather(env, n, axis, uneven):
         host.append(rng.integers(-50, 50, size=shape).astype(np.float32) + 100 * r)
     out = s.gather(distribute(s, host), axis=axis)
     assert_on(out, env.place(0), "strategy.gather")
-    np.testing.assert_array_equal(out.numpy(), np.concatenate(host, axis=axis))
+    np.testing.assert_array_equal(host_of(out), np.concatenate(host, axis=axis))
 
 
 def test_gather_of_scalars_gives_a_vector(env):
@@ -231,7 +266,7 @@ def test_gather_of_scalars_gives_a_vector(env):
     per = distribute(s, [np.array(10.0 * r) for r in range(3)])
     out = s.gather(per, axis=0)
     assert_on(out, env.place(0), "gather of 0-d parts")
-    np.testing.assert_array_equal(out.numpy(), [0.0, 10.0, 20.0])
+    np.testing.assert_array_equal(host_of(out), [0.0, 10.0, 20.0])
 
 
 # ---- replica context: all_reduce and all_gather -------------------------------------------
@@ -255,7 +290,7 @@ def test_all_reduce_in_replica_context(env, n, dtype, op):
         assert_on(got, env.place(r), f"replica {r}'s all_reduce")
         assert got.dtype == np.dtype(dtype)
         check_close(got, want, dtype, f"replica {r}")
-        np.testing.assert_array_equal(x.values[r].numpy(), host[r], err_msg=f"replica {r}'s input changed")
+        np.testing.assert_array_equal(host_of(x.values[r]), host[r], err_msg=f"replica {r}'s input changed")
 
 
 @pytest.mark.parametrize("n", NS)
@@ -292,7 +327,7 @@ def test_all_reduce_of_a_nested_structure_with_host_leaves(env, n, bytes_per_pac
 
 @pytest.mark.parametrize("n", NS)
 def test_integer_mean_and_reduction_to_one_device(env, n):
-    s = env.strategy(n, cross_device_ops=dv.ReductionToOneDevice(reduce_to_device=f"GPU:{n - 1}"))
+    s = env.strategy(n, cross_device_ops=dv.ReductionToOneDevice(reduce_to_device=env.device(n - 1)))
     host = distinct_values(n, (4,), np.int32)
     x = distribute(s, host)
     out = s.run(lambda v: dv.get_replica_context().all_reduce("MEAN", v), args=(x,))
@@ -322,7 +357,7 @@ def test_all_gather_in_replica_context(env, n, axis):
     want = np.concatenate(host, axis=axis)
     for r in range(n):
         assert_on(out.values[r], env.place(r), f"replica {r}")
-        np.testing.assert_array_equal(out.values[r].numpy(), want, err_msg=f"replica {r}")
+        np.testing.assert_array_equal(host_of(out.values[r]), want, err_msg=f"replica {r}")
         assert isinstance(ids.values[r], np.ndarray)
         np.testing.assert_array_equal(ids.values[r], np.arange(n))
 
@@ -355,14 +390,14 @@ def test_reduce_to_batch_reduce_to_broadcast_to(env, n):
     for r in range(n):
         assert_on(m.values[r], env.place(r), f"reduce_to copy {r}")
         check_close(m.values[r], reference(a, "mean"), "float32", f"reduce_to copy {r}")
-    assert len({v.ptr for v in m.values}) == n  # every replica its own copy
+    assert len({ptr_of(v) for v in m.values}) == n  # every replica its own copy
     ra, rb = s.extended.batch_reduce_to("SUM", [(pa, pa), (pb, pb)])
     for r in range(n):
         check_close(ra.values[r], reference(a, "sum"), "float32", f"batch item 0, replica {r}")
         check_close(rb.values[r], reference(b, "sum"), "float64", f"batch item 1, replica {r}")
         assert_on(rb.values[r], env.place(r), f"batch item 1, replica {r}")
-    one = s.extended.reduce_to("MAX", pa, destinations=f"GPU:{n - 1}")
-    assert_on(one, env.place(n - 1), "reduce_to one GPU")
+    one = s.extended.reduce_to("MAX", pa, destinations=env.device(n - 1))
+    assert_on(one, env.place(n - 1), "reduce_to one device")
     check_close(one, reference(a, "max"), "float32", "reduce_to one GPU")
     on_host = s.extended.reduce_to("SUM", pb, destinations="CPU:0")
     assert isinstance(on_host, np.ndarray)
@@ -370,7 +405,7 @@ def test_reduce_to_batch_reduce_to_broadcast_to(env, n):
     bc = s.extended.broadcast_to(np.arange(5, dtype=np.int64), destinations=pa)
     for r in range(n):
         assert_on(bc.values[r], env.place(r), f"broadcast_to copy {r}")
-        np.testing.assert_array_equal(bc.values[r].numpy(), np.arange(5))
+        np.testing.assert_array_equal(host_of(bc.values[r]), np.arange(5))
 
 
 # ---- variables ------------------------------------------------------------------------------
@@ -384,9 +419,9 @@ def test_mirrored_variable_copies_live_on_each_gpu(env, n):
     assert isinstance(v, dv.MirroredVariable)
     for r, c in enumerate(v.values):
         assert_on(c.value(), env.place(r), f"copy {r}")
-        assert c.value().readonly
-        np.testing.assert_array_equal(c.numpy(), init)
-    assert len({c.value().ptr for c in v.values}) == n
+        assert readonly(c.value())
+        np.testing.assert_array_equal(host_of(c), init)
+    assert len({ptr_of(c.value()) for c in v.values}) == n
     assert v.shape == (2, 3) and v.dtype == np.float32
     assert "numpy=array([[0., 1., 2.]" in repr(v.values[0])
 
@@ -397,8 +432,8 @@ def test_mirrored_variable_copies_live_on_each_gpu(env, n):
 
     seen = s.run(read)
     for r in range(n):
-        np.testing.assert_array_equal(seen.values[r].numpy(), init)
-    np.testing.assert_array_equal(v.numpy(), init)
+        np.testing.assert_array_equal(host_of(seen.values[r]), init)
+    np.testing.assert_array_equal(host_of(v), init)
 
 
 @pytest.mark.parametrize("n", NS)
@@ -431,10 +466,10 @@ def test_mirrored_variable_updates_in_replica_context(env, n):
         check_close(vm.values[r].value(), init - total / n, "float32", f"MEAN copy {r}")
         check_close(vf.values[r].value(), deltas[0], "float32", f"ONLY_FIRST_REPLICA copy {r}")
         check_close(vn.values[r].value(), init + deltas[r], "float32", f"NONE copy {r}")
-        np.testing.assert_array_equal(vi.values[r].numpy(), np.arange(4) - n * (n + 1) // 2, err_msg=f"int copy {r}")
+        np.testing.assert_array_equal(host_of(vi.values[r]), np.arange(4) - n * (n + 1) // 2, err_msg=f"int copy {r}")
         for var in (vs, vm, vf, vn, vi):
             assert_on(var.values[r].value(), env.place(r), f"copy {r} after the update")
-            assert var.values[r].value().readonly
+            assert readonly(var.values[r].value())
 
 
 @pytest.mark.parametrize("n", NS)
@@ -446,7 +481,7 @@ def test_mirrored_variable_updates_in_cross_replica_context(env, n):
     v.assign_add(np.ones(3))
     per = distribute(s, distinct_values(n, (3,), np.float64, seed=4))
     v.assign_sub(per)  # a PerReplica is reduced by the aggregation (MEAN) first
-    want = np.array([2.0, 3.0, 4.0]) - reference([p.numpy() for p in per.values], "mean")
+    want = np.array([2.0, 3.0, 4.0]) - reference([host_of(p) for p in per.values], "mean")
     for r in range(n):
         assert_on(v.values[r].value(), env.place(r), f"copy {r}")
         check_close(v.values[r].value(), want, "float64", f"copy {r}")
@@ -469,7 +504,7 @@ def test_sync_on_read_variable(env, n):
     s.run(step, args=(x,))
     for r in range(n):
         assert_on(total.values[r].value(), env.place(r), f"copy {r}")
-        np.testing.assert_array_equal(total.values[r].numpy(), local[r])
+        np.testing.assert_array_equal(host_of(total.values[r]), local[r])
     read = total.read_value()
     assert_on(read, env.place(0), "SyncOnRead SUM read")
     check_close(read, reference(local, "sum"), "float32", "SUM read")
@@ -493,7 +528,7 @@ def test_variables_survive_a_checkpoint(env, tmp_path):
     dv.load_variables(path, [v, t])
     for r in range(2):
         assert_on(v.values[r].value(), env.place(r), f"restored copy {r}")
-        np.testing.assert_array_equal(v.values[r].numpy(), np.arange(4))
+        np.testing.assert_array_equal(host_of(v.values[r]), np.arange(4))
     np.testing.assert_array_equal(host_of(t.read_value()), np.full(4, 3.0))
 
 
@@ -515,7 +550,7 @@ def test_distributed_dataset_batches_are_copied_to_each_gpu(env, n):
         start = seen
         for r, (p, lab) in enumerate(zip(parts, labels)):
             assert_on(p, env.place(r), f"replica {r}'s batch")
-            np.testing.assert_array_equal(p.numpy(), x[start: start + sizes[r]], err_msg=f"replica {r}")
+            np.testing.assert_array_equal(host_of(p), x[start: start + sizes[r]], err_msg=f"replica {r}")
             assert isinstance(lab, np.ndarray)  # bool labels stay on the host
             np.testing.assert_array_equal(lab, y[start: start + sizes[r]])
             start += sizes[r]
@@ -534,6 +569,7 @@ def test_fetch_to_device_false_keeps_batches_on_the_host(env):
 
 
 def test_device_batches_are_split_on_the_gpu(env):
+    env.needs_gpu()
     s = env.strategy(2)
     source = [dvc.to_device(np.arange(10, dtype=np.int32).reshape(5, 2) + 100 * k, 0) for k in range(2)]
     out = list(s.experimental_distribute_dataset(source))
@@ -567,10 +603,11 @@ def test_datasets_from_function(env, n):
             assert_on(p, env.place(r), f"step {step} replica {r}")
             i = step * n + r
             want = batches[i] if i < len(batches) else np.empty((0, 2))
-            np.testing.assert_array_equal(p.numpy(), want, err_msg=f"step {step} replica {r}")
+            np.testing.assert_array_equal(host_of(p), want, err_msg=f"step {step} replica {r}")
 
 
 def test_one_device_strategy_on_a_gpu(env):
+    env.needs_gpu()
     env.logical = 1
     config.set_logical_gpus(1)
     gpu = env.physical - 1
@@ -590,13 +627,14 @@ def test_one_device_strategy_on_a_gpu(env):
     out = s.run(step, args=(batch,))
     assert_on(out, gpu, "all_reduce with one replica")
     assert out.ptr != batch.ptr
-    np.testing.assert_array_equal(out.numpy(), np.arange(4.0))
-    np.testing.assert_array_equal(v.numpy(), np.arange(3) + 1.0)
+    np.testing.assert_array_equal(host_of(out), np.arange(4.0))
+    np.testing.assert_array_equal(host_of(v), np.arange(3) + 1.0)
     red = s.reduce("SUM", out, axis=None)  # a plain value: returned as it is
     np.testing.assert_array_equal(host_of(red), np.arange(4.0))
 
 
 def test_a_cpu_strategy_takes_device_batches_to_the_host(env):
+    env.needs_gpu()
     s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
     env._strategies.append(s)
     source = [dvc.to_device(np.arange(6, dtype=np.float32).reshape(3, 2), 0)]
@@ -610,6 +648,7 @@ def test_a_cpu_strategy_takes_device_batches_to_the_host(env):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"])
 def test_element_wise_updates_on_a_gpu(env, dtype):
+    env.needs_gpu()
     env.strategy(1)  # sets the logical GPUs of this backend
     rng = np.random.default_rng(3)
     dt = np.dtype(dtype)
@@ -625,9 +664,9 @@ def test_element_wise_updates_on_a_gpu(env, dtype):
     for got, want, what in ((got_add, want_add, "add"), (got_sub, want_sub, "subtract")):
         assert_on(got, 0, what)
         assert got.dtype == dt
-        np.testing.assert_array_equal(got.numpy(), want, err_msg=what)
-    np.testing.assert_array_equal(da.numpy(), a)
-    np.testing.assert_array_equal(db.numpy(), b)
+        np.testing.assert_array_equal(host_of(got), want, err_msg=what)
+    np.testing.assert_array_equal(host_of(da), a)
+    np.testing.assert_array_equal(host_of(db), b)
     # An operand on the host, or in a smaller shape after a larger one, still works.
     np.testing.assert_array_equal(devices.subtract(dvc.to_device(a[:2], 0), b[:2]).numpy(), want_sub[:2])
     with pytest.raises(ValueError, match="same shape and dtype"):
@@ -649,12 +688,13 @@ def test_a_failing_replica_releases_the_others_and_the_strategy_runs_again(env):
     with pytest.raises(KeyError, match="replica 1"):
         s.run(step, args=(x,))
     out = s.run(lambda v: dv.get_replica_context().all_reduce("SUM", v), args=(x,))
-    want = reference([p.numpy() for p in x.values], "sum")
+    want = reference([host_of(p) for p in x.values], "sum")
     for r in range(n):
         check_close(out.values[r], want, "float32", f"replica {r} after the failure")
 
 
 def test_a_value_on_another_gpu_is_moved_to_the_replicas_gpu(env):
+    env.needs_gpu()
     if env.physical < 2:
         pytest.skip("needs 2 GPUs")
     s = env.strategy(2)  # one replica per GPU
@@ -663,10 +703,10 @@ def test_a_value_on_another_gpu_is_moved_to_the_replicas_gpu(env):
     out = s.run(lambda v: dv.get_replica_context().all_reduce("SUM", v), args=(per,))
     for r in range(2):
         assert_on(out.values[r], r, f"replica {r}")
-        np.testing.assert_array_equal(out.values[r].numpy(), np.full(3, 3.0))
+        np.testing.assert_array_equal(host_of(out.values[r]), np.full(3, 3.0))
     red = s.reduce("SUM", per, axis=None)
     assert_on(red, 0, "reduce")
-    np.testing.assert_array_equal(red.numpy(), np.full(3, 3.0))
+    np.testing.assert_array_equal(host_of(red), np.full(3, 3.0))
 
 
 def test_simulated_backend_refuses_host_memory_as_device_memory():
