@@ -61,7 +61,7 @@ def _pack(template: Any, leaves: list) -> Any:
     return build(template)
 
 
-def _convert_leaf(x: Any, what: str) -> np.ndarray:
+def convert_leaf(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "dtype"):
@@ -215,7 +215,7 @@ class Dataset:
         leaves = _flatten(tensors)
         if not leaves:
             raise ValueError("from_tensor_slices: no components given")
-        arrays = [_convert_leaf(x, "from_tensor_slices") for x in leaves]
+        arrays = [convert_leaf(x, "from_tensor_slices") for x in leaves]
         for a in arrays:
             if a.ndim == 0:
                 raise ValueError(
@@ -238,7 +238,7 @@ class Dataset:
     @staticmethod
     def from_tensors(tensors: Any) -> "Dataset":
         """A dataset of one element, ``tensors``."""
-        leaves = [_convert_leaf(x, "from_tensors") for x in _flatten(tensors)]
+        leaves = [convert_leaf(x, "from_tensors") for x in _flatten(tensors)]
         element = _pack(tensors, leaves) if _is_structure(tensors) else leaves[0]
         leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
         spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
@@ -411,7 +411,7 @@ class Dataset:
         def make() -> Iterator[Any]:
             for x in source:
                 y = fn(*x) if type(x) is tuple else fn(x)
-                leaves = [_convert_leaf(v, "map") for v in _flatten(y)]
+                leaves = [convert_leaf(v, "map") for v in _flatten(y)]
                 yield _pack(y, leaves) if _is_structure(y) else leaves[0]
 
         # What fn makes is known once it has run (see element_spec).

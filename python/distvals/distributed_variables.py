@@ -15,7 +15,7 @@ import numpy as np
 from . import context, devices, nest, sparse
 from .reduce_op import ReduceOp
 from .values import DistributedValues, Mirrored, PerReplica
-from .variables import Variable, VariableAggregation, VariableSynchronization, _coerce_sparse, _coerce_value, \
+from .variables import Variable, VariableAggregation, VariableSynchronization, coerce_sparse, coerce_value, \
     _equal, _unwrap
 
 __all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable"]
@@ -84,8 +84,8 @@ class DistributedVariable(DistributedValues, Variable):
 
     def _coerce_parts(self, value: Any, what: str) -> Any:
         if what in sparse.SCATTER_KINDS:
-            return _coerce_sparse(self, what, value)
-        return _coerce_value(self, _unwrap(value), what)
+            return coerce_sparse(self, what, value)
+        return coerce_value(self, _unwrap(value), what)
 
     # Values compare element-wise like any variable (not by identity like other
     # distributed values).

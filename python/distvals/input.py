@@ -68,10 +68,6 @@ class Cardinality(int):
         return int.__repr__(self)
 
 
-def _check_options(options: Any, what: str = "distribute_datasets_from_function") -> InputReplicationMode:
-    return check_options(options, what)
-
-
 def split_batch_sizes(batch: int, n: int) -> List[int]:
     """Per-replica sizes of a batch of ``batch`` elements: the first batch mod n replicas
     get one more."""

@@ -27,7 +27,7 @@ from .meeting import check_calls, check_leaves, check_structures
 from .options import DEFAULT_TIMEOUT_SECONDS, CollectiveAllReduce, CommunicationOptions, CrossDeviceOps, \
     ReductionToOneDevice
 from .reduce_op import ReduceOp, as_reduce_op
-from .replicas import Failure, Raise, Request, StepTimeout, _fork_generation as _forks, fork_generation, names
+from .replicas import Failure, Raise, Request, StepTimeout, fork_counter as _forks, fork_generation, names
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
 
 __all__ = ["LocalExtended", "EXECUTION_MODES"]

@@ -110,9 +110,9 @@ class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):
     def __init__(self, strategy: Any, dataset_fn: Callable[[InputContext], Any], options: Any = None) -> None:
         if not callable(dataset_fn):
             raise TypeError(f"dataset_fn must be callable, got {type(dataset_fn).__name__}")
-        from .input import _check_options
+        from .input_options import check_options
 
-        _check_options(options)
+        check_options(options, "distribute_datasets_from_function")
         ext = strategy.extended
         self._strategy = strategy
         self._count = ext._n

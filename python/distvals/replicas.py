@@ -122,11 +122,11 @@ def names(replicas: Sequence[int]) -> str:
 # Threads do not survive os.fork(): in the child, a runner's replica threads and the
 # engine's worker threads are gone. Runners and strategies compare this counter with
 # the one they were made under and rebuild what the child lacks.
-_fork_generation = [0]
+fork_counter = [0]
 
 
 def _after_fork_in_child() -> None:
-    _fork_generation[0] += 1
+    fork_counter[0] += 1
 
 
 if hasattr(os, "register_at_fork"):
@@ -135,7 +135,7 @@ if hasattr(os, "register_at_fork"):
 
 def fork_generation() -> int:
     """Counts the forks this process is a child of (0 in the original process)."""
-    return _fork_generation[0]
+    return fork_counter[0]
 
 
 # ---- releasing a thread stuck in Python code --------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
-from .replicas import Failure, Raise, Request, StepTimeout, _fork_generation as _forks, main_thread_id, names, \
+from .replicas import Failure, Raise, Request, StepTimeout, fork_counter as _forks, main_thread_id, names, \
     set_async_exception
 
 try:

@@ -90,7 +90,7 @@ def _enum(value: Any, enum_type, what: str):
 
 
 def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
-    from .data import _convert_leaf  # Python numbers convert as in TensorFlow
+    from .data import convert_leaf  # Python numbers convert as in TensorFlow
 
     if callable(initial_value):
         initial_value = initial_value()
@@ -102,7 +102,7 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     if dtype is not None:
         a = np.array(kinds.to_numpy(initial_value), dtype=np.dtype(dtype), copy=True)
     else:
-        a = np.array(_convert_leaf(initial_value, "Variable"), copy=True)
+        a = np.array(convert_leaf(initial_value, "Variable"), copy=True)
     if a.dtype == object:
         raise TypeError(f"Variable: cannot hold values of type {type(initial_value).__name__}")
     a.flags.writeable = False
@@ -433,13 +433,13 @@ class Variable(metaclass=_VariableMeta):
                 f"{what} of variable '{self.name}': got a {type(value).__name__}; a single-copy "
                 "variable takes a plain value"
             )
-        return _coerce_value(self, _unwrap(value), what)
+        return coerce_value(self, _unwrap(value), what)
 
     def _coerce_update(self, kind: str, value: Any) -> Any:
         """The checked argument of an update: a dense value, or a SparseDelta for the
         scatter kinds (whose raw argument is (indices, updates) for scatter_nd)."""
         if kind in sparse.SCATTER_KINDS:
-            return _coerce_sparse(self, kind, value)
+            return coerce_sparse(self, kind, value)
         return self._coerce(value, kind)
 
     def _apply(self, kind: str, value: Any) -> None:
@@ -657,7 +657,7 @@ def _coerce_dtype(var: Any, value: Any, what: str) -> Any:
     return a
 
 
-def _coerce_value(var: Any, value: Any, what: str) -> Any:
+def coerce_value(var: Any, value: Any, what: str) -> Any:
     a = _coerce_dtype(var, value, what)
     shape = var.shape
     if tuple(a.shape) != shape and getattr(var, "_fixed_shape", True):
@@ -665,7 +665,7 @@ def _coerce_value(var: Any, value: Any, what: str) -> Any:
     return a
 
 
-def _coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
+def coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
     if isinstance(value, sparse.SparseDelta):
         return value
     coerce = lambda v, what: _coerce_dtype(var, _unwrap(v), what)  # noqa: E731
