@@ -1,13 +1,16 @@
-"""Which strategy is in force and where code runs: default, scope, run, merge_call."""
+"""Which strategy is in force and where code runs: default, scope, run, merge_call, and a
+ReplicaContext kept after its run."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import distvals as dv
+from strategy_checks import assert_usable, mirrored
 
 
 def test_default_context_outside_any_scope():
@@ -156,18 +159,6 @@ def test_merge_call_missing_in_one_replica_is_an_error(s2):
     assert s2.run(lambda: 5) == 5
 
 
-def test_merge_fn_error_reaches_caller(s3):
-    def merge_fn(strategy):
-        raise KeyError("from merge")
-
-    def fn():
-        dv.get_replica_context().merge_call(merge_fn)
-
-    with pytest.raises(KeyError, match="from merge"):
-        s3.run(fn)
-    assert s3.run(lambda: dv.get_replica_context().replica_id_in_sync_group).values == (0, 1, 2)
-
-
 def test_merge_call_bad_args(s2):
     with pytest.raises(ValueError, match="args must be a list or tuple"):
         dv.get_replica_context().merge_call(lambda s: None, args=5)
@@ -214,3 +205,32 @@ def test_replica_context_repr_and_range(s2):
     assert repr(dv.get_replica_context()) == "ReplicaContext(replica_id_in_sync_group=0, num_replicas_in_sync=1)"
     with pytest.raises(ValueError, match="out of range"):
         dv.ReplicaContext(s2, 2)
+
+
+def test_replica_context_used_after_its_run_is_refused():
+    s = mirrored(2, timeout=1.0)
+    try:
+        contexts = s.run(dv.get_replica_context)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="strategy.run"):
+            contexts.values[1].all_reduce("sum", np.ones(2))
+        assert time.monotonic() - t0 < 0.5
+        assert_usable(s)
+        for call in (lambda c: c.all_gather(np.ones(2), axis=0),
+                     lambda c: c.merge_call(lambda strategy: 1)):
+            for c in contexts.values:
+                with pytest.raises(RuntimeError, match=f"replica {c.replica_id_in_sync_group} called outside"):
+                    call(c)
+        assert time.monotonic() - t0 < 0.5
+        assert_usable(s)
+
+        # Inside a run, another replica's context (from the earlier run) is refused too.
+        def uses_a_stale_context():
+            return contexts.values[0].all_reduce("sum", np.ones(2))
+
+        with pytest.raises(RuntimeError, match="^replica \\d: ReplicaContext.all_reduce of replica 0"):
+            s.run(uses_a_stale_context)
+        assert time.monotonic() - t0 < 0.5
+        assert_usable(s)
+    finally:
+        s.close()

@@ -1,4 +1,8 @@
-"""MirroredStrategy, OneDeviceStrategy and ReplicaContext: run, reduce, gather, extended."""
+"""MirroredStrategy, OneDeviceStrategy and ReplicaContext: devices, run, reduce, gather,
+extended, collectives in replica context, replicas that disagree, misplaced calls.
+
+What happens when a replica fails, times out, is interrupted or closed is in
+test_strategy_failures.py."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 
 import distvals as dv
 from distvals.device_names import canonical_devices as _canonical_devices
+from strategy_checks import assert_usable, mirrored, replica_id
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
@@ -201,182 +206,6 @@ def test_inline_replicas_share_the_calling_thread():
         assert set(threads.values) == {threading.get_ident()}
 
 
-def test_inline_replicas_waiting_for_each_other_end_with_the_timeout():
-    # A replica that waits for another outside the strategy's collectives cannot go on
-    # inline; the step's timeout ends it with an error that says what to do.
-    opts = dv.CommunicationOptions(timeout_seconds=0.5)
-    with dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=opts, execution="inline") as s:
-        barrier = threading.Barrier(2, timeout=30)
-        t0 = time.monotonic()
-        with pytest.raises(dv.CollectiveTimeoutError, match="execution='threads'"):
-            s.run(barrier.wait)
-        assert time.monotonic() - t0 < 5
-        busy = threading.Event()
-
-        def spin():
-            while not busy.is_set():  # pure Python: the watchdog's exception lands here
-                pass
-
-        with pytest.raises(dv.CollectiveTimeoutError, match="did not reach a meeting or return within 0.5 s"):
-            s.run(spin)
-        assert s.run(lambda: 7) == 7
-
-
-def test_exception_releases_the_others_and_names_the_replica(s3):
-    def fn():
-        ctx = dv.get_replica_context()
-        if ctx.replica_id_in_sync_group == 1:
-            raise ValueError("bad batch")
-        # Replicas 0 and 2 wait in the engine for replica 1, which never comes.
-        return ctx.all_reduce("sum", np.ones(4))
-
-    t0 = time.monotonic()
-    with pytest.raises(ValueError, match="^replica 1: bad batch$") as info:
-        s3.run(fn)
-    assert time.monotonic() - t0 < 10
-    cause = info.value.__cause__
-    assert isinstance(cause, ValueError) and str(cause) == "bad batch"
-    assert cause.__traceback__ is not None
-    assert info.value.replica == 1
-    # Still usable, with correct results.
-    out = s3.run(lambda: dv.get_replica_context().all_reduce(
-        "sum", np.full(2, dv.get_replica_context().replica_id_in_sync_group + 1.0)))
-    for r in range(3):
-        np.testing.assert_array_equal(out.values[r], [6.0, 6.0])
-
-
-def test_exception_in_replica_zero(s2):
-    def fn():
-        ctx = dv.get_replica_context()
-        if ctx.replica_id_in_sync_group == 0:
-            raise ZeroDivisionError("division by zero here")
-        ctx.all_reduce("sum", np.ones(3))
-
-    with pytest.raises(ZeroDivisionError, match="^replica 0: division by zero here"):
-        s2.run(fn)
-    assert s2.run(lambda: 3) == 3
-
-
-class OddError(Exception):
-    def __init__(self, code, detail):
-        super().__init__(f"code {code}: {detail}")
-        self.code = code
-
-
-def test_exception_with_unusual_constructor(s2):
-    def fn():
-        if dv.get_replica_context().replica_id_in_sync_group == 1:
-            raise OddError(7, "odd")
-
-    with pytest.raises(OddError, match="replica 1: code 7: odd") as info:
-        s2.run(fn)
-    assert info.value.code == 7
-
-
-def test_keyboard_interrupt_passes_through(s2):
-    def fn():
-        ctx = dv.get_replica_context()
-        if ctx.replica_id_in_sync_group == 0:
-            raise KeyboardInterrupt
-        ctx.all_reduce("sum", np.ones(3))
-
-    with pytest.raises(KeyboardInterrupt):
-        s2.run(fn)
-    out = s2.run(lambda: dv.get_replica_context().all_reduce("max", np.arange(3.0)))
-    np.testing.assert_array_equal(out.values[1], [0.0, 1.0, 2.0])
-
-
-def test_engine_errors_keep_their_type_and_gain_the_replica(s2):
-    def fn():
-        r = dv.get_replica_context().replica_id_in_sync_group
-        return dv.get_replica_context().all_reduce("sum", np.ones(3 + r))
-
-    with pytest.raises(dv.MismatchError, match=r"^replica \d: "):
-        s2.run(fn)
-    assert s2.run(lambda: 1) == 1
-
-
-def test_collective_timeout_names_the_missing_replica():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.5),
-                            execution="threads")
-    try:
-        release = threading.Event()
-
-        def fn():
-            ctx = dv.get_replica_context()
-            if ctx.replica_id_in_sync_group == 0:
-                ctx.all_reduce("sum", np.ones(2))
-            else:
-                release.wait(0.8)  # busy past the timeout, then returns
-
-        t0 = time.monotonic()
-        with pytest.raises(dv.CollectiveTimeoutError, match="replica 0: .*1"):
-            s.run(fn)
-        assert time.monotonic() - t0 < 10
-        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
-        np.testing.assert_array_equal(out.values[0], [2.0, 2.0])
-    finally:
-        s.close()
-
-
-def test_a_replica_returning_while_others_wait_is_a_mismatch_at_once(s2):
-    def fn():
-        ctx = dv.get_replica_context()
-        if ctx.replica_id_in_sync_group == 0:
-            ctx.all_reduce("sum", np.ones(2))
-
-    t0 = time.monotonic()
-    with pytest.raises(dv.MismatchError, match=r"replica 0 waits in all_reduce\(SUM\), but replica\(s\) 1 returned"):
-        s2.run(fn)
-    assert time.monotonic() - t0 < 5  # no timeout: seen at once
-
-
-def test_run_waits_at_most_the_timeout(execution):
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3),
-                            execution=execution)
-    try:
-        release = threading.Event()
-
-        def fn():
-            if dv.get_replica_context().replica_id_in_sync_group == 1:
-                release.wait(20)
-
-        t0 = time.monotonic()
-        with pytest.raises(dv.CollectiveTimeoutError, match="did not finish within 0.3 s"):
-            s.run(fn)
-        assert time.monotonic() - t0 < 3
-        # The next step works at once: a replica thread still stuck in the abandoned step
-        # is replaced, never waited for or refused.
-        assert s.run(lambda: 4) == 4
-        release.set()
-        assert s.run(lambda: 5) == 5
-    finally:
-        s.close()
-
-
-def test_one_step_at_a_time(s2):
-    inside = threading.Event()
-    release = threading.Event()
-    result = {}
-
-    def slow():
-        if dv.get_replica_context().replica_id_in_sync_group == 0:
-            inside.set()
-            release.wait(20)
-        return 1
-
-    t = threading.Thread(target=lambda: result.setdefault("v", s2.run(slow)))
-    t.start()
-    try:
-        assert inside.wait(20)
-        with pytest.raises(RuntimeError, match="already running a step"):
-            s2.run(lambda: 0)
-    finally:
-        release.set()
-        t.join(20)
-    assert result["v"] == 1
-
-
 # ---- reduce -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"])
@@ -478,14 +307,6 @@ def test_reduce_mismatched_parts(s2):
         s2.reduce("SUM", dv.PerReplica((np.ones(2), np.ones(3))))
 
 
-def test_reduce_inside_run_is_an_error(s2):
-    def fn(x):
-        return s2.reduce("SUM", x)
-
-    with pytest.raises(RuntimeError, match="cross-replica context.*merge_call"):
-        s2.run(fn, args=(per_replica(2),))
-
-
 def test_reduce_uses_the_engine(s2, monkeypatch):
     calls = []
     group = s2.extended._group
@@ -498,6 +319,20 @@ def test_reduce_uses_the_engine(s2, monkeypatch):
     monkeypatch.setattr(group, "reduce", counting)
     s2.reduce("MAX", per_replica(2))
     assert calls == ["max"]
+
+
+def test_strategy_reduce_of_objects_names_the_type(s3):
+    parts = s3.run(lambda: object())
+    with pytest.raises(TypeError, match="^strategy.reduce: cannot reduce replica 0's value of type object with SUM"):
+        s3.reduce("sum", parts, axis=None)
+    words = s3.run(lambda: "abc"[replica_id()])
+    with pytest.raises(TypeError, match="strategy.reduce: cannot reduce .* str_ \\(dtype <U1\\) with MAX"):
+        s3.reduce("max", words, axis=None)
+    # Python numbers that numpy reduces as objects still work.
+    from fractions import Fraction
+
+    thirds = s3.run(lambda: Fraction(replica_id() + 1, 3))
+    assert s3.reduce("sum", thirds, axis=None) == sum(Fraction(r + 1, 3) for r in range(3))
 
 
 # ---- gather and local results ---------------------------------------------------------------
@@ -763,6 +598,113 @@ def test_all_gather(s3):
         np.testing.assert_array_equal(nested["t"][0].values[r], np.concatenate(xs.values, -1))
 
 
+def test_big_endian_and_timedelta_values_are_reduced(s2):
+    def step():
+        r = replica_id()
+        big = np.arange(4, dtype=">f8") + r
+        dt = np.array([r + 1, 2 * r], dtype="timedelta64[s]")
+        ctx = dv.get_replica_context()
+        return ctx.all_reduce("sum", big), ctx.all_reduce("sum", dt)
+
+    big, dt = s2.run(step)
+    for r in range(2):
+        np.testing.assert_array_equal(big.values[r], 2 * np.arange(4) + 1)
+        np.testing.assert_array_equal(dt.values[r], np.array([3, 2], dtype="timedelta64[s]"))
+
+
+# ---- replicas that disagree -----------------------------------------------------------------
+
+def test_a_replica_returning_while_others_wait_is_a_mismatch_at_once(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            ctx.all_reduce("sum", np.ones(2))
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError, match=r"replica 0 waits in all_reduce\(SUM\), but replica\(s\) 1 returned"):
+        s2.run(fn)
+    assert time.monotonic() - t0 < 5  # no timeout: seen at once
+
+
+def test_replicas_calling_different_collectives(s3):
+    def different():
+        ctx = dv.get_replica_context()
+        if replica_id() == 1:
+            return ctx.all_gather(np.ones(3), axis=0)
+        return ctx.all_reduce("sum", np.ones(3))
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError, match="replicas called different collectives") as info:
+        s3.run(different)
+    assert time.monotonic() - t0 < 5
+    assert "all_reduce" in str(info.value) and "all_gather" in str(info.value)
+    assert_usable(s3)
+
+    def other_order():
+        ctx = dv.get_replica_context()
+        if replica_id() == 0:
+            a = ctx.all_reduce("sum", np.ones(3))
+            b = ctx.all_gather(np.ones(2), axis=0)
+        else:
+            b = ctx.all_gather(np.ones(2), axis=0)
+            a = ctx.all_reduce("sum", np.ones(3))
+        return a, b
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError, match="replicas called different collectives"):
+        s3.run(other_order)
+    assert time.monotonic() - t0 < 5
+    assert_usable(s3)
+
+
+def test_different_ops_shapes_and_dtypes_across_replicas(s3):
+    """The engine's MismatchError (a ValueError) keeps its type and gains the replica."""
+    for make in (lambda r: ("sum" if r else "max", np.ones(3)),
+                 lambda r: ("sum", np.ones(3 + r)),
+                 lambda r: ("sum", np.ones(3, np.float32 if r == 1 else np.float64))):
+        def step():
+            op, x = make(replica_id())
+            return dv.get_replica_context().all_reduce(op, x)
+
+        t0 = time.monotonic()
+        with pytest.raises(dv.MismatchError, match="^replica \\d: ") as info:
+            s3.run(step)
+        assert time.monotonic() - t0 < 5
+        assert isinstance(info.value, ValueError)
+        assert_usable(s3)
+
+
+@pytest.mark.parametrize("odd", [0, 2])
+def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
+    """complex128 goes through the engine as raw bytes while float64 is reduced by it:
+    the error still speaks of dtypes, not of the engine calls."""
+    def step():
+        r = replica_id()
+        x = np.arange(3, dtype=np.complex128 if r == odd else np.float64) + r
+        return dv.get_replica_context().all_reduce("sum", x)
+
+    t0 = time.monotonic()
+    with pytest.raises(dv.MismatchError) as info:
+        s3.run(step)
+    assert time.monotonic() - t0 < 5
+    msg = str(info.value)
+    assert msg.startswith("replica "), msg
+    assert f"replica {odd} passed dtype complex128" in msg and "passed dtype float64" in msg, msg
+    assert "all_gather" not in msg and "uint8" not in msg, msg
+    assert_usable(s3)
+
+    # Same for nested values: every leaf dtype is shown.
+    def nested():
+        r = replica_id()
+        return dv.get_replica_context().all_reduce(
+            "sum", {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32 if r == odd else np.int64)})
+
+    first, other = ("int32", "int64") if odd == 0 else ("int64", "int32")
+    with pytest.raises(dv.MismatchError, match=f"passed dtype {first}, replica .* passed dtype {other} at \\['b'\\]"):
+        s3.run(nested)
+    assert_usable(s3)
+
+
 def test_all_gather_mismatch_is_an_error(s2):
     def fn():
         r = dv.get_replica_context().replica_id_in_sync_group
@@ -771,6 +713,61 @@ def test_all_gather_mismatch_is_an_error(s2):
     with pytest.raises(dv.MismatchError, match=r"replica 0 passed shape \(2, 2\), replica 1 passed shape \(2, 3\); "
                                                "shapes may differ only along axis 0"):
         s2.run(fn)
+
+
+@pytest.mark.parametrize("bad", [object(), "text", np.array([object(), object()])])
+def test_values_that_are_not_numbers_are_refused_by_name(s3, bad):
+    def step():
+        r = replica_id()
+        return dv.get_replica_context().all_reduce("sum", bad if r == 1 else np.ones(2))
+
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match="^replica 1: all_reduce cannot reduce a value of type") as info:
+        s3.run(step)
+    assert time.monotonic() - t0 < 5
+    assert "Cannot change data-type" not in str(info.value)
+    assert ("object" if not isinstance(bad, str) else "str") in str(info.value)
+    assert info.value.replica == 1
+    assert_usable(s3)
+
+    if not isinstance(bad, str):
+        with pytest.raises(TypeError, match="^replica 1: all_gather cannot send a value of type .*object"):
+            s3.run(lambda: dv.get_replica_context().all_gather(bad if replica_id() == 1 else np.ones(2), axis=0))
+        assert_usable(s3)
+
+
+# ---- misplaced calls --------------------------------------------------------------------------
+
+def test_reduce_inside_a_replica_context_is_an_error(s3):
+    value = per_replica(3)
+    for step, args in ((lambda: s3.reduce("sum", np.ones(2), axis=None), ()),
+                       (lambda x: s3.reduce("SUM", x), (value,))):
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="cross-replica context.*merge_call") as info:
+            s3.run(step, args=args)
+        assert time.monotonic() - t0 < 5
+        assert str(info.value).startswith("replica ")
+        assert_usable(s3)
+
+
+def test_values_of_another_strategy(s3):
+    other = mirrored(2)
+    try:
+        with other.scope():
+            v = dv.Variable(np.zeros(2))
+        with pytest.raises(RuntimeError, match="belongs to MirroredStrategy"):
+            s3.run(lambda: v.assign_add(np.ones(2)))
+        with pytest.raises(RuntimeError, match="belongs to MirroredStrategy"):
+            s3.run(lambda: v + 1)  # reading it too
+        pair = other.run(lambda: np.full(2, replica_id(), np.float64))
+        with pytest.raises(ValueError, match="a PerReplica with 2 values"):
+            s3.run(lambda x: x, args=(pair,))
+        with pytest.raises(ValueError, match="a PerReplica with 2 values"):
+            s3.reduce("sum", pair, axis=None)
+        assert_usable(s3)
+        assert_usable(other)
+    finally:
+        other.close()
 
 
 # ---- OneDeviceStrategy ------------------------------------------------------------------------
@@ -810,56 +807,3 @@ def test_library_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
-
-
-# ---- interruption, closing, garbage collection -------------------------------------------------
-
-def test_ctrl_c_while_waiting_for_replicas():
-    import signal
-
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    try:
-        main = threading.main_thread().ident
-        if threading.get_ident() != main:
-            pytest.skip("needs the main thread")
-
-        def fn():
-            ctx = dv.get_replica_context()
-            if ctx.replica_id_in_sync_group == 1:
-                # Replica 0 has returned; the caller waits for this replica. Interrupt it,
-                # then block in a collective that only an abort can end.
-                signal.pthread_kill(main, signal.SIGINT)
-                ctx.all_reduce("sum", np.ones(2))
-
-        t0 = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            s.run(fn)
-        assert time.monotonic() - t0 < 20
-        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
-        np.testing.assert_array_equal(out.values[1], [2.0, 2.0])
-    finally:
-        s.close()
-
-
-def test_closed_strategy():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    s.close()
-    s.close()  # idempotent
-    with pytest.raises(dv.ClosedError, match="is closed"):
-        s.run(lambda: 1)
-
-
-def test_strategies_are_garbage_collected_with_their_threads():
-    import gc
-
-    gc.collect()
-    before = threading.active_count()
-    for _ in range(20):
-        s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
-        s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(2)))
-        del s
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while threading.active_count() > before + 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert threading.active_count() <= before + 2

@@ -11,13 +11,6 @@ import pytest
 import distvals as dv
 
 
-@pytest.fixture(scope="module")
-def s2():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
-    yield s
-    s.close()
-
-
 def test_values_tuple_in_replica_order():
     a, b = np.arange(3.0), np.arange(3.0) + 10
     pr = dv.PerReplica([a, b])

@@ -236,13 +236,6 @@ def test_update_shape_and_dtype_errors(s2):
         i.assign(np.array([1.5, 2.5]))
 
 
-def test_variable_of_another_strategy_inside_run(s2, s3):
-    with s3.scope():
-        v = dv.Variable(1.0)
-    with pytest.raises(RuntimeError, match="belongs to"):
-        s2.run(lambda: v + 1)
-
-
 # ---- SyncOnReadVariable --------------------------------------------------------------------
 
 def test_sync_on_read_sum_numbers_of_tensorflow(s2):

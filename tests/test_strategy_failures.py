@@ -1,0 +1,804 @@
+"""MirroredStrategy when things go wrong, in both execution modes: exceptions in replicas,
+timeouts, Ctrl-C and other signals, closing, concurrent callers, resources over many
+steps, and os.fork().
+
+Every failure must release the other replicas quickly, name the replica, keep the
+original traceback and leave the strategy usable. A KeyboardInterrupt may land between
+any two bytecodes of the runner; afterwards the next run either works with its own
+step's data on every replica, or raises, and never refuses forever."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import distvals as dv
+from conftest import EXECUTION_MODES
+from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
+from strategy_checks import LONG, assert_usable, frames_of, mirrored, on_main_thread, replica_id
+from distvals.options import DEFAULT_TIMEOUT_SECONDS
+
+
+@pytest.fixture(scope="module", params=EXECUTION_MODES)
+def s3(request):
+    """Three replicas that wait a minute at most (conftest's wait the default 300 s)."""
+    s = mirrored(3, execution=request.param)
+    yield s
+    s.close()
+
+
+def tagged_step(tag: int):
+    """Every replica all-reduces a value made of the step's tag and its id."""
+    v = np.full(8, tag * 10 + replica_id(), np.int64)
+    return dv.get_replica_context().all_reduce("sum", v)
+
+
+def check_step(out, tag: int, n: int) -> None:
+    want = sum(tag * 10 + r for r in range(n))
+    for r in range(n):
+        got = np.asarray(out.values[r])
+        assert np.all(got == want), f"step {tag}, replica {r}: {got} where {want} was due (steps mixed)"
+
+
+# ---- an exception in one replica ----------------------------------------------------------
+
+class StepError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["before", "during", "after"])
+@pytest.mark.parametrize("bad", [0, 1, 2])
+def test_exception_around_a_collective_releases_the_others(s3, where, bad):
+    """Replica 0 is the first to run (the caller's thread, or the first coroutine inline),
+    replica 2 the last: inline, a failing replica 1 leaves one replica waiting in the
+    collective and one not started yet."""
+    def failing_step():
+        r = replica_id()
+        ctx = dv.get_replica_context()
+        if where == "before" and r == bad:
+            raise StepError("broken batch")
+        value = np.full(4, r, np.float32)
+        if where == "during" and r == bad:
+            value = object()  # not an array: refused inside the collective
+        out = ctx.all_reduce("sum", value)
+        if where == "after" and r == bad:
+            raise StepError("broken after the collective")
+        return out
+
+    t0 = time.monotonic()
+    expected = TypeError if where == "during" else StepError
+    with pytest.raises(expected) as info:
+        s3.run(failing_step)
+    took = time.monotonic() - t0
+    assert took < 5, f"the other replicas were released after {took:.1f} s"
+    err = info.value
+    assert str(err).startswith(f"replica {bad}: "), str(err)
+    assert getattr(err, "replica", None) == bad
+    # The original traceback reaches the caller: the failing function's frame is on it.
+    assert "failing_step" in frames_of(err), frames_of(err)
+    if where != "during":
+        # The replica's own exception, unchanged, is the cause; the message only gains
+        # the replica's name.
+        cause = err.__cause__
+        message = "broken batch" if where == "before" else "broken after the collective"
+        assert isinstance(cause, StepError) and str(cause) == message, repr(cause)
+        assert cause.__traceback__ is not None
+        assert str(err) == f"replica {bad}: {message}", str(err)
+    assert_usable(s3)
+
+
+def test_exception_inside_a_collective_of_a_replica_thread_names_it(execution):
+    """The failing replica is a worker thread (or coroutine) while replica 0 waits."""
+    s = mirrored(2, execution=execution)
+    try:
+        def step():
+            ctx = dv.get_replica_context()
+            if replica_id() == 1:
+                return ctx.all_reduce("sum", object())
+            return ctx.all_reduce("sum", np.ones(2))
+
+        t0 = time.monotonic()
+        with pytest.raises(TypeError, match="^replica 1: ") as info:
+            s.run(step)
+        assert time.monotonic() - t0 < 5
+        assert info.value.replica == 1
+        assert_usable(s)
+    finally:
+        s.close()
+
+
+class OddError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+def test_exception_with_unusual_constructor(s2):
+    def fn():
+        if dv.get_replica_context().replica_id_in_sync_group == 1:
+            raise OddError(7, "odd")
+
+    with pytest.raises(OddError, match="replica 1: code 7: odd") as info:
+        s2.run(fn)
+    assert info.value.code == 7
+
+
+def test_exception_in_merge_fn_and_before_merge_call(s3):
+    # KeyError too: its str() quotes its argument.
+    for make_error, text in ((lambda: ArithmeticError("merge failed"), "merge failed"),
+                             (lambda: KeyError("from merge"), "from merge")):
+        def merge_raises():
+            def merge_fn(strategy, v):
+                raise make_error()
+            return dv.get_replica_context().merge_call(merge_fn, args=(replica_id(),))
+
+        t0 = time.monotonic()
+        with pytest.raises(type(make_error()), match=text) as info:
+            s3.run(merge_raises)
+        assert time.monotonic() - t0 < 5
+        assert "merge_fn" in frames_of(info.value)
+        assert_usable(s3)
+
+    def one_skips_merge():
+        if replica_id() == 1:
+            raise StepError("no merge today")
+        return dv.get_replica_context().merge_call(lambda strategy: 1)
+
+    t0 = time.monotonic()
+    with pytest.raises(StepError, match="^replica 1: no merge today") as info:
+        s3.run(one_skips_merge)
+    assert time.monotonic() - t0 < 5
+    assert info.value.replica == 1 and "one_skips_merge" in frames_of(info.value)
+    assert_usable(s3)
+
+
+def test_exception_in_a_variable_update_changes_no_copy(s3):
+    with s3.scope():
+        v = dv.Variable(np.arange(3, dtype=np.float32), aggregation=dv.VariableAggregation.MEAN)
+    start = [np.array(x, copy=True) for x in v.values]
+
+    def bad_update():
+        r = replica_id()
+        v.assign_add(np.ones(3 if r != 1 else 4, np.float32))
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="^replica 1: ") as info:
+        s3.run(bad_update)
+    assert time.monotonic() - t0 < 5
+    assert info.value.replica == 1 and "bad_update" in frames_of(info.value)
+    for r, (x, x0) in enumerate(zip(v.values, start)):
+        np.testing.assert_array_equal(np.asarray(x), x0, err_msg=f"replica {r}'s copy changed")
+    # A good update afterwards keeps every copy equal: the mean of 0, 1, 2 added.
+    s3.run(lambda: v.assign_add(np.full(3, replica_id(), np.float32)))
+    for r, x in enumerate(v.values):
+        np.testing.assert_array_equal(np.asarray(x), start[0] + 1.0, err_msg=f"replica {r}")
+
+
+def test_exception_in_a_dataset_iterator(s3):
+    def batches():
+        for i in range(6):
+            if i == 3:
+                raise OSError("the input file went away")
+            yield np.arange(6, dtype=np.float32) + 10 * i
+
+    sums = []
+    with pytest.raises(OSError, match="the input file went away") as info:
+        for batch in s3.experimental_distribute_dataset(batches()):
+            out = s3.run(lambda b: dv.get_replica_context().all_reduce("sum", b.sum()), args=(batch,))
+            sums.append(float(out.values[0]))
+    assert "batches" in frames_of(info.value)
+    assert sums == [float(np.sum(np.arange(6) + 10 * i)) for i in range(3)]
+    assert_usable(s3)
+
+    def dataset_fn(input_context):
+        raise LookupError("no shard for this pipeline")
+
+    with pytest.raises(LookupError, match="no shard"):
+        for _ in s3.distribute_datasets_from_function(dataset_fn):
+            pass
+    assert_usable(s3)
+
+
+# ---- timeouts: per call, per strategy, per step ---------------------------------------------
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
+def test_per_call_timeout_option(collective):
+    """CommunicationOptions(timeout_seconds=) passed to one call overrides the
+    strategy's minute; the error names the replica that never arrived (threads: the
+    others wait for a replica still busy in its own code)."""
+    s = mirrored(3, execution="threads")
+    opts = dv.CommunicationOptions(timeout_seconds=0.3)
+    release = threading.Event()
+
+    def step():
+        ctx = dv.get_replica_context()
+        if replica_id() == 2:
+            release.wait(2.0)  # busy well past the call's timeout
+        if collective == "all_reduce":
+            return ctx.all_reduce("sum", np.ones(3), options=opts)
+        return ctx.all_gather(np.ones(3), axis=0, options=opts)
+
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError) as info:
+            s.run(step)
+        took = time.monotonic() - t0
+        assert 0.25 < took < 1.5, took
+        assert f"{collective}" in str(info.value) and "timed out after 0.3" in str(info.value), str(info.value)
+        assert "replica(s) 2 never arrived" in str(info.value), str(info.value)
+        assert isinstance(info.value, TimeoutError)
+        assert_usable(s)  # replica 2's thread is still busy: a fresh one runs this step
+    finally:
+        release.set()
+        s.close()
+
+
+def test_strategy_timeout_option(execution):
+    s = mirrored(2, timeout=0.4, execution=execution)
+    release = threading.Event()
+    try:
+        def step():
+            if replica_id() == 1:
+                release.wait(3.0)  # never reaches the collective in time
+            return dv.get_replica_context().all_reduce("max", np.ones(2))
+
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="0.4 s") as info:
+            s.run(step)
+        assert time.monotonic() - t0 < 2
+        msg = str(info.value)
+        if execution == "threads":
+            # Replica 0 waits in the collective and names the replica that never came.
+            assert msg.startswith("replica 0: ") and "replica(s) 1 never arrived" in msg, msg
+        else:
+            # Inline, the step's watchdog ends the busy replica and names it.
+            assert msg.startswith("replica 1: ") and "still running: 1" in msg, msg
+        assert_usable(s)
+    finally:
+        release.set()
+        s.close()
+
+
+def test_default_timeout_is_finite(monkeypatch):
+    monkeypatch.delenv("DISTVALS_TIMEOUT_SECONDS", raising=False)
+    assert DEFAULT_TIMEOUT_SECONDS == 300.0
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+        assert s.extended._group.timeout_seconds == DEFAULT_TIMEOUT_SECONDS
+    finally:
+        s.close()
+    monkeypatch.setenv("DISTVALS_TIMEOUT_SECONDS", "12.5")
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+        assert s.extended._group.timeout_seconds == 12.5
+    finally:
+        s.close()
+
+
+def test_run_waits_at_most_the_timeout(execution):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3),
+                            execution=execution)
+    try:
+        release = threading.Event()
+
+        def fn():
+            if dv.get_replica_context().replica_id_in_sync_group == 1:
+                release.wait(20)
+
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="did not finish within 0.3 s"):
+            s.run(fn)
+        assert time.monotonic() - t0 < 3
+        # The next step works at once: a replica thread still stuck in the abandoned step
+        # is replaced, never waited for or refused.
+        assert s.run(lambda: 4) == 4
+        release.set()
+        assert s.run(lambda: 5) == 5
+    finally:
+        s.close()
+
+
+def test_inline_replicas_waiting_for_each_other_end_with_the_timeout():
+    # A replica that waits for another outside the strategy's collectives cannot go on
+    # inline; the step's timeout ends it with an error that says what to do.
+    opts = dv.CommunicationOptions(timeout_seconds=0.5)
+    with dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=opts, execution="inline") as s:
+        barrier = threading.Barrier(2, timeout=30)
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="execution='threads'"):
+            s.run(barrier.wait)
+        assert time.monotonic() - t0 < 5
+        busy = threading.Event()
+
+        def spin():
+            while not busy.is_set():  # pure Python: the watchdog's exception lands here
+                pass
+
+        with pytest.raises(dv.CollectiveTimeoutError, match="did not reach a meeting or return within 0.5 s"):
+            s.run(spin)
+        assert s.run(lambda: 7) == 7
+
+
+# ---- Ctrl-C and other signals -----------------------------------------------------------------
+
+def _sigint_main_after(delay: float) -> None:
+    main = threading.main_thread().ident
+
+    def fire():
+        time.sleep(delay)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=fire, daemon=True).start()
+
+
+def test_keyboard_interrupt_passes_through(s2):
+    def fn():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 0:
+            raise KeyboardInterrupt
+        ctx.all_reduce("sum", np.ones(3))
+
+    with pytest.raises(KeyboardInterrupt):
+        s2.run(fn)
+    out = s2.run(lambda: dv.get_replica_context().all_reduce("max", np.arange(3.0)))
+    np.testing.assert_array_equal(out.values[1], [0.0, 1.0, 2.0])
+
+
+@on_main_thread
+def test_ctrl_c_while_the_others_wait_in_a_collective(execution):
+    s = mirrored(3, execution=execution)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        def step():
+            if replica_id() == 0:
+                time.sleep(LONG)  # the caller's thread: interrupted by Ctrl-C
+            return dv.get_replica_context().all_reduce("sum", np.ones(4))
+
+        _sigint_main_after(0.3)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run(step)
+        took = time.monotonic() - t0
+        assert took < 0.3 + 1.0, f"returned {took:.2f} s after the start"
+        assert_usable(s)
+
+        # Replicas 0 and 2 have returned and the caller waits for replica 1, which
+        # interrupts it, then blocks in a collective that only an abort can end.
+        main = threading.main_thread().ident
+
+        def interrupting():
+            if replica_id() == 1:
+                signal.pthread_kill(main, signal.SIGINT)
+                dv.get_replica_context().all_reduce("sum", np.ones(2))
+
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run(interrupting)
+        took = time.monotonic() - t0
+        assert took < 1.0, f"returned {took:.2f} s after the start"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert_usable(s)
+    s.close()
+
+
+@on_main_thread
+def test_ctrl_c_while_replica_zero_waits_in_the_engine(execution):
+    s = mirrored(3, execution=execution)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        def step():
+            if replica_id() == 2:
+                time.sleep(0.6)  # late: replicas 0 and 1 wait in the engine meanwhile
+            return dv.get_replica_context().all_reduce("sum", np.ones(4))
+
+        _sigint_main_after(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run(step)
+        took = time.monotonic() - t0
+        assert took < 0.2 + 1.0, f"returned {took:.2f} s after the start"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    time.sleep(0.6)
+    assert_usable(s)
+    s.close()
+
+
+@on_main_thread
+def test_ctrl_c_returns_within_a_second_while_a_replica_computes(execution):
+    s = mirrored(2, timeout=10, execution=execution)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    release = threading.Event()
+    try:
+        def step():
+            if replica_id() == 1:
+                release.wait(4)  # a long computation of replica 1's own
+            return dv.get_replica_context().all_reduce("sum", np.ones(4))
+
+        _sigint_main_after(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            s.run(step)
+        took = time.monotonic() - t0
+        # The next step works at once, with this step's data on every replica: a thread
+        # still busy in the interrupted step is replaced, never waited for or mixed in.
+        t1 = time.monotonic()
+        assert_usable(s)
+        next_step = time.monotonic() - t1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        release.set()
+        time.sleep(0.2)
+        s.close()
+    assert took < 0.2 + 1.0, f"returned {took:.2f} s after the start"
+    assert next_step < 1.0, f"the next run took {next_step:.2f} s"
+
+
+@on_main_thread
+@pytest.mark.timeout(240, method="thread")
+# The timer's KeyboardInterrupt may also land inside a finalizer the interpreter runs at
+# that moment (a weak set's callback, say), which Python reports as "Exception ignored":
+# that says nothing about the strategy, whose results are what this test checks.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+@pytest.mark.parametrize("seed", [11, 23, 37])
+def test_interrupts_at_random_offsets_never_mix_steps_nor_refuse_forever(execution, seed):
+    """Real signals at random microsecond offsets during thousands of steps: a timer
+    (setitimer, SIGALRM; the test's own timeout watches from a thread meanwhile) whose
+    handler raises KeyboardInterrupt, as Ctrl-C does."""
+    n = 3
+    steps = 1200
+    rng = random.Random(seed)
+    s = mirrored(n, timeout=20.0, execution=execution)
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    # Offsets spread over a few steps' time, so that many steps are interrupted, at every
+    # point of the runner, and many complete (a step right after an interrupted one is
+    # slower: it starts fresh coroutines or threads).
+    times = []
+    for tag in range(30):
+        t0 = time.perf_counter()
+        check_step(s.run(tagged_step, args=(tag,)), tag, n)
+        times.append(time.perf_counter() - t0)
+    span = 3.0 * sorted(times)[len(times) // 2]
+    previous = signal.signal(signal.SIGALRM, handler)
+    interrupted = completed = errors = 0
+    try:
+        for tag in range(steps):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, span))
+                try:
+                    out = s.run(tagged_step, args=(tag,))
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                interrupted += 1
+                continue
+            except (dv.AbortedError, dv.CollectiveTimeoutError, RuntimeError) as e:
+                # Allowed: a step that raises. Never a wrong result (checked below), and
+                # a clean run afterwards must work (checked every 100 steps).
+                errors += 1
+                assert "already running" not in str(e), e
+                continue
+            check_step(out, tag, n)
+            completed += 1
+            if tag % 100 == 99:
+                # Without the timer, the next run works at once, whatever came before.
+                check_step(s.run(tagged_step, args=(10_000 + tag,)), 10_000 + tag, n)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    check_step(s.run(tagged_step, args=(99_999,)), 99_999, n)
+    s.close()
+    assert interrupted > steps // 20, f"only {interrupted} of {steps} steps were interrupted: the test did not bite"
+    assert completed > steps // 20, f"only {completed} of {steps} steps completed"
+    assert errors < steps // 4, f"{errors} steps raised"
+
+
+# ---- closing and aborting ---------------------------------------------------------------------
+
+def test_closed_strategy_refuses_to_run(execution):
+    s = mirrored(2, execution=execution)
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(dv.ClosedError, match="is closed"):
+        s.run(lambda: 1)
+
+
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_with_statement_closes_the_strategy_and_releases_its_threads(execution):
+    with mirrored(2, execution=execution) as warm:  # process-wide threads (the inline watchdog)
+        assert_usable(warm)
+    gc.collect()
+    base = settle_threads(os_threads())
+    with mirrored(4, execution=execution) as s:
+        assert isinstance(s, dv.MirroredStrategy)
+        assert_usable(s)
+        # Three replica threads in thread mode, plus the engine's workers in both.
+        assert os_threads() >= base + (3 if execution == "threads" else 1)
+    assert settle_threads(base) <= base
+    with pytest.raises(dv.ClosedError):
+        s.run(lambda: 1)
+    s.close()  # closing again is harmless
+    s.__exit__(None, None, None)
+
+    # An exception in the block still closes it, and is not swallowed.
+    with pytest.raises(StepError, match="inside the block"):
+        with mirrored(3, execution=execution) as s2:
+            raise StepError("inside the block")
+    with pytest.raises(dv.ClosedError):
+        s2.run(lambda: 1)
+    assert settle_threads(base) <= base
+
+    # The default strategy cannot be closed: it serves every call outside a scope.
+    with dv.get_strategy() as default:
+        pass
+    assert default.run(lambda: 5) == 5
+
+
+def test_closing_a_strategy_with_a_stuck_replica_prints_nothing(monkeypatch):
+    """No 'Exception in thread ...' from a replica thread when its strategy is closed or
+    dropped while the replica is still busy."""
+    reports = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reports.append(args))
+    release = threading.Event()
+    s = mirrored(2, timeout=0.3, execution="threads")
+
+    def stuck():
+        if replica_id() == 1:
+            release.wait(1.0)
+
+    with pytest.raises(dv.CollectiveTimeoutError):
+        s.run(stuck)
+    s.close()
+    del s
+    gc.collect()
+    release.set()
+    time.sleep(0.3)
+    assert reports == []
+
+
+def test_group_aborted_outside_a_step_is_reset_by_the_next_run():
+    s = mirrored(2, timeout=1.0)
+    try:
+        s.extended._group.abort(1, "aborted between steps")
+        assert s.extended._group.aborted
+        assert_usable(s)
+        assert not s.extended._group.aborted
+    finally:
+        s.close()
+
+
+# ---- several threads ----------------------------------------------------------------------------
+
+def test_one_step_at_a_time(s2):
+    inside = threading.Event()
+    release = threading.Event()
+    result = {}
+
+    def slow():
+        if dv.get_replica_context().replica_id_in_sync_group == 0:
+            inside.set()
+            release.wait(20)
+        return 1
+
+    t = threading.Thread(target=lambda: result.setdefault("v", s2.run(slow)))
+    t.start()
+    try:
+        assert inside.wait(20)
+        with pytest.raises(RuntimeError, match="already running a step"):
+            s2.run(lambda: 0)
+    finally:
+        release.set()
+        t.join(20)
+    assert result["v"] == 1
+
+
+def test_two_strategies_from_two_threads_at_once():
+    errors = []
+
+    def drive(k: int, n: int) -> None:
+        s = mirrored(n)
+        try:
+            for step in range(300):
+                out = s.run(lambda: dv.get_replica_context().all_reduce(
+                    "sum", np.full(7, k * 1000 + step + replica_id(), np.int64)))
+                want = sum(k * 1000 + step + r for r in range(n))
+                for r in range(n):
+                    if not np.all(out.values[r] == want):
+                        errors.append(f"strategy {k} step {step} replica {r}: {out.values[r]} != {want}")
+                        return
+        except Exception as e:  # reported below
+            errors.append(f"strategy {k}: {e!r}")
+        finally:
+            s.close()
+
+    ts = [threading.Thread(target=drive, args=(k, n)) for k, n in ((0, 2), (1, 3))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not any(t.is_alive() for t in ts)
+    assert errors == []
+
+
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_cross_replica_calls_from_another_thread_while_run_loops(execution):
+    """strategy.reduce of earlier results from a logging thread while the main thread
+    loops on run: both get right numbers, nothing crashes."""
+    n = 2
+    s = mirrored(n, timeout=20.0, execution=execution)
+    stop = threading.Event()
+    problems = []
+    results = []
+
+    def logger():
+        try:
+            while not stop.is_set():
+                if results:
+                    tag, out = results[-1]
+                    total = s.reduce("SUM", out, axis=None)
+                    want = n * sum(tag * 10 + r for r in range(n))
+                    if not np.all(np.asarray(total) == want):
+                        problems.append(f"reduce of step {tag}: {total} != {want}")
+        except Exception as e:  # reported below
+            problems.append(repr(e))
+
+    t = threading.Thread(target=logger)
+    t.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        tag = 0
+        while time.monotonic() < deadline:
+            out = s.run(tagged_step, args=(tag,))
+            check_step(out, tag, n)
+            results.append((tag, out))
+            del results[:-2]
+            tag += 1
+    finally:
+        stop.set()
+        t.join(30)
+        s.close()
+    assert not t.is_alive()
+    assert problems == []
+    assert tag > 10
+
+
+# ---- resources ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_strategies_release_their_threads_when_closed_or_collected(execution):
+    with mirrored(2, execution=execution) as warm:  # process-wide threads (the inline watchdog)
+        assert_usable(warm)
+    gc.collect()
+    base = settle_threads(os_threads())
+    made = [mirrored(3, execution=execution) for _ in range(8)]
+    for s in made:
+        assert_usable(s)
+    # Two replica threads each in thread mode, plus the engine's workers in both.
+    assert os_threads() >= base + 8 * (2 if execution == "threads" else 1)
+    for s in made[:4]:
+        s.close()
+    del made[:4]
+    del s
+    del made  # the other four are only collected
+    gc.collect()
+    left = settle_threads(base)
+    assert left <= base, [t.name for t in threading.enumerate()]
+
+
+def test_a_failed_thread_start_leaks_no_threads(monkeypatch):
+    """Starting replica threads stops half-way (an address-space limit, say): the
+    threads already started are stopped, and the error reaches the caller."""
+    gc.collect()
+    base = settle_threads(os_threads())
+    real_start = threading.Thread.start
+    started = []
+
+    def failing_start(self):
+        if self.name.startswith("distvals-replica") and len(started) >= 3:
+            raise RuntimeError("can't start new thread")
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", failing_start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        mirrored(8, timeout=20.0, execution="threads")
+    monkeypatch.undo()
+    assert len(started) == 3
+    gc.collect()
+    assert settle_threads(base) <= base
+    with mirrored(2, timeout=20.0, execution="threads") as s:  # and the next strategy starts fine
+        check_step(s.run(tagged_step, args=(3,)), 3, 2)
+
+
+@needs_plain_malloc
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_100000_steps_keep_memory_and_threads_stable():
+    s = mirrored(2)
+    try:
+        x = [np.arange(16, dtype=np.float32) + r for r in range(2)]
+        want = x[0] + x[1]
+
+        def step():
+            return dv.get_replica_context().all_reduce("sum", x[replica_id()])
+
+        marks = {}
+        t0 = time.monotonic()
+        for i in range(1, 100_001):
+            out = s.run(step)
+            if i % 10_000 == 0:
+                np.testing.assert_array_equal(out.values[1], want)
+                gc.collect()
+                marks[i] = (rss_bytes(), os_threads())
+        took = time.monotonic() - t0
+        rss10, thr10 = marks[10_000]
+        rss100, thr100 = marks[100_000]
+        grown = rss100 - rss10
+        assert grown < 2 * 2**20, f"RSS grew by {grown / 2**20:.2f} MiB from step 10,000 to 100,000"
+        assert thr100 == thr10, f"threads: {thr10} at step 10,000, {thr100} at step 100,000"
+        print(f"100,000 steps in {took:.1f} s; RSS {rss10 / 2**20:.1f} -> {rss100 / 2**20:.1f} MiB; "
+              f"{thr100} threads")
+    finally:
+        s.close()
+
+
+# ---- os.fork() ----------------------------------------------------------------------------------
+
+def _run_in_forked_child(body) -> int:
+    """Runs ``body()`` in a forked child; the child's exit status (0 when body returns)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            body()
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported through the exit status
+            try:
+                sys.stderr.write(f"child failed: {e!r}\n")
+            finally:
+                code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_a_strategy_works_in_a_forked_child(execution):
+    n = 3
+    s = mirrored(n, timeout=5.0, execution=execution)
+    check_step(s.run(tagged_step, args=(1,)), 1, n)
+
+    def child():
+        t0 = time.monotonic()
+        for tag in range(2, 6):
+            check_step(s.run(tagged_step, args=(tag,)), tag, n)
+        assert time.monotonic() - t0 < 5
+
+    with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
+        code = _run_in_forked_child(child)
+    assert code == 0
+    check_step(s.run(tagged_step, args=(7,)), 7, n)  # the parent's strategy is untouched
+    s.close()
