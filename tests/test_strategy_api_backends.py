@@ -10,7 +10,7 @@ import pytest
 
 import distvals as dv
 from distvals import cuda as dvc
-from test_gpu_strategy import BACKENDS, Env, assert_on, env, host_of  # noqa: F401 - env is a fixture
+from test_strategy_backends import BACKENDS, Env, assert_on, env, host_of  # noqa: F401 - env is a fixture
 
 SUM = dv.VariableAggregation.SUM
 ON_READ = dv.VariableSynchronization.ON_READ
