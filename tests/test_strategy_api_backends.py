@@ -1,7 +1,7 @@
-"""The TensorFlow API additions on GPU replicas: sparse variable updates and reads on GPU
-copies, variables created inside run, input options and optionals; every test on the
-simulated backend (everywhere) and on a real GPU (marked ``gpu``). At the end, torch,
-cupy and JAX device arrays in and out, on a real GPU only."""
+"""The TensorFlow API additions on every backend of the strategy suite (CPU replicas
+inline and on threads, simulated GPUs, a real GPU marked ``gpu``): sparse variable
+updates and reads, variables created inside run, input options and optionals. At the
+end, torch, cupy and JAX device arrays in and out, on a real GPU only."""
 
 from __future__ import annotations
 
