@@ -2,16 +2,15 @@
 #include "distvals/group.hpp"
 
 #include <algorithm>
-#include <cstdlib>
+#include <cstdint>
 #include <string>
 
 #include "distvals/error.hpp"
 #include "group_impl.hpp"
+#include "validate.hpp"
 
 namespace distvals {
 namespace {
-
-constexpr auto kDefaultTimeout = std::chrono::seconds(300);
 
 // Below this many bytes in all replicas' inputs together, the calling thread does the
 // whole collective alone: handing work to a worker costs more than the work. Measured
@@ -19,68 +18,54 @@ constexpr auto kDefaultTimeout = std::chrono::seconds(300);
 // N=2 at 32 KiB per replica 1.44 us vs 1.46 us, at 128 KiB 5.2 us vs 3.9 us.
 constexpr std::size_t kSingleThreadBytes = 96 * 1024;
 
-std::chrono::milliseconds default_timeout() {
-  if (const char* env = std::getenv("DISTVALS_TIMEOUT_SECONDS")) {
-    char* end = nullptr;
-    const double s = std::strtod(env, &end);
-    if (end != env && s > 0) return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
-  }
-  return kDefaultTimeout;
-}
-
 std::vector<device> cpu_devices(int n) {
   if (n < 1) throw invalid_argument_error("a group needs at least 1 replica, got " + std::to_string(n));
+  if (n > max_group_size) {
+    throw invalid_argument_error("a group of " + std::to_string(n) + " replicas is too large (at most " +
+                                 std::to_string(max_group_size) + ")");
+  }
   std::vector<device> d(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) d[i].index = i;
   return d;
 }
 
-// Writes may not overlap any other buffer of the call, except that a replica's output
-// may be exactly its own input (in place). One sweep over the ranges sorted by start.
-void check_overlaps(const call_desc& d, int n, const std::vector<buffer_view>& in,
-                    const std::vector<buffer_view>& out) {
-  struct range {
-    std::uintptr_t b, e;
-    int replica;
-    bool write;
-  };
-  std::vector<range> rs;
-  rs.reserve(2 * static_cast<std::size_t>(n));
-  auto reads = [&](int r) {
-    if (d.kind == collective::broadcast) return r == d.root;
-    return true;
-  };
-  auto writes = [&](int r) {
-    if (d.kind == collective::reduce) return r == d.root;
-    return true;
-  };
-  for (int r = 0; r < n; ++r) {
-    const auto ib = reinterpret_cast<std::uintptr_t>(in[r].data);
-    const auto ob = reinterpret_cast<std::uintptr_t>(out[r].data);
-    const bool same = ib == ob && in[r].bytes() == out[r].bytes();
-    if (writes(r) && out[r].bytes() > 0) rs.push_back({ob, ob + out[r].bytes(), r, true});
-    if (reads(r) && in[r].bytes() > 0 && !(same && writes(r))) {
-      rs.push_back({ib, ib + in[r].bytes(), r, false});
-    }
+// "(2, 3)", "(5,)", "()": a shape as numpy prints it.
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string t = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i) t += ", ";
+    t += std::to_string(s[i]);
   }
-  std::sort(rs.begin(), rs.end(), [](const range& a, const range& b) { return a.b < b.b; });
-  const range* far_any = nullptr;    // the range reaching furthest so far
-  const range* far_write = nullptr;  // the write range reaching furthest so far
-  auto name = [](const range& r) {
-    return std::string("replica ") + std::to_string(r.replica) + "'s " + (r.write ? "output" : "input");
-  };
-  for (const auto& c : rs) {
-    const range* clash = nullptr;
-    if (far_write && c.b < far_write->e) clash = far_write;
-    else if (c.write && far_any && c.b < far_any->e) clash = far_any;
-    if (clash) {
-      throw invalid_argument_error(name(c) + " overlaps " + name(*clash) +
-                                   "; every replica needs its own buffer (an output may only be "
-                                   "exactly its own input, for in-place)");
-    }
-    if (!far_any || c.e > far_any->e) far_any = &c;
-    if (c.write && (!far_write || c.e > far_write->e)) far_write = &c;
+  return t + (s.size() == 1 ? ",)" : ")");
+}
+
+std::string call_text(const call_desc& d) {
+  return std::string(collective_name(d.kind)) + "(dtype=" + dtype_name(d.type) + ", op=" + reduce_op_name(d.op) +
+         ", count=" + std::to_string(d.count) + ", root=" + std::to_string(d.root) +
+         ", algorithm=" + algorithm_name(d.algo) + ")";
+}
+
+// The first way in which replica j's posted call differs from replica 0's, or "".
+std::string first_difference(const call_desc& a, const std::vector<std::int64_t>& sa, const call_desc& b,
+                             const std::vector<std::int64_t>& sb, int j) {
+  const std::string r0 = "replica 0", rj = "replica " + std::to_string(j);
+  if (a.kind != b.kind) return r0 + " called " + collective_name(a.kind) + ", " + rj + " called " + collective_name(b.kind);
+  if (a.type != b.type) return r0 + " passed dtype " + dtype_name(a.type) + ", " + rj + " passed dtype " + dtype_name(b.type);
+  if (sa != sb) return r0 + " passed shape " + shape_text(sa) + ", " + rj + " passed shape " + shape_text(sb);
+  if (a.count != b.count) {
+    return r0 + " passed " + std::to_string(a.count) + " elements, " + rj + " passed " + std::to_string(b.count);
   }
+  if (a.op != b.op) return r0 + " asked for op " + reduce_op_name(a.op) + ", " + rj + " for op " + reduce_op_name(b.op);
+  if (a.root != b.root) return r0 + " named root " + std::to_string(a.root) + ", " + rj + " root " + std::to_string(b.root);
+  if (a.algo != b.algo) {
+    return r0 + " asked for algorithm " + algorithm_name(a.algo) + ", " + rj + " for " + algorithm_name(b.algo);
+  }
+  return "";
+}
+
+algorithm resolve_algorithm(const call_desc& d, int n) {
+  if (d.algo != algorithm::automatic) return d.algo;
+  return d.kind == collective::all_reduce ? choose_algorithm(n, d.count * dtype_size(d.type)) : algorithm::direct;
 }
 
 }  // namespace
@@ -89,6 +74,10 @@ group::group(int replicas, group_options options) : group(cpu_devices(replicas),
 
 group::group(const std::vector<device>& devices, group_options options) : impl_(new impl) {
   if (devices.empty()) throw invalid_argument_error("a group needs at least 1 device");
+  if (devices.size() > static_cast<std::size_t>(max_group_size)) {
+    throw invalid_argument_error("a group of " + std::to_string(devices.size()) + " replicas is too large (at most " +
+                                 std::to_string(max_group_size) + ")");
+  }
   for (std::size_t i = 0; i < devices.size(); ++i) {
     if (!devices[i].is_cpu()) {
       throw invalid_argument_error("device " + devices[i].str() +
@@ -105,7 +94,7 @@ group::group(const std::vector<device>& devices, group_options options) : impl_(
   m.n = static_cast<int>(devices.size());
   m.devices = devices;
   m.opts = std::move(options);
-  if (m.opts.timeout.count() <= 0) m.opts.timeout = default_timeout();
+  m.opts.timeout = detail::resolve_timeout(m.opts.timeout);
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   m.threads = m.opts.threads > 0 ? std::min(m.opts.threads, m.n) : std::min(m.n, hw);
   m.opts.threads = m.threads;
@@ -161,7 +150,7 @@ void group::reset() {
   // a future dependency.
   for (int r = 0; r < m.n; ++r) {
     m.reps[r].progress.store(0);
-    m.reps[r].seq = 0;
+    m.reps[r].seq.store(0);
   }
   std::lock_guard<std::mutex> lk(m.state_mu);
   m.state.store(impl::ok);
@@ -198,6 +187,89 @@ struct inside_guard {
 };
 }  // namespace
 
+// ---- the gate between the call styles ---------------------------------------------
+
+void group::impl::enter_single(clock_type::time_point deadline, std::chrono::nanoseconds timeout,
+                               const call_desc& desc) {
+  // Step 1: say that a single call waits, so that no new per-replica collective starts.
+  gate.fetch_or(gate_waiting);
+  // Step 2: enter once no per-replica caller is inside.
+  bool in = false;
+  auto try_enter = [&]() {
+    if (in) return true;
+    std::uint64_t w = gate.load();
+    while ((w & gate_count) == 0 && (w & gate_active) == 0) {
+      if (gate.compare_exchange_weak(w, (w & ~gate_waiting) | gate_active)) return in = true;
+    }
+    return false;
+  };
+  if (try_enter()) return;
+  try {
+    wait(try_enter, deadline, -1,
+         [&]() {
+           return "distvals: a single-call " + std::string(collective_name(desc.kind)) + " waited " +
+                  detail::timeout_text(timeout) +
+                  " for the per-replica calls in flight on this group to end (a group runs one "
+                  "collective at a time)";
+         },
+         /*fail_group=*/false);
+  } catch (...) {
+    gate.fetch_and(~gate_waiting);
+    if (sleepers.load() > 0) wake_all();
+    throw;
+  }
+}
+
+void group::impl::leave_single() noexcept {
+  gate.fetch_and(~(gate_active | gate_waiting));
+  if (sleepers.load() > 0) wake_all();
+}
+
+void group::impl::enter_replica(int me, clock_type::time_point deadline, std::chrono::nanoseconds timeout) {
+  bool in = false;
+  auto try_enter = [&]() {
+    if (in) return true;
+    std::uint64_t w = gate.load();
+    for (;;) {
+      // The collective this call would take part in. Only a hint here: once inside, the
+      // caller reads its call number again (a single call may have run meanwhile).
+      const std::uint64_t mine = (reps[me].seq.load() + 1) & 0xffffffffu;
+      const std::uint64_t count = w & gate_count;
+      // Not while a single call runs; while one waits, only to join the collective
+      // that other replicas have already started.
+      if ((w & gate_active) != 0) return false;
+      if ((w & gate_waiting) != 0 && !(count > 0 && (w >> 32) == mine)) return false;
+      const std::uint64_t next = (mine << 32) | (w & (gate_active | gate_waiting)) | (count + 1);
+      if (gate.compare_exchange_weak(w, next)) return in = true;
+    }
+  };
+  if (!try_enter()) {
+    wait(try_enter, deadline, me,
+         [&]() {
+           return "distvals: replica " + std::to_string(me) + " waited " + detail::timeout_text(timeout) +
+                  " for a single-call collective on this group to end (a group runs one collective at a time)";
+         },
+         /*fail_group=*/false);
+  }
+  // Inside, nothing else changes our call number: record it as the collective in
+  // progress (the hint may have been stale if a single call ran just before we got in),
+  // so that the other replicas of this collective may join while a single call waits.
+  const std::uint64_t actual = (reps[me].seq.load() + 1) & 0xffffffffu;
+  std::uint64_t w = gate.load();
+  bool changed = false;
+  while ((w >> 32) != actual) {
+    if (gate.compare_exchange_weak(w, (actual << 32) | (w & 0xffffffffu))) changed = true;
+  }
+  if (changed && sleepers.load() > 0) wake_all();
+}
+
+void group::impl::leave_replica() noexcept {
+  const std::uint64_t w = gate.fetch_sub(1) - 1;
+  if ((w & gate_count) == 0 && (w & gate_waiting) != 0 && sleepers.load() > 0) wake_all();
+}
+
+// ---- single-call style ----------------------------------------------------------------
+
 void group::run(const call_desc& desc_in, const std::vector<buffer_view>& in,
                 const std::vector<buffer_view>& out) {
   impl& m = *impl_;
@@ -209,21 +281,23 @@ void group::run(const call_desc& desc_in, const std::vector<buffer_view>& in,
   }
   call_desc desc = desc_in;
   for (int r = 0; r < m.n; ++r) validate_replica_buffers(desc, m.n, r, in[r], out[r]);
-  check_overlaps(desc, m.n, in, out);
-  if (desc.algo == algorithm::automatic) {
-    desc.algo = desc.kind == collective::all_reduce
-                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
-                    : algorithm::direct;
-  }
+  detail::check_overlaps(desc, in, out);
+  desc.algo = resolve_algorithm(desc, m.n);
 
   std::lock_guard<std::mutex> call_lock(m.call_mu);
   m.throw_if_failed(-1);
+  const auto deadline = detail::deadline_after(m.opts.timeout);
+  m.enter_single(deadline, m.opts.timeout, desc);
+  struct leave {
+    impl& m;
+    ~leave() { m.leave_single(); }
+  } leave_gate{m};
   // Post the call for every replica, then mark them all arrived.
-  const std::uint64_t seq = m.reps[0].seq + 1;
+  const std::uint64_t seq = m.reps[0].seq.load() + 1;
   const int slot = static_cast<int>(seq & 1u);
   for (int r = 0; r < m.n; ++r) {
     auto& rs = m.reps[r];
-    rs.seq = seq;
+    rs.seq.store(seq);
     rs.desc[slot] = desc;
     rs.in[slot] = in[r];
     rs.out[slot] = out[r];
@@ -239,7 +313,6 @@ void group::run(const call_desc& desc_in, const std::vector<buffer_view>& in,
                    std::max<std::size_t>(1, m.opts.chunk_bytes / dtype_size(desc.type)), 16};
   key.parts = t;
   const auto sched = m.get_schedule(key);
-  const auto deadline = clock_type::now() + m.opts.timeout;
 
   if (t == 1) {
     m.run_share(*sched, seq, 0, 1, deadline);
@@ -322,32 +395,57 @@ void group::reduce_scatter(const std::vector<buffer_view>& in, const std::vector
   run(call_desc{collective::reduce_scatter, in[0].type, op, algorithm::direct, in[0].count, 0}, in, out);
 }
 
+// ---- per-replica style ------------------------------------------------------------------
+
+void group::run(int replica, const call_desc& desc, buffer_view in, buffer_view out,
+                std::chrono::nanoseconds timeout) {
+  replica_options o;
+  o.timeout = timeout;
+  run(replica, desc, in, out, o);
+}
+
+namespace {
+// Leaves the gate when the per-replica call ends, however it ends.
+struct replica_gate {
+  group::impl& m;
+  ~replica_gate() { m.leave_replica(); }
+};
+
+void check_replica_index(int replica, int n) {
+  if (replica < 0 || replica >= n) {
+    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
+                                 std::to_string(n));
+  }
+}
+}  // namespace
+
 void group::run(int replica, const call_desc& desc_in, buffer_view in, buffer_view out,
-                std::chrono::milliseconds timeout) {
+                const replica_options& options) {
   impl& m = *impl_;
   inside_guard guard(m.inside);
   if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (replica < 0 || replica >= m.n) {
-    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
-                                 std::to_string(m.n));
-  }
+  check_replica_index(replica, m.n);
   m.throw_if_failed(replica);
   call_desc desc = desc_in;
-  if (desc.algo == algorithm::automatic) {
-    desc.algo = desc.kind == collective::all_reduce
-                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
-                    : algorithm::direct;
-  }
-  const auto deadline = clock_type::now() + (timeout.count() > 0 ? timeout : m.opts.timeout);
+  desc.algo = resolve_algorithm(desc, m.n);
+  const auto timeout = options.timeout.count() > 0 ? options.timeout : m.opts.timeout;
+  const auto deadline = detail::deadline_after(timeout);
+  auto& me = m.reps[replica];
+  m.enter_replica(replica, deadline, timeout);
+  replica_gate leave_gate{m};
 
   // Step 1: post our arguments (and whether they are valid) and arrive.
-  auto& me = m.reps[replica];
-  const std::uint64_t seq = me.seq + 1;
+  const std::uint64_t seq = me.seq.load() + 1;
   const int slot = static_cast<int>(seq & 1u);
-  me.seq = seq;
+  me.seq.store(seq);
   me.desc[slot] = desc;
   me.in[slot] = in;
   me.out[slot] = out;
+  if (options.shape != nullptr && options.ndim >= 0) {
+    me.shape[slot].assign(options.shape, options.shape + options.ndim);
+  } else {
+    me.shape[slot].assign(1, static_cast<std::int64_t>(desc.count));
+  }
   me.error[slot].clear();
   me.type_error[slot] = false;
   try {
@@ -372,26 +470,27 @@ void group::run(int replica, const call_desc& desc_in, buffer_view in, buffer_vi
 }
 
 void group::report_invalid(int replica, const std::string& why, bool type_error,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::nanoseconds timeout_in) {
   impl& m = *impl_;
   inside_guard guard(m.inside);
   if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (replica < 0 || replica >= m.n) {
-    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
-                                 std::to_string(m.n));
-  }
+  check_replica_index(replica, m.n);
   m.throw_if_failed(replica);
-  const auto deadline = clock_type::now() + (timeout.count() > 0 ? timeout : m.opts.timeout);
+  const auto timeout = timeout_in.count() > 0 ? timeout_in : m.opts.timeout;
+  const auto deadline = detail::deadline_after(timeout);
+  auto& me = m.reps[replica];
+  m.enter_replica(replica, deadline, timeout);
+  replica_gate leave_gate{m};
   // Arrive like run() with an error posted and no buffers: step 3 of run_arrived makes
   // every replica throw it before anything is compared or touched.
-  auto& me = m.reps[replica];
-  const std::uint64_t seq = me.seq + 1;
+  const std::uint64_t seq = me.seq.load() + 1;
   const int slot = static_cast<int>(seq & 1u);
   call_desc desc;
-  me.seq = seq;
+  me.seq.store(seq);
   me.desc[slot] = desc;
   me.in[slot] = buffer_view{};
   me.out[slot] = buffer_view{};
+  me.shape[slot].clear();
   me.error[slot] = why.empty() ? "replica " + std::to_string(replica) + ": invalid arguments" : why;
   me.type_error[slot] = type_error;
   m.publish(replica, seq, 0);
@@ -404,7 +503,7 @@ void group::report_invalid(int replica, const std::string& why, bool type_error,
 }
 
 void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
-                              std::chrono::milliseconds timeout, clock_type::time_point deadline) {
+                              std::chrono::nanoseconds timeout, clock_type::time_point deadline) {
   impl& m = *this;
   const int slot = static_cast<int>(seq & 1u);
 
@@ -435,12 +534,14 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
   auto arrived = [&](int j) { return m.reps[j].progress.load(std::memory_order_acquire) >= base; };
   wait_every(arrived, [&](const std::string& who) {
     return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
-           std::to_string((timeout.count() > 0 ? timeout : m.opts.timeout).count() / 1000.0) + " s in replica " +
-           std::to_string(replica) + ": replica(s) " + who + " never arrived";
+           detail::timeout_text(timeout) + " in replica " + std::to_string(replica) + ": replica(s) " + who +
+           " never arrived";
   });
 
   // Step 3: every replica checks every posted call the same way, so they all reach the
-  // same verdict and raise the same error; nothing has been touched yet.
+  // same verdict and raise the same error; nothing has been touched yet. First the
+  // replicas' own argument checks, then agreement (collective, dtype, shape, count, op,
+  // root, algorithm), then the buffers of all replicas together (overlaps).
   for (int j = 0; j < m.n; ++j) {
     if (!m.reps[j].error[slot].empty()) {
       std::string what = m.reps[j].error[slot] +
@@ -452,15 +553,22 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
   const call_desc& d0 = m.reps[0].desc[slot];
   for (int j = 1; j < m.n; ++j) {
     const call_desc& dj = m.reps[j].desc[slot];
-    if (dj == d0) continue;
-    auto show = [](const call_desc& d) {
-      return std::string(collective_name(d.kind)) + "(dtype=" + dtype_name(d.type) + ", op=" + reduce_op_name(d.op) +
-             ", count=" + std::to_string(d.count) + ", root=" + std::to_string(d.root) + ", algorithm=" +
-             algorithm_name(d.algo) + ")";
-    };
-    throw mismatch_error("distvals: replicas called different collectives: replica 0 called " + show(d0) +
-                         ", replica " + std::to_string(j) + " called " + show(dj));
+    const std::string diff = first_difference(d0, m.reps[0].shape[slot], dj, m.reps[j].shape[slot], j);
+    if (diff.empty()) continue;
+    throw mismatch_error("distvals: replicas called different collectives: " + diff + " (replica 0 called " +
+                         call_text(d0) + ", replica " + std::to_string(j) + " called " + call_text(dj) + ")");
   }
+  struct posted_call {
+    const impl* m;
+    int slot;
+  } posted{this, slot};
+  detail::check_overlaps(
+      desc, m.n,
+      [](const void* c, int r, bool output) -> const buffer_view& {
+        const auto& p = *static_cast<const posted_call*>(c);
+        return output ? p.m->reps[r].out[p.slot] : p.m->reps[r].in[p.slot];
+      },
+      &posted);
 
   // Step 4: run our program.
   schedule_key key{desc.kind, desc.algo, m.n, desc.count, desc.root,

@@ -17,10 +17,11 @@
 #include "cpu/relax.hpp"
 #include "distvals/error.hpp"
 #include "distvals/group.hpp"
+#include "timeout.hpp"
 
 namespace distvals {
 
-using clock_type = std::chrono::steady_clock;
+using detail::clock_type;
 
 // Hidden: the implementation is not part of the library's ABI, even though `group` is exported.
 struct __attribute__((visibility("hidden"))) group::impl {
@@ -41,13 +42,17 @@ struct __attribute__((visibility("hidden"))) group::impl {
     // leaves a failed collective first waits for every flag to drop (drain()), so no
     // step still reads or writes its buffers once its caller has the error.
     std::atomic<bool> busy{false};
-    std::uint64_t seq = 0;  // last call number; written only by the replica's own caller
+    // Last call number; written by the replica's own caller, or by a single call (which
+    // runs only while no per-replica caller is inside the gate). Atomic because a caller
+    // waiting at the gate reads it to tell whether it joins a started collective.
+    std::atomic<std::uint64_t> seq{0};
     // Posted arguments of call seq live in slot seq & 1: a replica can be at most one
     // call ahead of another, so the slot others may still read is never overwritten.
     call_desc desc[2];
     buffer_view in[2], out[2];
     std::string error[2];  // non-empty: this replica's own arguments were invalid
     bool type_error[2] = {false, false};  // ... and the error is about a dtype
+    std::vector<std::int64_t> shape[2];   // the logical shape of the input ({count} if none given)
   };
   std::unique_ptr<replica_state[]> reps;
 
@@ -58,6 +63,17 @@ struct __attribute__((visibility("hidden"))) group::impl {
   std::string state_msg;
   int state_replica = -1;
   std::atomic<int> inside{0};  // calls in flight
+
+  // ---- the gate between the two call styles ------------------------------------
+  // A group runs one collective at a time. gate = (round & 0xffffffff) << 32 |
+  // single_active | single_waiting | number of per-replica callers inside. A single call
+  // enters when no per-replica caller is inside; while it waits, per-replica callers may
+  // still join the collective already started (the same round) but not start a new one,
+  // so the single call gets in between two per-replica collectives.
+  static constexpr std::uint64_t gate_count = (std::uint64_t{1} << 30) - 1;
+  static constexpr std::uint64_t gate_waiting = std::uint64_t{1} << 30;
+  static constexpr std::uint64_t gate_active = std::uint64_t{1} << 31;
+  std::atomic<std::uint64_t> gate{0};
 
   // ---- blocking waits: one condition variable for the whole group ---------------
   std::mutex mu;
@@ -98,9 +114,21 @@ struct __attribute__((visibility("hidden"))) group::impl {
   /// Records a failure (first one wins) and wakes everybody. Never throws.
   void fail(int kind, int replica, const std::string& msg) noexcept;
   /// Waits until ready() holds, spinning then yielding then blocking. Throws on
-  /// failure, or at the deadline after failing the group with describe()'s message.
+  /// failure, or at the deadline timeout_error with describe()'s message, after failing
+  /// the group with it when `fail_group`.
   template <class Ready, class Describe>
-  void wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe);
+  void wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe,
+            bool fail_group = true);
+  /// Enters the gate as a single call (the caller holds call_mu); throws timeout_error
+  /// at the deadline (without failing the group), or on failure. (group.cpp)
+  void enter_single(clock_type::time_point deadline, std::chrono::nanoseconds timeout, const call_desc& desc);
+  /// Leaves the gate as a single call and wakes the waiters. Never throws.
+  void leave_single() noexcept;
+  /// Enters the gate as replica `me`, whose next call number tells whether it joins a
+  /// collective that others have started. (group.cpp)
+  void enter_replica(int me, clock_type::time_point deadline, std::chrono::nanoseconds timeout);
+  /// Leaves the gate as a per-replica caller. Never throws.
+  void leave_replica() noexcept;
   /// Runs the programs of replicas `owned` of schedule `s` for call `seq`.
   void run_programs(const schedule& s, std::uint64_t seq, const int* owned, int nowned,
                     clock_type::time_point deadline, int me);
@@ -120,7 +148,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
   /// the others, checks that every replica posted the same call, runs its program and
   /// waits until nobody uses its buffers (group.cpp).
   void run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
-                   std::chrono::milliseconds timeout, clock_type::time_point deadline);
+                   std::chrono::nanoseconds timeout, clock_type::time_point deadline);
   /// The cached schedule for `key`.
   std::shared_ptr<const schedule> get_schedule(const schedule_key& key);
   /// Main loop of worker `index` (thread index + 1).
@@ -129,7 +157,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
 
 template <class Ready, class Describe>
 void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int me,
-                       const Describe& describe) {
+                       const Describe& describe, bool fail_group) {
   // Phase 1: spin. Cheapest when the awaited replica runs on another core right now.
   if (spin_us > 0) {
     const auto spin_end = clock_type::now() + std::chrono::microseconds(spin_us);
@@ -164,7 +192,7 @@ void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int 
     if (now >= deadline) {
       lk.unlock();
       const std::string msg = describe();
-      fail(timed_out, me, msg);
+      if (fail_group) fail(timed_out, me, msg);
       throw timeout_error(msg);
     }
     const auto slice = std::chrono::milliseconds(50);

@@ -7,6 +7,7 @@
 // this module carries no copy of the CUDA runtime of its own.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -181,10 +182,13 @@ collective parse_collective(const std::string& s) {
 }
 
 std::chrono::milliseconds to_ms(const py::object& seconds) {
-  if (seconds.is_none()) return std::chrono::milliseconds{0};
-  const double s = seconds.cast<double>();
-  if (!(s > 0)) throw py::value_error("timeout_seconds must be positive, got " + std::to_string(s));
-  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
+  const auto t = to_timeout(seconds);
+  if (t.count() == 0) return std::chrono::milliseconds{0};
+  // The GPU group keeps whole milliseconds and adds them to the clock: at least 1 ms,
+  // and "no timeout" as a century.
+  const auto century = std::chrono::hours(24 * 365 * 100);
+  if (t >= century) return std::chrono::duration_cast<std::chrono::milliseconds>(century);
+  return std::max(std::chrono::milliseconds{1}, std::chrono::ceil<std::chrono::milliseconds>(t));
 }
 
 // (pointer, elements, CUDA device or -1 for host memory) per replica.

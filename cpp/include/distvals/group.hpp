@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,12 +18,26 @@
 
 namespace distvals {
 
+/// A timeout that never expires: waits end only when the awaited replicas arrive, or on
+/// abort(), cancel(), close() or the interrupt hook. Longer timeouts are clamped to it.
+inline constexpr std::chrono::nanoseconds no_timeout = std::chrono::nanoseconds::max();
+
+/// `seconds` as a timeout: positive finite values rounded up to whole nanoseconds (so
+/// nothing positive becomes 0, which means "the default"), infinity and values too large
+/// for a duration become no_timeout. Returns 0 for NaN, zero and negative values (the
+/// caller decides whether that is an error). Never throws; any thread.
+DISTVALS_EXPORT std::chrono::nanoseconds timeout_from_seconds(double seconds) noexcept;
+
+/// Most replicas one group may have.
+inline constexpr int max_group_size = 1 << 16;
+
 /// Settings of a group. Every field has a usable default. A plain aggregate, read once
 /// by the group's constructor; any thread may build one.
 struct group_options {
-  /// Longest time any wait inside a collective may take before timeout_error.
-  /// Default 300 s; the environment variable DISTVALS_TIMEOUT_SECONDS overrides it.
-  std::chrono::milliseconds timeout{0};
+  /// Longest time any wait inside a collective may take before timeout_error, kept to
+  /// the nanosecond. 0: 300 s, or DISTVALS_TIMEOUT_SECONDS when it holds a positive
+  /// number ("inf" or anything too large for a duration: no_timeout); no_timeout: none.
+  std::chrono::nanoseconds timeout{0};
   /// Worker threads that run the single-call style (caller included).
   /// 0: min(replicas, hardware threads).
   int threads = 0;
@@ -58,6 +73,18 @@ struct call_desc {
   bool operator!=(const call_desc& o) const noexcept { return !(*this == o); }
 };
 
+/// Per-call settings of a per-replica call. A plain aggregate; any thread.
+struct replica_options {
+  /// Longest wait of this call; 0: the group's timeout; no_timeout: none.
+  std::chrono::nanoseconds timeout{0};
+  /// The logical shape of this replica's input, outermost dimension first; every
+  /// replica of a call must pass the same shape (mismatch_error names the first
+  /// difference). Null: a flat vector of `count` elements. Read during the call only.
+  const std::int64_t* shape = nullptr;
+  /// Number of dimensions in `shape` (0: a scalar). Ignored when `shape` is null.
+  int ndim = 0;
+};
+
 /// N replicas in one process that run collectives together.
 ///
 /// Two call styles:
@@ -66,7 +93,10 @@ struct call_desc {
 ///    are serialized.
 ///  - per replica: N threads, one per replica, each pass their own buffers; they meet,
 ///    check that they agree, and each executes its own part.
-/// A group runs one collective at a time; do not mix the styles concurrently.
+/// A group runs one collective at a time. The styles may be used from different threads
+/// at once: a single call waits until no per-replica call is in flight (per-replica calls
+/// that start a new collective wait for it meanwhile), and per-replica calls wait while a
+/// single call runs, each within its timeout.
 ///
 /// Every wait honours the timeout. A failure in one replica (timeout, abort) releases
 /// the others, which throw too; the group then stays aborted until reset().
@@ -76,8 +106,8 @@ struct call_desc {
 class DISTVALS_EXPORT group {
  public:
   /// A group of `replicas` CPU replicas ("CPU:0" .. "CPU:n-1"), with its worker
-  /// threads started. Throws invalid_argument_error when replicas < 1, and
-  /// std::system_error when a worker thread cannot be started.
+  /// threads started. Throws invalid_argument_error when replicas < 1 or above
+  /// max_group_size, and std::system_error when a worker thread cannot be started.
   explicit group(int replicas, group_options options = {});
   /// A group over the given devices (CPU only in this backend).
   /// Throws invalid_argument_error for duplicates, an empty list or a GPU device, and
@@ -131,14 +161,16 @@ class DISTVALS_EXPORT group {
   // ----- per-replica style: the thread of replica `replica` -----------------------
 
   /// Replica `replica`'s part of `desc`; blocks until the collective is complete for
-  /// this replica. All replicas must call with equal `desc` or every one of them throws
-  /// mismatch_error. `timeout` of zero means the group's timeout.
-  /// Call from one thread per replica, all N concurrently; never two threads for the
-  /// same replica. Throws invalid_argument_error or dtype_error (on every replica, when
-  /// any replica's buffers are bad, before any data is touched), mismatch_error,
-  /// timeout_error, aborted_error or closed_error.
+  /// this replica. All replicas must call with equal `desc` (and shapes, see
+  /// replica_options) or every one of them throws mismatch_error naming the first
+  /// difference. Call from one thread per replica, all N concurrently; never two threads
+  /// for the same replica. Throws invalid_argument_error or dtype_error (on every
+  /// replica, when any replica's buffers are bad or overlap another replica's, before any
+  /// data is touched), mismatch_error, timeout_error, aborted_error or closed_error.
+  void run(int replica, const call_desc& desc, buffer_view in, buffer_view out, const replica_options& options);
+  /// run() with only a timeout (0: the group's).
   void run(int replica, const call_desc& desc, buffer_view in, buffer_view out,
-           std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+           std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0});
 
   /// Replica `replica`'s part of the next per-replica collective when its arguments were
   /// found invalid before a call_desc could be built (a language binding's own checks):
@@ -148,7 +180,7 @@ class DISTVALS_EXPORT group {
   /// group stays usable. The other replicas call run() as usual. Same waits, timeout and
   /// failure exceptions as run().
   void report_invalid(int replica, const std::string& why, bool type_error,
-                      std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0});
 
   // ----- failure handling: any thread --------------------------------------------
 
