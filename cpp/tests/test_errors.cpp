@@ -394,4 +394,74 @@ TEST_CASE("a group larger than max_group_size is refused") {
   CHECK_THROWS_AS(group(-1), invalid_argument_error);
 }
 
+TEST_CASE("the C++ API states each thing once: typed views and per-replica calls") {
+  group g(3);
+  std::vector<std::vector<float>> grads(3, std::vector<float>(1000));
+  std::vector<std::vector<std::int32_t>> counts(3, std::vector<std::int32_t>(10));
+  for (std::size_t r = 0; r < grads.size(); ++r) {
+    for (std::size_t i = 0; i < grads[r].size(); ++i) grads[r][i] = static_cast<float>(r + 1) * 0.5f;
+    for (auto& c : counts[r]) c = static_cast<std::int32_t>(r);
+  }
+  std::vector<std::thread> ts;
+  std::vector<std::string> errs(3);
+  // A std::size_t replica index (the vector's own) and views that carry their dtype.
+  for (std::size_t r = 0; r < grads.size(); ++r) {
+    ts.emplace_back([&, r]() {
+      try {
+        auto v = view(grads[r].data(), grads[r].size());
+        g.all_reduce(r, v, v, reduce_op::sum);
+        std::vector<std::int32_t> all(30);
+        g.all_gather(r, view(static_cast<const std::int32_t*>(counts[r].data()), 10), view(all.data(), all.size()));
+        if (all[0] != 0 || all[10] != 1 || all[29] != 2) errs[r] = "all_gather wrong";
+      } catch (const std::exception& e) {
+        errs[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK_MSG(errs[r].empty(), errs[r]);
+    CHECK(grads[r][999] == 3.0f);
+  }
+  CHECK(view(static_cast<double*>(nullptr), 0).type == dtype::float64);
+  CHECK(view(static_cast<const std::uint8_t*>(nullptr), 0).type == dtype::uint8);
+  CHECK(view(static_cast<bfloat16_bits*>(nullptr), 0).type == dtype::bfloat16);
+  CHECK(dtype_of<std::int64_t>() == dtype::int64);
+  // An index that fits no int is out of range, not wrapped around to a valid one.
+  buffer a(4, dtype::float32);
+  CHECK_THROWS_AS(g.all_reduce(std::size_t{1} << 32, a.view(), a.view(), reduce_op::sum), invalid_argument_error);
+  CHECK_THROWS_AS(g.all_reduce(-1, a.view(), a.view(), reduce_op::sum), invalid_argument_error);
+}
+
+TEST_CASE("a call on an aborted group says so, names the original failure and the way out") {
+  group_options o;
+  o.timeout = 50ms;
+  group g(2, o);
+  buffer a(4, dtype::float32), b(4, dtype::float32);
+  std::string first;
+  try {
+    g.all_reduce(0, a.view(), a.view(), reduce_op::sum);  // replica 1 never comes
+  } catch (const timeout_error& e) {
+    first = e.what();
+  }
+  CHECK_MSG(contains(first, "replica(s) 1 never arrived"), first);
+  std::string later, original;
+  int origin = -2;
+  try {
+    g.all_reduce(0, a.view(), a.view(), reduce_op::sum);
+  } catch (const group_aborted_error& e) {
+    later = e.what();
+    original = e.original();
+    origin = e.replica();
+  }
+  CHECK_MSG(contains(later, "aborted since an earlier collective failed") && contains(later, "reset()") &&
+                contains(later, "never arrived"),
+            later);
+  CHECK(original == first);
+  CHECK(origin == 0);
+  CHECK_THROWS_AS(g.all_reduce({a.view(), b.view()}, {a.view(), b.view()}, reduce_op::sum), group_aborted_error);
+  g.reset();
+  g.all_reduce({a.view(), b.view()}, {a.view(), b.view()}, reduce_op::sum);
+}
+
 TEST_MAIN()

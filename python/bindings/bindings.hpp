@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,17 @@ void register_types(py::module_& m);
 void register_group(py::module_& m);
 void register_timing(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
+
+/// The group options' interrupt hook: on the main thread, runs Python's pending signal
+/// handlers; true (cancel the group) when one raised, which is kept for reraise_interrupt().
+bool interrupted();
+
+/// Raises what a signal handler raised during the last blocked call, if anything.
+void raise_pending_interrupt();
+
+/// Runs `call`, a single-call collective of `g`, without the GIL. After a timeout or an
+/// abort the group is reset at once (nobody else is inside) and the error raised.
+void run_single(distvals::group& g, const std::function<void()>& call);
 
 /// On the main thread, raises again (sets as the Python error) what a signal handler
 /// raised while a collective was blocked, or KeyboardInterrupt, and returns true; on

@@ -26,6 +26,8 @@ unsigned long main_thread_id = 0;
 // exception translator raises it again. Only the main thread touches it, with the GIL.
 py::error_already_set* pending_interrupt = nullptr;
 
+}  // namespace
+
 // Blocked waits call this every ~50 ms: on the main thread it lets Python run pending
 // signal handlers, so Ctrl-C cancels a long collective instead of waiting it out.
 bool interrupted() {
@@ -38,6 +40,8 @@ bool interrupted() {
   pending_interrupt = new py::error_already_set();
   return true;
 }
+
+namespace {
 
 std::string shape_str(const py::array& a) {
   std::string s = "(";
@@ -89,6 +93,8 @@ arrays collect(const group& g, const py::sequence& bufs, bool writable, const ch
   return out;
 }
 
+}  // namespace
+
 // A collective on the main thread may complete although a signal handler raised while
 // it waited (the data arrived in the same instant): the handler's exception is raised
 // anyway, so Ctrl-C is never lost.
@@ -96,30 +102,42 @@ void raise_pending_interrupt() {
   if (reraise_interrupt()) throw py::error_already_set();
 }
 
-// Runs the single-call style without the GIL. A failed collective leaves nobody inside
-// the group, so it is reset at once and stays usable.
-void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+void run_single(distvals::group& g, const std::function<void()>& call) {
+  // A failed single call leaves nobody of its own inside the group, so the group is
+  // reset at once and stays usable (unless per-replica callers wait at the gate, which
+  // then see the failure themselves).
+  auto reset = [&]() {
+    try {
+      if (!g.closed()) g.reset();
+    } catch (const std::logic_error&) {
+    }
+  };
   {
     py::gil_scoped_release nogil;
     try {
-      g.run(d, in, out);
+      call();
     } catch (const distvals::timeout_error&) {
-      if (!g.closed()) g.reset();
+      reset();
       throw;
     } catch (const distvals::aborted_error&) {
-      if (!g.closed()) g.reset();
+      reset();
       throw;
     }
   }
   if (pending_interrupt != nullptr && PyThread_get_thread_ident() == main_thread_id) {
-    // Completed, but the signal handler cancelled the group meanwhile: nobody is inside
-    // (this style runs one call at a time), so clear that as after any failure.
-    try {
-      if (g.aborted() && !g.closed()) g.reset();
-    } catch (const std::logic_error&) {
-    }
+    // Completed, but the signal handler cancelled the group meanwhile: clear that as
+    // after any failure.
+    if (g.aborted()) reset();
     raise_pending_interrupt();
   }
+}
+
+namespace {
+
+// Runs the single-call style without the GIL. A failed collective leaves nobody inside
+// the group, so it is reset at once and stays usable.
+void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  run_single(g, [&]() { g.run(d, in, out); });
 }
 
 py::array new_like(const py::array& a, distvals::dtype t, std::vector<py::ssize_t> shape) {
