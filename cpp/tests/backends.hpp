@@ -48,6 +48,9 @@ class backend {
   virtual void release() = 0;
   virtual void to_device(const buffer_view& dst, const void* host) = 0;
   virtual void to_host(void* host, const buffer_view& src) = 0;
+  /// Waits until every stream of the device(s) is idle (work enqueued on streams that
+  /// are gone included).
+  virtual void synchronize_all() {}
   /// The host model, for the tests that look at it (null elsewhere).
   virtual cuda::host_model* model() { return nullptr; }
   /// Devices available to GPU groups.
@@ -88,6 +91,7 @@ class model_backend final : public backend {
   bool gpu() const override { return true; }
   int devices() const override { return devices_; }
   cuda::host_model* model() override { return model_.get(); }
+  void synchronize_all() override { model_->synchronize_all(); }
   std::unique_ptr<group> make_group(int n, group_options o = {}, std::vector<int> gpus = {}) override {
     if (gpus.empty()) gpus.assign(static_cast<std::size_t>(n), 0);
     std::vector<device> names(static_cast<std::size_t>(n));
@@ -121,6 +125,10 @@ class model_backend final : public backend {
 };
 
 #if DISTVALS_HAS_CUDA
+}  // namespace distvals_test
+#include "distvals/cuda/error.hpp"
+namespace distvals_test {
+
 class cuda_backend final : public backend {
  public:
   std::string name() const override { return "cuda"; }
@@ -145,8 +153,15 @@ class cuda_backend final : public backend {
     return cuda::device_view(big_.back().data(), count, t, gpu);
   }
   void release() override {
+    synchronize_all();
     for (auto& [gpu, a] : arenas_) a.used = 0;
     big_.clear();
+  }
+  void synchronize_all() override {
+    for (int d = 0; d < cuda::device_count(); ++d) {
+      DISTVALS_CUDA_TRY(cudaSetDevice(d));
+      DISTVALS_CUDA_TRY(cudaDeviceSynchronize());
+    }
   }
   void to_device(const buffer_view& dst, const void* host) override {
     cuda::copy(dst.data, host, dst.bytes(), dst.dev.index);

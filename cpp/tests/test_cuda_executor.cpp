@@ -183,6 +183,24 @@ TEST_CASE("back-to-back calls alternating two caller streams stay in order") {
   no_hazards("alternating streams");
 }
 
+TEST_CASE("a caller stream destroyed and made again at the same address still follows the previous call") {
+  // Ordering goes through the previous call's join event, never through a comparison
+  // of stream handles, which a new stream may reuse.
+  auto g = B->make_group(2);
+  const std::size_t count = is_model() ? 50000 : (4u << 20);
+  auto v = floats(*g, count, [](int r, std::size_t) { return r == 0 ? 1.0f : 0.0f; });
+  const int calls = 6;
+  for (int i = 0; i < calls; ++i) {
+    void* s = new_stream(0);
+    enqueue(*g, all_reduce_desc(count), v, v, s, 0);
+    rt().stream_destroy(s);  // at once: the call may still run, as CUDA allows
+  }
+  B->synchronize_all();
+  const float want = std::pow(2.0f, static_cast<float>(calls - 1));
+  for (int r = 0; r < 2; ++r) CHECK(host(v[r])[count - 1] == want);
+  no_hazards("re-created streams");
+}
+
 TEST_CASE("a synchronous call follows the work queued on a replica's stream") {
   if (!is_model()) return;  // needs a slow producer, which the host model provides
   auto g = B->make_group(2);

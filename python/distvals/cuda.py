@@ -11,7 +11,9 @@ they are, without a copy (``as_device_array``).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Tuple, Union
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from . import _core, config
 __all__ = [
     "CudaReplicaGroup",
     "DeviceArray",
+    "OutputCache",
     "as_device_array",
     "cuda_array_interface",
     "device_count",
@@ -282,6 +285,56 @@ class DeviceArray:
             raise BufferError(f"a DeviceArray on CUDA device {self._device} cannot be exported to {dl_device}")
         src = self.copy() if copy else self
         return _require_backend().to_dlpack(src, src._ptr, list(src._shape), src._dtype.name, src._device)
+
+
+class OutputCache:
+    """New arrays for results (all_gather, reduce_scatter, element-wise updates), their
+    device memory reused once the caller has dropped the arrays handed out before: no
+    device allocation in the steady state.
+
+    The engine orders its calls one after another on the device, so a reused buffer is
+    written only after the collective that last wrote it; work the caller queued on its
+    own streams on an array it then dropped is the caller's to finish first (as with
+    any caching allocator)."""
+
+    def __init__(self) -> None:
+        self._free: Dict[Tuple[Any, ...], List[Any]] = {}
+        self._lent: List[Tuple[Tuple[Any, ...], Any, "weakref.ref[DeviceArray]"]] = []
+        self._lock = threading.Lock()  # per-replica callers ask from their own threads
+
+    def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        with self._lock:
+            return self._get(shape, dtype, device)
+
+    def _get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        key = (shape, dtype.str, device)
+        # Buffers whose arrays the caller has dropped come back to the free lists.
+        still = []
+        for k, owner, ref in self._lent:
+            if ref() is None:
+                self._free.setdefault(k, []).append(owner)
+            else:
+                still.append((k, owner, ref))
+        self._lent = still
+        free = self._free.get(key)
+        # Only memory of the backend in use now (tests swap in simulated ones).
+        kind = _require_backend().DeviceBuffer
+        while free and not isinstance(free[-1], kind):
+            free.pop()
+        if free:
+            owner = free.pop()
+            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
+        else:
+            arr = DeviceArray(shape, dtype, device)
+            owner = arr._owner
+            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
+        self._lent.append((key, owner, weakref.ref(arr)))
+        return arr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._lent.clear()
 
 
 def empty(shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0) -> DeviceArray:

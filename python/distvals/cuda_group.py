@@ -16,12 +16,10 @@ root) and then launches the collective once, for all of them.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _core, config, options
-from .cuda import DeviceArray, as_device_array, unavailable_reason
+from .cuda import DeviceArray, OutputCache, as_device_array, unavailable_reason
 
 __all__ = ["CudaReplicaGroup"]
 
@@ -104,58 +102,13 @@ _REDUCE_SCATTER = _Signature("replica_reduce_scatter", ("replica", _REQUIRED), (
                              ("timeout_seconds", None))
 
 
-class _Outputs:
-    """The arrays returned by all_gather and reduce_scatter, reused from call to call once
-    the caller has dropped the previous ones: no device allocation in the steady state.
-
-    The engine orders its calls one after another on the device, so a reused buffer is
-    written only after the collective that last wrote it; work the caller queued on its
-    own streams on an array it then dropped is the caller's to finish first (as with
-    any caching allocator)."""
-
-    def __init__(self) -> None:
-        self._free: Dict[Tuple[Any, ...], List[Any]] = {}
-        self._lent: List[Tuple[Tuple[Any, ...], Any, "weakref.ref[DeviceArray]"]] = []
-        self._lock = threading.Lock()  # per-replica callers ask from their own threads
-
-    def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
-        with self._lock:
-            return self._get(shape, dtype, device)
-
-    def _get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
-        key = (shape, dtype.str, device)
-        # Buffers whose arrays the caller has dropped come back to the free lists.
-        still = []
-        for k, owner, ref in self._lent:
-            if ref() is None:
-                self._free.setdefault(k, []).append(owner)
-            else:
-                still.append((k, owner, ref))
-        self._lent = still
-        free = self._free.get(key)
-        if free:
-            owner = free.pop()
-            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
-        else:
-            arr = DeviceArray(shape, dtype, device)
-            owner = arr._owner
-            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
-        self._lent.append((key, owner, weakref.ref(arr)))
-        return arr
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._lent.clear()
-
-
 class CudaReplicaGroup:
     """N replicas on GPUs: ``CudaReplicaGroup(["GPU:0", "GPU:1"])``.
 
     ``"GPU:k"`` is a logical GPU on CUDA device ``k // distvals.config.get_logical_gpus()``,
     so several replicas may share one GPU. Arrays must live on their replica's CUDA
     device; ``all_reduce``, ``reduce`` and ``broadcast`` work in place, ``all_gather`` and
-    ``reduce_scatter`` return DeviceArrays (reused once dropped, see ``_Outputs``).
+    ``reduce_scatter`` return DeviceArrays (reused once dropped, see ``OutputCache``).
     """
 
     def __init__(self, devices: Sequence[str], *, timeout_seconds: Optional[float] = None,
@@ -167,7 +120,7 @@ class CudaReplicaGroup:
         timeout_seconds = options.parse_timeout_seconds(timeout_seconds)
         self._group = backend.Group(names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access)
         self._gpus: List[int] = list(self._group.gpus)
-        self._outputs = _Outputs()
+        self._outputs = OutputCache()
         self._streams: Dict[int, int] = {}  # replica -> the group's stream on its device
 
     # ---- description ---------------------------------------------------------------

@@ -380,16 +380,20 @@ def _close_pairs() -> None:
                 pass
         _pairs.clear()
         _minus_ones.clear()
+        _results.clear()
 
 
 def _raw(a: Any) -> Tuple[int, int, int]:
     return (a.ptr, a.size, a.device)
 
 
+_results = _cuda.OutputCache()  # the arrays element-wise updates return, reused once dropped
+
+
 def _pair_reduce(a: Any, b: Any, op: str) -> Any:
     """A new array ``a op b`` (element-wise) on ``a``'s GPU: a reduce to replica 0, which
     writes only ``out`` (no scratch array for the other replica's result)."""
-    out = _cuda.DeviceArray(a.shape, a.dtype, a.device)
+    out = _results.get(a.shape, a.dtype, a.device)
     if not a.size:
         return out
     _pair_group(a.device).run("reduce", a.dtype.name, op, "direct", 0, [_raw(a), _raw(b)],
