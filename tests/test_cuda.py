@@ -368,6 +368,16 @@ def test_all_gather_outputs_are_reused_once_dropped(sim):
         np.testing.assert_array_equal(kept[1].numpy(), again[1].numpy())
 
 
+def test_results_of_a_call_enqueued_on_a_stream_name_that_stream(sim):
+    with _sim_group() as g:
+        xs = [dvc.to_device(np.full(3, r, np.float32), 0) for r in range(2)]
+        outs = g.all_gather(xs, stream=0x77)
+        assert all(o.__cuda_array_interface__["stream"] == 0x77 for o in outs)
+        assert all(o.producer_stream == (0x77, 0) for o in outs)
+        done = g.all_gather(xs)  # synchronous: complete on return
+        assert all(o.__cuda_array_interface__["stream"] is None for o in done)
+
+
 def test_gpu_per_replica_calls_meet_in_the_engine(sim):
     with _sim_group(3) as g:
         host = [np.arange(5, dtype=np.float32) + r for r in range(3)]

@@ -267,8 +267,10 @@ class DeviceArray:
             "strides": None,
             "version": 3,
             # Everything distvals does without an explicit stream has finished when it
-            # returns, so consumers need not synchronize.
-            "stream": None,
+            # returns, so consumers need not synchronize; an array still being written on
+            # a stream (a collective enqueued with stream=) names it (0, the legacy
+            # default stream, is 1 in this protocol).
+            "stream": None if self._stream is None else (self._stream[0] or 1),
         }
 
     def __dlpack_device__(self) -> Tuple[int, int]:

@@ -242,7 +242,7 @@ class CudaReplicaGroup:
         gathered = (self.size,) if not shape else (shape[0] * self.size,) + shape[1:]
         outs = [self._outputs.get(gathered, ins[0].dtype, g) for g in self._gpus]
         self._run("all_gather", ins, outs, "sum", "direct", 0, s)
-        return outs
+        return self._written_on(outs, s)
 
     def reduce_scatter(self, buffers: Sequence[Any], op: str = "sum", stream: Any = None) -> List[DeviceArray]:
         """New arrays: replica r gets block r (of N along axis 0) of the reduction."""
@@ -251,6 +251,16 @@ class CudaReplicaGroup:
         part = self._scattered(ins[0].shape, None)
         outs = [self._outputs.get(part, ins[0].dtype, g) for g in self._gpus]
         self._run("reduce_scatter", ins, outs, op, "direct", 0, s)
+        return self._written_on(outs, s)
+
+    @staticmethod
+    def _written_on(outs: List[DeviceArray], stream: Tuple[Optional[int], int]) -> List[DeviceArray]:
+        """New results of a call enqueued on a caller's stream are still being written
+        there: they say so through __cuda_array_interface__ (its ``stream``) and
+        ``producer_stream``, so that a consumer orders itself after that stream."""
+        if stream[0] is not None:
+            for o in outs:
+                o._stream = (stream[0], o.device)
         return outs
 
     def _scattered(self, shape: Tuple[int, ...], replica: Optional[int]) -> Tuple[int, ...]:

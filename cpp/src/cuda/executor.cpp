@@ -359,7 +359,7 @@ void cuda_executor::run(const call& c) {
     if (all_peer_) {
       for (int d = 0; d < nd; ++d) {
         scope.set(devs_[d].gpu);
-        cuda::launch_args a;
+        cuda::launch_args a{};
         fill_args(a, c, d, nd, devs_[d].sms);
         rt_.launch(a, x[d]);
       }
@@ -476,7 +476,7 @@ void cuda_executor::staged_launch(const call& c, cuda::stream_t s, cuda::device_
   char* base = static_cast<char*>(scratch_);
   // Step 2: copy in, each copy naming the device that holds its source, and point the
   // kernel at the scratch regions.
-  cuda::launch_args a;
+  cuda::launch_args a{};
   fill_args(a, c, 0, 1, devs_[0].sms);
   for (int r = 0; r < m_.n; ++r) {
     const staging& p = plan[r];
