@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The C++ engine and its tests under the sanitizers and valgrind:
 #   asan        AddressSanitizer + UndefinedBehaviorSanitizer (DISTVALS_SANITIZE=address,undefined)
-#   tsan        ThreadSanitizer (DISTVALS_SANITIZE=thread)
+#   tsan        ThreadSanitizer (DISTVALS_SANITIZE=thread); with the CUDA executor's tests on
+#               the host model of the CUDA runtime (test_collectives model,
+#               test_cuda_executor model), whose streams are threads: an ordering bug in
+#               the executor is a data race here
 #   memcheck    valgrind memcheck over a plain optimized build (skipped without valgrind)
 # each built into its own folder under _build/ and run through ctest, and
 #   python-asan the Python package built with address,undefined into its own venv, and
@@ -83,11 +86,14 @@ memcheck() {
             --errors-for-leak-kinds=definite --show-leak-kinds=definite --track-origins=no
             --fair-sched=yes --quiet)
   local t
-  for t in test_schedule test_errors test_faults test_collectives; do
-    local exe="$dir/cpp/tests/$t"
+  for t in "test_schedule" "test_errors" "test_faults" "test_collectives cpu" "test_collectives model" \
+           "test_cuda_executor model"; do
+    local exe="$dir/cpp/tests/${t%% *}" args=""
+    [[ "$t" == *" "* ]] && args="${t#* }"
     [ -x "$exe" ] || continue
     printf -- '-- valgrind %s\n' "$t"
-    DISTVALS_TEST_QUICK=1 timeout 900 "${vg[@]}" "$exe" || { status=$?; printf 'FAILED: %s (exit %s)\n' "$t" "$status"; }
+    # shellcheck disable=SC2086
+    DISTVALS_TEST_QUICK=1 timeout 900 "${vg[@]}" "$exe" $args || { status=$?; printf 'FAILED: %s (exit %s)\n' "$t" "$status"; }
   done
   log "memcheck: exit status $status after $((SECONDS - t0)) s"
   return "$status"

@@ -9,7 +9,11 @@ out-of-bounds copy or overlapping outputs fail loudly, as the real backend would
 refuse them). Collectives compute with numpy in the buffers' dtype.
 
 It checks the Python layer (placement, packing, which buffers reach which collective);
-the CUDA kernels themselves are tested by the ``gpu`` tests on a real GPU.
+the CUDA executor itself is tested on the host model of the CUDA runtime by the C++ tests
+(cpp/tests/test_cuda_executor.cpp), and the kernels by the ``gpu`` tests on a real GPU.
+The per-replica calls meet in a small meeting point of this module, standing in for the
+engine's, with the same rules: every replica checks every posted call, a replica's bad
+arguments reach all of them, and replica 0 runs the collective for all.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class SimulatedCuda:
         self._lock = threading.Lock()
         self._allocs: Dict[int, Tuple[int, int, np.ndarray]] = {}  # ptr -> (end, gpu, storage)
         self.calls: List[Tuple[str, str, str, Tuple[int, ...]]] = []  # (kind, dtype, op, gpus)
+        self.waited: List[Tuple[int, int]] = []  # producer streams the collectives were told to follow
+        self.allocations = 0  # DeviceBuffers made, to see what the hot paths allocate
         backend = self
 
         class DeviceBuffer:
@@ -54,6 +60,7 @@ class SimulatedCuda:
                 self.nbytes = int(nbytes)
                 self.gpu = int(gpu)
                 self.ptr = backend._allocate(self.nbytes, self.gpu) if self.nbytes else 0
+                backend.allocations += 1
 
             def __del__(self) -> None:
                 if getattr(self, "ptr", 0):
@@ -155,6 +162,10 @@ class _SimulatedGroup:
         self.aborted = False
         self.closed = False
         self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._posts: Dict[int, Dict[str, Any]] = {}
+        self._round = 0
+        self._result: Optional[BaseException] = None
 
     def _check(self, r: int, buf: Tuple[int, int, int], itemsize: int, what: str) -> None:
         ptr, count, gpu = buf
@@ -169,7 +180,9 @@ class _SimulatedGroup:
             raise ValueError(f"replica {r}: {what} is not aligned to its {itemsize}-byte elements")
 
     def run(self, kind: str, dtype: str, op: str, algorithm: str, root: int, ins: Sequence[Tuple[int, int, int]],
-            outs: Sequence[Tuple[int, int, int]], stream: Any = None, stream_device: int = -1) -> None:
+            outs: Sequence[Tuple[int, int, int]], stream: Any = None, stream_device: int = -1,
+            wait_for: Sequence[Tuple[int, int]] = ()) -> None:
+        self._b.waited.extend(wait_for)
         if self.closed:
             raise _core.ClosedError("distvals: the group is closed")
         if self.aborted:
@@ -242,20 +255,89 @@ class _SimulatedGroup:
                 return np.max(stack, axis=0)
         raise ValueError(f"unknown op {op!r}")
 
+    # ---- the per-replica style -------------------------------------------------------------
+    def _meet(self, replica: int, post: Dict[str, Any], timeout_seconds: Optional[float]) -> None:
+        """Posts replica `replica`'s call and waits for every replica's; replica 0 runs the
+        collective for all, the others wait for it; every replica raises the same error."""
+        timeout = self.timeout_seconds if timeout_seconds is None else float(timeout_seconds)
+        with self._cv:
+            if self.closed:
+                raise _core.ClosedError("distvals: the group is closed")
+            if self.aborted:
+                raise _core.AbortedError("distvals: the group is aborted")
+            rnd = self._round
+            self._posts[replica] = post
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda: len(self._posts) == self.size or self._round != rnd or self.aborted,
+                                     timeout):
+                self.aborted = True
+                self._cv.notify_all()
+                missing = sorted(set(range(self.size)) - set(self._posts))
+                raise _core.CollectiveTimeoutError(f"distvals: replica(s) {missing} never arrived")
+            if self.aborted and self._round == rnd:
+                raise _core.AbortedError("distvals: the group is aborted")
+            if replica == 0:
+                posts = [self._posts[r] for r in range(self.size)]
+                self._result = None
+                try:
+                    self._agree(posts)
+                    p0 = posts[0]
+                    self.run(p0["kind"], p0["dtype"], p0["op"], p0["algorithm"], p0["root"],
+                             [p["input"] for p in posts], [p["output"] for p in posts])
+                except BaseException as e:  # every replica raises it
+                    self._result = e
+                self._posts = {}
+                self._round += 1
+                self._cv.notify_all()
+                result = self._result
+            else:
+                self._cv.wait_for(lambda: self._round != rnd or self.aborted, timeout)
+                result = self._result
+        if result is not None:
+            raise result
+
+    @staticmethod
+    def _agree(posts: List[Dict[str, Any]]) -> None:
+        for r, p in enumerate(posts):
+            if "error" in p:
+                why, type_error = p["error"]
+                raise (TypeError if type_error else ValueError)(why + f" (reported by replica {r})")
+        keys = ("kind", "dtype", "shape", "op", "root", "algorithm")
+        for r, p in enumerate(posts[1:], start=1):
+            for k in keys:
+                if p[k] != posts[0][k]:
+                    raise _core.MismatchError(
+                        f"distvals: replicas called different collectives: replica 0 passed {k} {posts[0][k]}, "
+                        f"replica {r} passed {k} {p[k]}"
+                    )
+
+    def replica_run(self, replica: int, kind: str, dtype: str, op: str, algorithm: str, root: int,
+                    input: Tuple[int, int, int], output: Tuple[int, int, int], shape: Sequence[int],
+                    timeout_seconds: Optional[float] = None, wait_stream: Any = None, wait_device: int = -1) -> None:
+        self._meet(replica, dict(kind=kind, dtype=dtype, op=op, algorithm=algorithm if kind == "all_reduce" else "direct",
+                                 root=root, input=input, output=output, shape=tuple(shape)), timeout_seconds)
+
+    def report_invalid(self, replica: int, why: str, type_error: bool, timeout_seconds: Optional[float] = None) -> None:
+        self._meet(replica, dict(error=(why, type_error)), timeout_seconds)
+
     def abort(self, replica: int, why: str) -> None:
-        self.aborted = True
+        with self._cv:
+            self.aborted = True
+            self._cv.notify_all()
 
     def cancel(self) -> None:
-        pass
+        self.abort(-1, "cancelled")
 
     def reset(self) -> None:
-        self.aborted = False
+        with self._cv:
+            self.aborted = False
+            self._posts = {}
 
     def close(self) -> None:
         self.closed = True
 
     def replica_stream(self, replica: int) -> int:
-        return 0
+        return 0x1000 + self.gpus[replica]  # a stand-in handle: never dereferenced
 
     def direct_access(self, a: int, b: int) -> bool:
         return True

@@ -5,7 +5,8 @@ Tests marked ``gpu`` run every collective on GPU replicas (logical replicas of o
 poisoned first and every replica checked; they skip with the reason when
 ``distvals.cuda.device_count()`` is 0. The others run everywhere: the build and the
 no-GPU behaviour, the device-array protocols (with a pointer that is never
-dereferenced), logical GPU mapping and the per-replica meeting point.
+dereferenced), logical GPU mapping, and the Python layer of GPU groups over the
+simulated backend of ``simulated_cuda`` (streams, reused outputs, per-replica calls).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import pytest
 import distvals as dv
 from distvals import _core, config
 from distvals import cuda as dvc
-from distvals._rendezvous import Rendezvous
+from distvals import cuda_group
 from distvals.cuda_group import _stream_arg
 from conftest import distinct_values, reference, tolerance
+from simulated_cuda import CoreWithBackend, SimulatedCuda
 
 try:
     import ml_dtypes  # noqa: F401
@@ -265,7 +267,7 @@ def test_stream_arguments_of_every_kind():
         _stream_arg("default")
 
 
-# ---- the per-replica meeting point ---------------------------------------------------------------
+# ---- the Python layer of GPU groups, on the simulated backend ----------------------------------------
 
 
 def _in_threads(n, fn):
@@ -286,86 +288,140 @@ def _in_threads(n, fn):
     return results, errors
 
 
-def _sum_all(arrays):
-    total = np.sum(np.stack(arrays), axis=0)
-    return [total + r for r in range(len(arrays))]
+@pytest.fixture
+def sim(monkeypatch):
+    """Two simulated GPUs behind distvals.cuda and CudaReplicaGroup."""
+    backend = SimulatedCuda(2)
+    core = CoreWithBackend(backend)
+    monkeypatch.setattr(dvc, "_core", core)
+    monkeypatch.setattr(cuda_group, "_core", core)
+    before = config.get_logical_gpus()
+    config.set_logical_gpus(4)
+    yield backend
+    config.set_logical_gpus(before)
 
 
-@pytest.mark.parametrize("n", [1, 2, 5])
-def test_rendezvous_runs_once_and_hands_each_replica_its_part(n):
-    meet = Rendezvous(n, 10.0)
-    calls = []
-    for it in range(3):  # back-to-back rounds reuse the meeting point
-        vals = distinct_values(n, (5,), "float64", seed=it)
-
-        def run(arrays):
-            calls.append(len(arrays))
-            return _sum_all(arrays)
-
-        results, errors = _in_threads(n, lambda r: meet.meet(r, ("sum", (5,)), vals[r], run))
-        assert errors == [None] * n
-        want = reference(vals, "sum")
-        for r in range(n):
-            np.testing.assert_allclose(results[r], want + r, err_msg=f"replica {r}")
-    assert calls == [n, n, n]
+def _sim_group(n=2):
+    return cuda_group.CudaReplicaGroup([f"GPU:{k}" for k in range(n)], timeout_seconds=20)
 
 
-def test_rendezvous_mismatch_reaches_every_replica():
-    meet = Rendezvous(3, 10.0)
-    _, errors = _in_threads(3, lambda r: meet.meet(r, ("sum", (4,) if r != 2 else (5,)), r, _sum_all))
-    for r, e in enumerate(errors):
-        assert isinstance(e, dv.MismatchError), f"replica {r}: {e!r}"
-        assert "replica 2" in str(e)
+class _TorchBf16Like:
+    """A CUDA tensor whose __cuda_array_interface__ raises TypeError (as torch does for
+    bfloat16) but which speaks CUDA DLPack."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    @property
+    def __cuda_array_interface__(self):
+        raise TypeError("dtype bfloat16 has no array interface typestr")
+
+    def __dlpack__(self, **kw):
+        return self._inner.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._inner.__dlpack_device__()
 
 
-def test_rendezvous_bad_argument_of_one_replica_reaches_all():
-    meet = Rendezvous(3, 10.0)
+@pytest.mark.skipif(not _core.has_cuda, reason="built without the CUDA backend")
+def test_an_array_interface_that_raises_falls_back_to_dlpack():
+    from distvals import devices
 
-    def call(r):
-        err = ValueError("replica 1: the array is read-only") if r == 1 else None
-        return meet.meet(r, ("sum",), r, _sum_all, error=err)
-
-    _, errors = _in_threads(3, call)
-    for r, e in enumerate(errors):
-        assert isinstance(e, ValueError) and "replica 1" in str(e), f"replica {r}: {e!r}"
-
-
-def test_rendezvous_times_out_naming_the_missing_replica():
-    meet = Rendezvous(3, 10.0)
-    _, errors = _in_threads(2, lambda r: meet.meet(r, ("sum",), r, _sum_all, timeout_seconds=0.3))
-    for r, e in enumerate(errors):
-        assert isinstance(e, dv.CollectiveTimeoutError), f"replica {r}: {e!r}"
-        assert "replica(s) 2 never arrived" in str(e)
-    assert meet.failed
-    meet.reset()
-    assert not meet.failed
+    src = _fake((5,), np.float32, device=2)
+    x = _TorchBf16Like(src)
+    a = dvc.as_device_array(x)
+    assert (a.ptr, a.shape, a.device) == (FAKE_PTR, (5,), 2)
+    assert devices.is_device_array(x), "a CUDA tensor must not be taken for host data"
+    assert dvc.cuda_array_interface(x) is None
 
 
-def test_rendezvous_abort_releases_waiters_naming_the_replica():
-    meet = Rendezvous(3, 30.0)
-    timer = threading.Timer(0.2, meet.abort, args=(2, "replica 2 raised"))
-    timer.start()
-    try:
-        _, errors = _in_threads(2, lambda r: meet.meet(r, ("sum",), r, _sum_all))
-    finally:
-        timer.cancel()
-    for r, e in enumerate(errors):
-        assert isinstance(e, dv.AbortedError), f"replica {r}: {e!r}"
-        assert e.replica == 2 and "replica 2 raised" in str(e)
-    with pytest.raises(dv.AbortedError):
-        meet.meet(0, ("sum",), 0, _sum_all)  # stays aborted until reset
-    meet.reset()
+def test_a_producer_stream_is_waited_for_on_the_device_not_the_host(sim, monkeypatch):
+    synced = []
+    monkeypatch.setattr(sim, "synchronize_stream", lambda *a, **k: synced.append(a))
+    with _sim_group() as g:
+        bufs = [dvc.to_device(np.arange(4.0) + r, 0) for r in range(2)]
+        produced = [_CAI(dict(b.__cuda_array_interface__, stream=0x5150 + r)) for r, b in enumerate(bufs)]
+        g.all_reduce(produced)
+        assert synced == [], "a collective must not wait on the host for the producer's stream"
+        assert sorted(sim.waited) == [(0x5150, 0), (0x5151, 0)]
+        np.testing.assert_array_equal(bufs[1].numpy(), np.arange(4.0) * 2 + 1)
+    # Without a consumer stream (a plain conversion) the host still waits, as before.
+    dvc.as_device_array(produced[0])
+    assert synced == [(0x5150, 0)]
 
 
-def test_rendezvous_failure_in_the_collective_reaches_every_replica():
-    meet = Rendezvous(2, 10.0)
+def test_all_gather_outputs_are_reused_once_dropped(sim):
+    with _sim_group() as g:
+        xs = [dvc.to_device(np.full(3, r, np.float32), 0) for r in range(2)]
+        outs = g.all_gather(xs)
+        np.testing.assert_array_equal(outs[1].numpy(), [0, 0, 0, 1, 1, 1])
+        del outs
+        before = sim.allocations
+        for _ in range(5):
+            outs = g.all_gather(xs)
+            np.testing.assert_array_equal(outs[0].numpy(), [0, 0, 0, 1, 1, 1])
+            del outs
+        assert sim.allocations == before, "steady-state all_gather allocated device memory"
+        kept = g.all_gather(xs)  # still held: the next call gets fresh buffers
+        again = g.all_gather(xs)
+        assert kept[0].ptr != again[0].ptr
+        np.testing.assert_array_equal(kept[1].numpy(), again[1].numpy())
 
-    def boom(arrays):
-        raise dv.CudaError("distvals: CUDA call `cudaMemcpyAsync` failed")
 
-    _, errors = _in_threads(2, lambda r: meet.meet(r, ("sum",), r, boom))
-    for r, e in enumerate(errors):
-        assert isinstance(e, dv.CudaError), f"replica {r}: {e!r}"
+def test_results_of_a_call_enqueued_on_a_stream_name_that_stream(sim):
+    with _sim_group() as g:
+        xs = [dvc.to_device(np.full(3, r, np.float32), 0) for r in range(2)]
+        outs = g.all_gather(xs, stream=0x77)
+        assert all(o.__cuda_array_interface__["stream"] == 0x77 for o in outs)
+        assert all(o.producer_stream == (0x77, 0) for o in outs)
+        done = g.all_gather(xs)  # synchronous: complete on return
+        assert all(o.__cuda_array_interface__["stream"] is None for o in done)
+
+
+def test_gpu_per_replica_calls_meet_in_the_engine(sim):
+    with _sim_group(3) as g:
+        host = [np.arange(5, dtype=np.float32) + r for r in range(3)]
+        bufs = [dvc.to_device(h, 0) for h in host]
+        _, errors = _in_threads(3, lambda r: g.replica_all_reduce(r, bufs[r], op="max"))
+        assert errors == [None] * 3
+        for b in bufs:
+            np.testing.assert_array_equal(b.numpy(), host[2])
+        gathered, errors = _in_threads(3, lambda r: g.replica_all_gather(r, dvc.to_device(host[r], 0)))
+        assert errors == [None] * 3
+        for r, x in enumerate(gathered):
+            np.testing.assert_array_equal(x.numpy(), np.concatenate(host), err_msg=f"replica {r}")
+
+
+@pytest.mark.parametrize("bad,kind,other", [
+    (dict(op=None), TypeError, TypeError),
+    (dict(opp="sum"), TypeError, TypeError),
+    (dict(timeout_seconds="5"), TypeError, TypeError),
+    (dict(array=[1.0, 2.0]), TypeError, TypeError),
+    (dict(replica=7), ValueError, dv.AbortedError),
+])
+def test_gpu_per_replica_failures_before_the_meeting_reach_every_replica(sim, bad, kind, other):
+    with _sim_group(2) as g:
+        good = dvc.to_device(np.arange(4, dtype=np.float32), 0)
+
+        def call(r):
+            if r == 0:
+                return g.replica_all_reduce(0, good)
+            kwargs = dict(replica=1, array=dvc.to_device(np.ones(4, np.float32), 0))
+            kwargs.update(bad)
+            return g.replica_all_reduce(**kwargs)
+
+        _, errors = _in_threads(2, call)
+        assert isinstance(errors[1], kind), errors[1]
+        assert isinstance(errors[0], other), errors[0]
+        np.testing.assert_array_equal(good.numpy(), np.arange(4, dtype=np.float32))
+
+
+def test_gpu_per_replica_shapes_must_agree(sim):
+    with _sim_group(2) as g:
+        parts = [dvc.to_device(np.zeros((2, 3), np.float32), 0), dvc.to_device(np.zeros((3, 2), np.float32), 0)]
+        _, errors = _in_threads(2, lambda r: g.replica_all_gather(r, parts[r]))
+        for r, e in enumerate(errors):
+            assert isinstance(e, dv.MismatchError), (r, e)
 
 
 # ---- on a GPU: every collective, against a float64 reference -------------------------------------
@@ -577,6 +633,68 @@ def test_gpu_torch_tensors_are_taken_without_copies():
         np.testing.assert_allclose(x.cpu().numpy(), want, err_msg=f"replica {r}")
     t = torch.from_dlpack(dvc.to_device(np.arange(5, dtype=np.float32), 0))
     np.testing.assert_array_equal(t.cpu().numpy(), np.arange(5, dtype=np.float32))
+
+
+@gpu
+@needs_gpu
+def test_gpu_torch_bfloat16_tensors_go_through_dlpack():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    xs = [torch.full((1000,), r + 1.5, dtype=torch.bfloat16, device="cuda:0") for r in range(2)]
+    _group(2).all_reduce(xs)
+    for r, x in enumerate(xs):
+        np.testing.assert_array_equal(x.float().cpu().numpy(), np.full(1000, 4.0), err_msg=f"replica {r}")
+
+
+@gpu
+@needs_gpu
+def test_gpu_tensors_still_written_on_a_torch_stream_are_waited_for():
+    """Under torch.cuda.stream(s) the tensors are written on s; the collective must start
+    after that work (through DLPack's stream handshake), not read half-written data."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    g = _group(2)
+    s = torch.cuda.Stream()
+    xs = [torch.zeros(1 << 22, device="cuda:0") for _ in range(2)]
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # keeps s busy for tens of milliseconds
+        for r, x in enumerate(xs):
+            x.fill_(r + 1)
+        g.all_reduce(xs)
+    torch.cuda.synchronize()
+    for r, x in enumerate(xs):
+        np.testing.assert_array_equal(x.cpu().numpy()[::4099], 3.0, err_msg=f"replica {r}")
+
+
+@gpu
+@needs_gpu
+def test_gpu_cupy_arrays_on_a_cupy_stream_are_waited_for_without_a_host_sync():
+    cp = pytest.importorskip("cupy")
+    g = _group(2)
+    with cp.cuda.Stream(non_blocking=True):
+        xs = [cp.full(1 << 22, r + 1, dtype=cp.float32) for r in range(2)]
+        g.all_reduce(xs)
+    cp.cuda.Device(0).synchronize()
+    for r, x in enumerate(xs):
+        np.testing.assert_array_equal(cp.asnumpy(x)[::4099], 3.0, err_msg=f"replica {r}")
+
+
+@gpu
+@needs_gpu
+def test_gpu_back_to_back_calls_on_two_caller_streams_stay_in_order():
+    g = _group(2)
+    host = [np.full(1 << 20, 1.0 if r == 0 else 0.0, np.float32) for r in range(2)]
+    bufs = [dvc.to_device(h, 0) for h in host]
+    torch = pytest.importorskip("torch")
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    for i in range(20):
+        g.all_reduce(bufs, stream=(a if i % 2 else b))
+    torch.cuda.synchronize()
+    for r, x in enumerate(bufs):
+        np.testing.assert_array_equal(x.numpy(), np.full(1 << 20, 2.0 ** 19, np.float32), err_msg=f"replica {r}")
 
 
 @gpu

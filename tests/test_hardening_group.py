@@ -750,3 +750,277 @@ def test_fuzz_target_over_pseudo_random_inputs():
         fuzz.one_input(rng.integers(0, 256, size=int(rng.integers(0, 200)), dtype=np.uint8).tobytes())
     for g in fuzz._groups.values():
         g.close()
+
+
+# ---- per-replica calls: agreement across replicas, held buffers, early failures ----------
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_per_replica_same_array_on_several_replicas_is_refused_everywhere(algo):
+    """Three replicas passing one array would sum into it concurrently; every replica is
+    refused before anything is written, and the group stays usable."""
+    with dv.ReplicaGroup(3, timeout_seconds=60) as g:
+        s = np.ones(1000, np.float32)
+        _, errs = run_threads(3, lambda r: g.replica_all_reduce(r, s, algorithm=algo))
+        for r, e in enumerate(errs):
+            assert isinstance(e, ValueError) and "overlaps" in str(e), (r, e)
+        np.testing.assert_array_equal(s, np.ones(1000, np.float32))
+        assert not g.aborted
+        xs = [np.full(4, r + 1.0, np.float32) for r in range(3)]
+        _, errs = run_threads(3, lambda r: g.replica_all_reduce(r, xs[r], algorithm=algo))
+        assert errs == [None] * 3
+        for x in xs:
+            np.testing.assert_array_equal(x, np.full(4, 6.0, np.float32))
+
+
+@pytest.mark.parametrize("method", ["replica_all_reduce", "replica_broadcast", "replica_reduce"])
+def test_per_replica_overlapping_slices_of_one_base_are_refused(method):
+    """Two replicas writing overlapping slices of one base gave results that changed from
+    run to run; now both are refused and the base is untouched."""
+    base = np.arange(60000, dtype=np.float32)
+    keep = base.copy()
+    parts = (base[:40000], base[20000:])
+    with dv.ReplicaGroup(2, timeout_seconds=60) as g:
+        _, errs = run_threads(2, lambda r: getattr(g, method)(r, parts[r]))
+    for r, e in enumerate(errs):
+        assert isinstance(e, ValueError) and "overlaps" in str(e), (r, e)
+    np.testing.assert_array_equal(base, keep)
+
+
+def test_per_replica_overlapping_inputs_that_are_only_read_are_fine():
+    base = np.arange(60000, dtype=np.float32)
+    parts = (base[:40000], base[20000:])
+    with dv.ReplicaGroup(2, timeout_seconds=60) as g:
+        res, errs = run_threads(2, lambda r: g.replica_all_gather(r, parts[r]))
+    assert errs == [None, None]
+    for r in range(2):
+        np.testing.assert_array_equal(res[r], np.concatenate(parts), err_msg=f"replica {r}")
+
+
+def test_per_replica_shapes_must_agree():
+    """Equal element counts are not enough: (2, 3) and (3, 2) would gather into (4, 3)
+    on one replica and (6, 2) on the other."""
+    with dv.ReplicaGroup(2, timeout_seconds=60) as g:
+        parts = (np.zeros((2, 3), np.float32), np.ones((3, 2), np.float32))
+        _, errs = run_threads(2, lambda r: g.replica_all_gather(r, parts[r]))
+        for r, e in enumerate(errs):
+            assert isinstance(e, dv.MismatchError), (r, e)
+            assert "replica 0 passed shape (2, 3), replica 1 passed shape (3, 2)" in str(e), str(e)
+        # the same bytes as different dtypes
+        parts = (np.zeros(2, np.float32), np.ones(2, np.int32))
+        _, errs = run_threads(2, lambda r: g.replica_all_reduce(r, parts[r]))
+        for r, e in enumerate(errs):
+            assert isinstance(e, dv.MismatchError), (r, e)
+            assert "replica 0 passed dtype float32, replica 1 passed dtype int32" in str(e), str(e)
+        np.testing.assert_array_equal(parts[1], np.ones(2, np.int32))
+        assert not g.aborted
+
+
+def _run_script(body: str, timeout: float = 120):
+    """Runs `body` in a fresh interpreter (a crash must fail the test, not end the run)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_buffer_export_is_held_while_the_replica_waits():
+    """A bytearray passed to a per-replica call cannot be resized while the engine may
+    still write into it: the resize raises BufferError, and the result is right."""
+    out = _run_script('''
+        import threading, time
+        import numpy as np
+        import distvals as dv
+
+        g = dv.ReplicaGroup(2, timeout_seconds=60)
+        for attempt in range(3):
+            ba = bytearray(range(64))
+            other = np.arange(64, dtype=np.uint8)
+            errors = []
+            t = threading.Thread(target=lambda: g.replica_all_reduce(0, ba))
+            t.start()
+            time.sleep(0.1)  # replica 0 now waits inside the engine for replica 1
+            try:
+                ba.extend(b"x" * 100000)
+                errors.append("resized while the engine held it")
+            except BufferError:
+                pass
+            g.replica_all_reduce(1, other)
+            t.join(30)
+            assert not t.is_alive()
+            assert errors == [], errors
+            want = (np.arange(64) * 2).astype(np.uint8)
+            assert bytes(ba) == want.tobytes(), bytes(ba)
+            ba.extend(b"ok")  # released once the call returned
+        print("fine")
+    ''')
+    assert "fine" in out
+
+
+def test_both_call_styles_from_three_threads_never_crash_or_corrupt():
+    """One thread in the single-call style, two in the per-replica style, on one group:
+    the engine serializes them; every result is right and nobody fails."""
+    out = _run_script('''
+        import threading, time
+        import numpy as np
+        import distvals as dv
+
+        g = dv.ReplicaGroup(2, timeout_seconds=60)
+        rounds = 400  # both replicas run the same number of per-replica collectives
+        done = threading.Event()
+        problems = []
+        counts = [0, 0]
+
+        def per_replica(r):
+            x = np.zeros(5000, np.float32)
+            for it in range(rounds):
+                x[:] = r + 1 + it
+                try:
+                    g.replica_all_reduce(r, x)
+                except Exception as e:
+                    problems.append(repr(e)); return
+                if not np.all(x == 3 + 2 * it):
+                    problems.append(f"replica {r} round {it}: {x[:3]}")
+                if r == 0:
+                    counts[0] += 1
+
+        def single():
+            a, b = np.zeros(5000, np.float32), np.zeros(5000, np.float32)
+            while not done.is_set():
+                a[:] = 10; b[:] = 20
+                try:
+                    g.all_reduce([a, b])
+                except Exception as e:
+                    problems.append(repr(e)); return
+                if not (np.all(a == 30) and np.all(b == 30)):
+                    problems.append("single call wrong")
+                counts[1] += 1
+
+        ts = [threading.Thread(target=per_replica, args=(r,)) for r in range(2)]
+        s = threading.Thread(target=single)
+        for t in ts + [s]:
+            t.start()
+        for t in ts:
+            t.join(120)
+        done.set()
+        s.join(60)
+        assert not any(t.is_alive() for t in ts + [s]), "a thread hung"
+        assert problems == [], problems[:5]
+        assert counts[0] == rounds and counts[1] > 0, counts
+        print("fine", counts)
+    ''')
+    assert "fine" in out
+
+
+class _RaisingDLPack:
+    def __dlpack__(self, **kw):
+        raise OSError("the device went away")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+@pytest.mark.parametrize("bad,kind,other_kind,match", [
+    (dict(op=None), TypeError, TypeError, "op must be a string"),
+    (dict(opp="sum"), TypeError, TypeError, "unexpected keyword argument 'opp'"),
+    (dict(timeout_seconds="5"), TypeError, TypeError, "timeout_seconds must be a number"),
+    (dict(array=_RaisingDLPack()), OSError, ValueError, "the device went away"),
+    (dict(replica=5), ValueError, dv.AbortedError, "out of range"),
+    (dict(replica="1"), TypeError, dv.AbortedError, "replica must be an int"),
+])
+def test_failures_before_the_meeting_reach_every_replica_at_once(bad, kind, other_kind, match):
+    """Whatever is wrong with one replica's call (not only the array checks), the other
+    replica hears of it at once instead of waiting for the timeout."""
+    with dv.ReplicaGroup(2, timeout_seconds=60) as g:
+        good = np.arange(8, dtype=np.float32)
+        keep = good.copy()
+
+        def call(r):
+            if r == 0:
+                time.sleep(0.05)  # arrive after the bad replica, too
+                return g.replica_all_reduce(0, good)
+            kwargs = dict(replica=1, array=np.ones(8, np.float32))
+            kwargs.update(bad)
+            return g.replica_all_reduce(**kwargs)
+
+        t0 = time.monotonic()
+        _, errs = run_threads(2, call)
+        assert time.monotonic() - t0 < 5
+        assert isinstance(errs[1], kind), errs[1]
+        assert match in str(errs[1]), str(errs[1])
+        assert isinstance(errs[0], other_kind), errs[0]
+        if other_kind is not dv.AbortedError:
+            assert match in str(errs[0]) and "reported by replica 1" in str(errs[0]), str(errs[0])
+        np.testing.assert_array_equal(good, keep)
+        if g.aborted:
+            g.reset()
+        xs = [np.ones(3, np.float32), np.full(3, 2.0, np.float32)]
+        _, errs = run_threads(2, lambda r: g.replica_all_reduce(r, xs[r]))
+        assert errs == [None, None], errs
+        np.testing.assert_array_equal(xs[0], np.full(3, 3.0, np.float32))
+
+
+def test_timeout_seconds_must_be_a_number():
+    with pytest.raises(TypeError, match="timeout_seconds must be a number"):
+        dv.ReplicaGroup(2, timeout_seconds="5")
+    with pytest.raises(TypeError, match="timeout_seconds must be a number"):
+        dv.ReplicaGroup(2, timeout_seconds=True)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout_seconds must be positive"):
+            dv.ReplicaGroup(2, timeout_seconds=bad)
+
+
+@pytest.mark.parametrize("seconds", [0.0004, 1e-4])
+def test_sub_millisecond_timeouts_are_kept(seconds):
+    with dv.ReplicaGroup(2, timeout_seconds=seconds) as g:
+        assert g.timeout_seconds == pytest.approx(seconds)
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="never arrived"):
+            g.replica_all_reduce(0, np.ones(4, np.float32))
+        assert time.monotonic() - t0 < 2
+        g.reset()
+    with dv.ReplicaGroup(2, timeout_seconds=60) as g:  # per call, too
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError):
+            g.replica_all_reduce(0, np.ones(4, np.float32), timeout_seconds=seconds)
+        assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), 2.0**70, 1e308])
+def test_infinite_and_huge_timeouts_mean_no_timeout(seconds):
+    with dv.ReplicaGroup(2, timeout_seconds=seconds) as g:
+        assert g.timeout_seconds == float("inf")
+        # still cancellable: abort releases the waiter at once
+        timer = threading.Timer(0.1, g.abort, args=(1, "stop"))
+        timer.start()
+        with pytest.raises(dv.AbortedError, match="stop"):
+            g.replica_all_reduce(0, np.ones(4, np.float32))
+        timer.join()
+
+
+@pytest.mark.parametrize("value,want", [("inf", float("inf")), ("1e308", float("inf")), ("0.0004", 0.0004),
+                                        ("  7.5 ", 7.5)])
+def test_timeout_environment_variable(monkeypatch, value, want):
+    monkeypatch.setenv("DISTVALS_TIMEOUT_SECONDS", value)
+    with dv.ReplicaGroup(2) as g:
+        assert g.timeout_seconds == pytest.approx(want)
+
+
+@pytest.mark.parametrize("value", ["five", "-3", "0", "nan", "5s"])
+def test_garbage_timeout_environment_variable_warns_and_uses_the_default(monkeypatch, value):
+    monkeypatch.setenv("DISTVALS_TIMEOUT_SECONDS", value)
+    with pytest.warns(RuntimeWarning, match="DISTVALS_TIMEOUT_SECONDS"):
+        g = dv.ReplicaGroup(2)
+    with g:
+        assert g.timeout_seconds == 300.0
+
+
+@pytest.mark.parametrize("n", [2**31, 2**70, 10**6])
+def test_a_group_too_large_is_a_value_error(n):
+    with pytest.raises(ValueError, match="too large"):
+        dv.ReplicaGroup(n)
+    with pytest.raises(ValueError, match="too large"):
+        dv._core.Group(n)

@@ -1,98 +1,60 @@
-// distvals::group: argument checks, the two call styles, workers, failure handling.
+// distvals::group: construction, argument checks and the single-call style. The
+// per-replica meeting is in meeting.cpp, failure handling in failure.cpp, the gate
+// between the styles in gate.cpp; executors run the steps.
 #include "distvals/group.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
+#include <thread>
 
+#include "cuda/runtime_api.hpp"
 #include "distvals/error.hpp"
+#include "factory.hpp"
 #include "group_impl.hpp"
+#include "validate.hpp"
 
 namespace distvals {
 namespace {
 
-constexpr auto kDefaultTimeout = std::chrono::seconds(300);
-
-// Below this many bytes in all replicas' inputs together, the calling thread does the
-// whole collective alone: handing work to a worker costs more than the work. Measured
-// with the engine's timing loop (direct, float32, 2 cores), one thread against two:
-// N=2 at 32 KiB per replica 1.44 us vs 1.46 us, at 128 KiB 5.2 us vs 3.9 us.
-constexpr std::size_t kSingleThreadBytes = 96 * 1024;
-
-std::chrono::milliseconds default_timeout() {
-  if (const char* env = std::getenv("DISTVALS_TIMEOUT_SECONDS")) {
-    char* end = nullptr;
-    const double s = std::strtod(env, &end);
-    if (end != env && s > 0) return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
-  }
-  return kDefaultTimeout;
-}
-
 std::vector<device> cpu_devices(int n) {
   if (n < 1) throw invalid_argument_error("a group needs at least 1 replica, got " + std::to_string(n));
+  if (n > max_group_size) {
+    throw invalid_argument_error("a group of " + std::to_string(n) + " replicas is too large (at most " +
+                                 std::to_string(max_group_size) + ")");
+  }
   std::vector<device> d(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) d[i].index = i;
   return d;
 }
 
-// Writes may not overlap any other buffer of the call, except that a replica's output
-// may be exactly its own input (in place). One sweep over the ranges sorted by start.
-void check_overlaps(const call_desc& d, int n, const std::vector<buffer_view>& in,
-                    const std::vector<buffer_view>& out) {
-  struct range {
-    std::uintptr_t b, e;
-    int replica;
-    bool write;
-  };
-  std::vector<range> rs;
-  rs.reserve(2 * static_cast<std::size_t>(n));
-  auto reads = [&](int r) {
-    if (d.kind == collective::broadcast) return r == d.root;
-    return true;
-  };
-  auto writes = [&](int r) {
-    if (d.kind == collective::reduce) return r == d.root;
-    return true;
-  };
-  for (int r = 0; r < n; ++r) {
-    const auto ib = reinterpret_cast<std::uintptr_t>(in[r].data);
-    const auto ob = reinterpret_cast<std::uintptr_t>(out[r].data);
-    const bool same = ib == ob && in[r].bytes() == out[r].bytes();
-    if (writes(r) && out[r].bytes() > 0) rs.push_back({ob, ob + out[r].bytes(), r, true});
-    if (reads(r) && in[r].bytes() > 0 && !(same && writes(r))) {
-      rs.push_back({ib, ib + in[r].bytes(), r, false});
-    }
-  }
-  std::sort(rs.begin(), rs.end(), [](const range& a, const range& b) { return a.b < b.b; });
-  const range* far_any = nullptr;    // the range reaching furthest so far
-  const range* far_write = nullptr;  // the write range reaching furthest so far
-  auto name = [](const range& r) {
-    return std::string("replica ") + std::to_string(r.replica) + "'s " + (r.write ? "output" : "input");
-  };
-  for (const auto& c : rs) {
-    const range* clash = nullptr;
-    if (far_write && c.b < far_write->e) clash = far_write;
-    else if (c.write && far_any && c.b < far_any->e) clash = far_any;
-    if (clash) {
-      throw invalid_argument_error(name(c) + " overlaps " + name(*clash) +
-                                   "; every replica needs its own buffer (an output may only be "
-                                   "exactly its own input, for in-place)");
-    }
-    if (!far_any || c.e > far_any->e) far_any = &c;
-    if (c.write && (!far_write || c.e > far_write->e)) far_write = &c;
-  }
-}
-
 }  // namespace
 
-group::group(int replicas, group_options options) : group(cpu_devices(replicas), std::move(options)) {}
+// ---- construction ------------------------------------------------------------------------
 
-group::group(const std::vector<device>& devices, group_options options) : impl_(new impl) {
+group::impl::impl(std::vector<device> devs, group_options options)
+    : n(static_cast<int>(devs.size())), devices(std::move(devs)), opts(std::move(options)) {
+  opts.timeout = detail::resolve_timeout(opts.timeout);
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // Oversubscribed: spinning only steals the core we wait for.
+  spin_us = opts.spin_us >= 0 ? opts.spin_us : (n > hw ? 0 : 20);
+  opts.spin_us = spin_us;
+  if (opts.chunk_bytes == 0) opts.chunk_bytes = 256 * 1024;
+  reps.reset(new replica_state[static_cast<std::size_t>(n)]);
+}
+
+namespace detail {
+
+std::unique_ptr<group::impl> make_state(const std::vector<device>& devices, group_options options,
+                                        cuda::runtime* rt, const std::vector<int>* gpus) {
   if (devices.empty()) throw invalid_argument_error("a group needs at least 1 device");
+  if (devices.size() > static_cast<std::size_t>(max_group_size)) {
+    throw invalid_argument_error("a group of " + std::to_string(devices.size()) + " replicas is too large (at most " +
+                                 std::to_string(max_group_size) + ")");
+  }
   for (std::size_t i = 0; i < devices.size(); ++i) {
-    if (!devices[i].is_cpu()) {
-      throw invalid_argument_error("device " + devices[i].str() +
-                                   " is a GPU; this group runs CPU replicas only");
+    if (devices[i].is_cpu() != devices[0].is_cpu()) {
+      throw invalid_argument_error("a group runs either CPU or GPU replicas, not both: replica 0 is " +
+                                   devices[0].str() + ", replica " + std::to_string(i) + " is " + devices[i].str());
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (devices[j] == devices[i]) {
@@ -101,41 +63,37 @@ group::group(const std::vector<device>& devices, group_options options) : impl_(
       }
     }
   }
-  impl& m = *impl_;
-  m.n = static_cast<int>(devices.size());
-  m.devices = devices;
-  m.opts = std::move(options);
-  if (m.opts.timeout.count() <= 0) m.opts.timeout = default_timeout();
-  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  m.threads = m.opts.threads > 0 ? std::min(m.opts.threads, m.n) : std::min(m.n, hw);
-  m.opts.threads = m.threads;
-  if (m.opts.spin_us >= 0) {
-    m.spin_us = m.opts.spin_us;
+  auto state = std::make_unique<group::impl>(devices, std::move(options));
+  if (devices[0].is_cpu()) {
+    state->exec = make_cpu_executor(*state);
+    return state;
+  }
+  if (rt == nullptr) rt = cuda::real_runtime();
+  if (rt == nullptr) {
+    throw invalid_argument_error("replica 0 is " + devices[0].str() +
+                                 ", but distvals was built without the CUDA backend (DISTVALS_ENABLE_CUDA=OFF, or "
+                                 "no nvcc at build time)");
+  }
+  std::vector<int> placed;
+  if (gpus != nullptr) {
+    placed = *gpus;
   } else {
-    m.spin_us = m.n > hw ? 0 : 20;  // oversubscribed: spinning only steals the core we wait for
+    const int per = state->opts.logical_per_gpu;
+    if (per < 1) throw invalid_argument_error("logical GPUs per device must be at least 1, got " + std::to_string(per));
+    for (const device& d : devices) placed.push_back(d.index / per);
   }
-  m.opts.spin_us = m.spin_us;
-  if (m.opts.chunk_bytes == 0) m.opts.chunk_bytes = 256 * 1024;
-  m.reps.reset(new impl::replica_state[static_cast<std::size_t>(m.n)]);
-  if (m.threads > 1) {
-    m.workers.reset(new impl::worker_slot[static_cast<std::size_t>(m.threads - 1)]);
-    try {
-      for (int t = 1; t < m.threads; ++t) {
-        m.workers[t - 1].thread = std::thread([&m, t]() { m.worker_main(t); });
-      }
-    } catch (...) {
-      // Out of threads (many groups alive): stop the workers already started before
-      // the exception leaves, or their joinable std::thread objects would terminate
-      // the process when impl_ is destroyed.
-      m.stopping.store(true);
-      m.wake_all();
-      for (int t = 1; t < m.threads; ++t) {
-        if (m.workers[t - 1].thread.joinable()) m.workers[t - 1].thread.join();
-      }
-      throw;
-    }
-  }
+  state->exec = make_cuda_executor(*state, *rt, std::move(placed));
+  return state;
 }
+
+}  // namespace detail
+
+group::group(int replicas, group_options options) : group(cpu_devices(replicas), std::move(options)) {}
+
+group::group(const std::vector<device>& devices, group_options options)
+    : impl_(detail::make_state(devices, std::move(options))) {}
+
+group::group(std::unique_ptr<impl> state) noexcept : impl_(std::move(state)) {}
 
 group::~group() { close(); }
 
@@ -143,52 +101,39 @@ int group::size() const noexcept { return impl_->n; }
 const std::vector<device>& group::devices() const noexcept { return impl_->devices; }
 const group_options& group::options() const noexcept { return impl_->opts; }
 
-void group::abort(int replica, const std::string& why) noexcept { impl_->fail(impl::aborted, replica, why); }
-void group::cancel() noexcept { impl_->fail(impl::aborted, -1, "cancelled"); }
-bool group::aborted() const noexcept {
-  const int s = impl_->state.load();
-  return s == impl::aborted || s == impl::timed_out;
-}
-bool group::closed() const noexcept { return impl_->state.load() == impl::closed; }
+// ---- checks shared by both styles ------------------------------------------------------------
 
-void group::reset() {
-  impl& m = *impl_;
-  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (m.inside.load() != 0) {
-    throw std::logic_error("distvals: group::reset() called while a collective is in flight");
-  }
-  // Nobody is inside: start the call numbering afresh so stale progress cannot satisfy
-  // a future dependency.
-  for (int r = 0; r < m.n; ++r) {
-    m.reps[r].progress.store(0);
-    m.reps[r].seq = 0;
-  }
-  std::lock_guard<std::mutex> lk(m.state_mu);
-  m.state.store(impl::ok);
-  m.state_msg.clear();
-  m.state_replica = -1;
+void group::impl::check_replica(const call_desc& d, int r, const buffer_view& in, const buffer_view& out) const {
+  validate_replica_buffers(d, n, r, in, out);
+  // Where the memory lives: only the buffers the collective touches.
+  const bool reads = d.kind != collective::broadcast || r == d.root;
+  const bool writes = d.kind != collective::reduce || r == d.root;
+  if (reads && in.count > 0) exec->check_buffer(r, in, "input");
+  if (writes && out.count > 0) exec->check_buffer(r, out, "output");
 }
 
-void group::close() noexcept {
-  impl& m = *impl_;
-  if (m.close_started.exchange(true)) return;
-  m.fail(impl::closed, -1, "closed");
-  // Waiters see the closed state within one wait slice; wait for them to leave before
-  // the state they read goes away.
-  while (m.inside.load() != 0) {
-    m.wake_all();
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  // Only now stop the workers. Stopping them first could let a worker exit while a
-  // single-call caller that had not yet seen the closed state hands it a job, and that
-  // caller would then wait forever for the job to finish. With nobody inside and the
-  // state closed, no caller can post a job any more.
-  m.stopping.store(true);
-  m.wake_all();
-  for (int t = 1; t < m.threads; ++t) {
-    if (m.workers[t - 1].thread.joinable()) m.workers[t - 1].thread.join();
-  }
+algorithm group::impl::resolve_algorithm(const call_desc& d) const noexcept {
+  if (d.algo != algorithm::automatic) return d.algo;
+  return d.kind == collective::all_reduce ? exec->choose_algorithm(d) : algorithm::direct;
 }
+
+std::shared_ptr<const schedule> group::impl::get_schedule(const schedule_key& key) {
+  std::lock_guard<std::mutex> lk(cache_mu);
+  for (std::size_t i = 0; i < cache.size(); ++i) {
+    if (cache[i].first == key) {
+      // Move hits to the front so the linear search stays short for hot shapes.
+      if (i != 0) std::swap(cache[i], cache[0]);
+      return cache[0].second;
+    }
+  }
+  auto s = std::make_shared<const schedule>(make_schedule(key));
+  constexpr std::size_t kMaxCached = 32;
+  if (cache.size() >= kMaxCached) cache.pop_back();
+  cache.insert(cache.begin(), {key, s});
+  return s;
+}
+
+// ---- single-call style ----------------------------------------------------------------
 
 namespace {
 struct inside_guard {
@@ -198,285 +143,84 @@ struct inside_guard {
 };
 }  // namespace
 
-void group::run(const call_desc& desc_in, const std::vector<buffer_view>& in,
-                const std::vector<buffer_view>& out) {
-  impl& m = *impl_;
-  inside_guard guard(m.inside);
-  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (static_cast<int>(in.size()) != m.n || static_cast<int>(out.size()) != m.n) {
-    throw invalid_argument_error("expected " + std::to_string(m.n) + " input and output buffers (one per replica), got " +
+void group::impl::run_single(const call_desc& desc_in, const std::vector<buffer_view>& in,
+                             const std::vector<buffer_view>& out, const detail::stream_ref* caller,
+                             const std::vector<detail::stream_ref>& wait_for) {
+  inside_guard guard(inside);
+  if (state.load() == closed) throw closed_error("distvals: the group is closed");
+  // Step 1: every argument, before anything is touched or enqueued.
+  if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n) {
+    throw invalid_argument_error("expected " + std::to_string(n) + " input and output buffers (one per replica), got " +
                                  std::to_string(in.size()) + " and " + std::to_string(out.size()));
   }
   call_desc desc = desc_in;
-  for (int r = 0; r < m.n; ++r) validate_replica_buffers(desc, m.n, r, in[r], out[r]);
-  check_overlaps(desc, m.n, in, out);
-  if (desc.algo == algorithm::automatic) {
-    desc.algo = desc.kind == collective::all_reduce
-                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
-                    : algorithm::direct;
-  }
+  for (int r = 0; r < n; ++r) check_replica(desc, r, in[r], out[r]);
+  detail::check_overlaps(desc, in, out);
+  desc.algo = resolve_algorithm(desc);
 
-  std::lock_guard<std::mutex> call_lock(m.call_mu);
-  m.throw_if_failed(-1);
-  // Post the call for every replica, then mark them all arrived.
-  const std::uint64_t seq = m.reps[0].seq + 1;
+  // Step 2: one collective at a time: other single callers, then per-replica callers.
+  std::lock_guard<std::mutex> call_lock(call_mu);
+  throw_if_failed_at_start(-1);
+  const auto deadline = detail::deadline_after(opts.timeout);
+  enter_single(deadline, opts.timeout, desc);
+  struct leave {
+    impl& m;
+    ~leave() { m.leave_single(); }
+  } leave_gate{*this};
+
+  // Step 3: post the call for every replica, mark them all arrived, and run it.
+  const std::uint64_t seq = reps[0].seq.load() + 1;
   const int slot = static_cast<int>(seq & 1u);
-  for (int r = 0; r < m.n; ++r) {
-    auto& rs = m.reps[r];
-    rs.seq = seq;
+  for (int r = 0; r < n; ++r) {
+    auto& rs = reps[r];
+    rs.seq.store(seq);
     rs.desc[slot] = desc;
     rs.in[slot] = in[r];
     rs.out[slot] = out[r];
     rs.error[slot].clear();
+    rs.has_wait_for[slot] = false;
   }
-  for (int r = 0; r < m.n; ++r) m.reps[r].progress.store(seq << 32);
-
-  const std::size_t total = desc.count * dtype_size(desc.type) * static_cast<std::size_t>(m.n);
-  const int t = total < kSingleThreadBytes ? 1 : m.threads;
-  // `direct` cuts the data into one slice per executing thread (thread p runs replica
-  // p's program), not one per replica: fewer, longer steps for the same traffic.
-  schedule_key key{desc.kind, desc.algo, m.n, desc.count, desc.root,
-                   std::max<std::size_t>(1, m.opts.chunk_bytes / dtype_size(desc.type)), 16};
-  key.parts = t;
-  const auto sched = m.get_schedule(key);
-  const auto deadline = clock_type::now() + m.opts.timeout;
-
-  if (t == 1) {
-    m.run_share(*sched, seq, 0, 1, deadline);
-    return;
-  }
-
-  // Hand the job to workers 1 .. t-1 and run our own share (replicas 0, t, 2t, ...).
-  // Then take over the share of every worker that has not started yet: a worker that is
-  // asleep or descheduled (a busy machine) would otherwise make us wait for it, and one
-  // thread doing all the work is never slower than waiting. Finally wait for the workers
-  // that did start to leave the job (they read *sched and the posted views).
-  m.job_sched = sched.get();
-  m.job_seq = seq;
-  m.job_threads = t;
-  m.job_deadline = deadline;
-  m.job_done.store(0);
-  m.job_error = nullptr;
-  for (int w = 1; w < t; ++w) m.workers[w - 1].go.store(seq);
-  if (m.sleepers.load() > 0) m.wake_all();
-
-  std::exception_ptr mine;
-  int started = t - 1;
-  try {
-    m.run_share(*sched, seq, 0, t, deadline);
-    for (int w = 1; w < t; ++w) {
-      if (impl::take(m.workers[w - 1], seq)) {
-        --started;
-        m.run_share(*sched, seq, w, t, deadline);
-      }
-    }
-  } catch (...) {
-    mine = std::current_exception();
-    m.fail(impl::aborted, -1, "the calling thread failed");
-    // Shares not taken yet: take them so no worker starts on a failed job.
-    for (int w = 1; w < t; ++w) {
-      if (impl::take(m.workers[w - 1], seq)) --started;
-    }
-  }
-  // Workers always finish: they complete their programs or see the failure state.
-  auto all_done = [&]() { return m.job_done.load() == started; };
-  while (!all_done()) {
-    for (int i = 0; i < 64 && !all_done(); ++i) cpu::relax();
-    if (all_done()) break;
-    std::unique_lock<std::mutex> lk(m.mu);
-    m.sleepers.fetch_add(1);
-    m.cv.wait_for(lk, std::chrono::milliseconds(1), all_done);
-    m.sleepers.fetch_sub(1);
-  }
-  if (mine) std::rethrow_exception(mine);
-  if (m.job_error) std::rethrow_exception(m.job_error);
+  for (int r = 0; r < n; ++r) reps[r].progress.store(seq << 32);
+  detail::call c;
+  c.desc = desc;
+  c.seq = seq;
+  c.deadline = deadline;
+  c.timeout = opts.timeout;
+  c.caller = caller;
+  c.wait_for = wait_for.empty() ? nullptr : wait_for.data();
+  c.nwait = static_cast<int>(wait_for.size());
+  exec->run(c);
 }
 
-void group::all_reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
-                       reduce_op op, algorithm algo) {
+void group::run(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  impl_->run_single(desc, in, out, nullptr, {});
+}
+
+void group::all_reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, reduce_op op,
+                       algorithm algo) {
   DISTVALS_EXPECTS(!in.empty(), "all_reduce needs one input buffer per replica");
   run(call_desc{collective::all_reduce, in[0].type, op, algo, in[0].count, 0}, in, out);
 }
 
-void group::reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root,
-                   reduce_op op) {
+void group::reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root, reduce_op op) {
   DISTVALS_EXPECTS(!in.empty(), "reduce needs one input buffer per replica");
   run(call_desc{collective::reduce, in[0].type, op, algorithm::direct, in[0].count, root}, in, out);
 }
 
 void group::broadcast(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root) {
   DISTVALS_EXPECTS(root >= 0 && root < static_cast<int>(in.size()), "broadcast root out of range");
-  run(call_desc{collective::broadcast, in[root].type, reduce_op::sum, algorithm::direct, in[root].count, root},
-      in, out);
+  run(call_desc{collective::broadcast, in[root].type, reduce_op::sum, algorithm::direct, in[root].count, root}, in,
+      out);
 }
 
 void group::all_gather(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
   DISTVALS_EXPECTS(!in.empty(), "all_gather needs one input buffer per replica");
-  run(call_desc{collective::all_gather, in[0].type, reduce_op::sum, algorithm::direct, in[0].count, 0}, in,
-      out);
+  run(call_desc{collective::all_gather, in[0].type, reduce_op::sum, algorithm::direct, in[0].count, 0}, in, out);
 }
 
-void group::reduce_scatter(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
-                           reduce_op op) {
+void group::reduce_scatter(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, reduce_op op) {
   DISTVALS_EXPECTS(!in.empty(), "reduce_scatter needs one input buffer per replica");
   run(call_desc{collective::reduce_scatter, in[0].type, op, algorithm::direct, in[0].count, 0}, in, out);
-}
-
-void group::run(int replica, const call_desc& desc_in, buffer_view in, buffer_view out,
-                std::chrono::milliseconds timeout) {
-  impl& m = *impl_;
-  inside_guard guard(m.inside);
-  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (replica < 0 || replica >= m.n) {
-    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
-                                 std::to_string(m.n));
-  }
-  m.throw_if_failed(replica);
-  call_desc desc = desc_in;
-  if (desc.algo == algorithm::automatic) {
-    desc.algo = desc.kind == collective::all_reduce
-                    ? choose_algorithm(m.n, desc.count * dtype_size(desc.type))
-                    : algorithm::direct;
-  }
-  const auto deadline = clock_type::now() + (timeout.count() > 0 ? timeout : m.opts.timeout);
-
-  // Step 1: post our arguments (and whether they are valid) and arrive.
-  auto& me = m.reps[replica];
-  const std::uint64_t seq = me.seq + 1;
-  const int slot = static_cast<int>(seq & 1u);
-  me.seq = seq;
-  me.desc[slot] = desc;
-  me.in[slot] = in;
-  me.out[slot] = out;
-  me.error[slot].clear();
-  me.type_error[slot] = false;
-  try {
-    validate_replica_buffers(desc, m.n, replica, in, out);
-  } catch (const dtype_error& e) {
-    me.error[slot] = e.what();
-    me.type_error[slot] = true;
-  } catch (const std::exception& e) {
-    me.error[slot] = e.what();
-  }
-  m.publish(replica, seq, 0);
-  try {
-    m.run_arrived(replica, seq, desc, timeout, deadline);
-  } catch (...) {
-    // Other replicas may be inside a step that reads or writes our buffers (we may have
-    // timed out, or been aborted, while they still work). They start no new step once
-    // the group has failed; wait for the running ones so that the caller, who now owns
-    // its buffers again, never sees them change.
-    m.drain();
-    throw;
-  }
-}
-
-void group::report_invalid(int replica, const std::string& why, bool type_error,
-                           std::chrono::milliseconds timeout) {
-  impl& m = *impl_;
-  inside_guard guard(m.inside);
-  if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
-  if (replica < 0 || replica >= m.n) {
-    throw invalid_argument_error("replica " + std::to_string(replica) + " is out of range for a group of " +
-                                 std::to_string(m.n));
-  }
-  m.throw_if_failed(replica);
-  const auto deadline = clock_type::now() + (timeout.count() > 0 ? timeout : m.opts.timeout);
-  // Arrive like run() with an error posted and no buffers: step 3 of run_arrived makes
-  // every replica throw it before anything is compared or touched.
-  auto& me = m.reps[replica];
-  const std::uint64_t seq = me.seq + 1;
-  const int slot = static_cast<int>(seq & 1u);
-  call_desc desc;
-  me.seq = seq;
-  me.desc[slot] = desc;
-  me.in[slot] = buffer_view{};
-  me.out[slot] = buffer_view{};
-  me.error[slot] = why.empty() ? "replica " + std::to_string(replica) + ": invalid arguments" : why;
-  me.type_error[slot] = type_error;
-  m.publish(replica, seq, 0);
-  try {
-    m.run_arrived(replica, seq, desc, timeout, deadline);
-  } catch (...) {
-    m.drain();
-    throw;
-  }
-}
-
-void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
-                              std::chrono::milliseconds timeout, clock_type::time_point deadline) {
-  impl& m = *this;
-  const int slot = static_cast<int>(seq & 1u);
-
-  // Waits until done(j) holds for every replica j; on timeout, message(list of the
-  // replicas it still waits for) says what went wrong.
-  auto wait_every = [&](const auto& done, const auto& message) {
-    m.wait(
-        [&]() {
-          for (int j = 0; j < m.n; ++j) {
-            if (!done(j)) return false;
-          }
-          return true;
-        },
-        deadline, replica,
-        [&]() {
-          std::string who;
-          for (int j = 0; j < m.n; ++j) {
-            if (done(j)) continue;
-            if (!who.empty()) who += ", ";
-            who += std::to_string(j);
-          }
-          return message(who);
-        });
-  };
-
-  // Step 2: wait for everybody to arrive.
-  const std::uint64_t base = seq << 32;
-  auto arrived = [&](int j) { return m.reps[j].progress.load(std::memory_order_acquire) >= base; };
-  wait_every(arrived, [&](const std::string& who) {
-    return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
-           std::to_string((timeout.count() > 0 ? timeout : m.opts.timeout).count() / 1000.0) + " s in replica " +
-           std::to_string(replica) + ": replica(s) " + who + " never arrived";
-  });
-
-  // Step 3: every replica checks every posted call the same way, so they all reach the
-  // same verdict and raise the same error; nothing has been touched yet.
-  for (int j = 0; j < m.n; ++j) {
-    if (!m.reps[j].error[slot].empty()) {
-      std::string what = m.reps[j].error[slot] +
-                         (j == replica ? "" : " (reported by replica " + std::to_string(j) + ")");
-      if (m.reps[j].type_error[slot]) throw dtype_error(what);
-      throw invalid_argument_error(what);
-    }
-  }
-  const call_desc& d0 = m.reps[0].desc[slot];
-  for (int j = 1; j < m.n; ++j) {
-    const call_desc& dj = m.reps[j].desc[slot];
-    if (dj == d0) continue;
-    auto show = [](const call_desc& d) {
-      return std::string(collective_name(d.kind)) + "(dtype=" + dtype_name(d.type) + ", op=" + reduce_op_name(d.op) +
-             ", count=" + std::to_string(d.count) + ", root=" + std::to_string(d.root) + ", algorithm=" +
-             algorithm_name(d.algo) + ")";
-    };
-    throw mismatch_error("distvals: replicas called different collectives: replica 0 called " + show(d0) +
-                         ", replica " + std::to_string(j) + " called " + show(dj));
-  }
-
-  // Step 4: run our program.
-  schedule_key key{desc.kind, desc.algo, m.n, desc.count, desc.root,
-                   std::max<std::size_t>(1, m.opts.chunk_bytes / dtype_size(desc.type)), 16};
-  const auto sched = m.get_schedule(key);
-  const int own = replica;
-  m.run_programs(*sched, seq, &own, 1, deadline, replica);
-
-  // Step 5: leave only when nobody can still read or write our buffers.
-  auto finished = [&](int j) {
-    return m.reps[j].progress.load(std::memory_order_acquire) >= base + sched->programs[j].size();
-  };
-  wait_every(finished, [&](const std::string& who) {
-    return "distvals: " + std::string(collective_name(desc.kind)) + " timed out in replica " +
-           std::to_string(replica) + " waiting for replica(s) " + who + " to finish";
-  });
 }
 
 }  // namespace distvals

@@ -1,5 +1,6 @@
-// The state behind distvals::group, shared by group.cpp (calls, validation, workers)
-// and executor.cpp (running programs, waiting). Not installed.
+// The state behind distvals::group, whatever the replicas run on: configuration, the
+// per-replica meeting, the gate between the call styles, failure state, blocking waits
+// and the schedule cache. An executor (executor.hpp) runs the steps. Not installed.
 #pragma once
 
 #include <atomic>
@@ -7,7 +8,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,10 +17,12 @@
 #include "cpu/relax.hpp"
 #include "distvals/error.hpp"
 #include "distvals/group.hpp"
+#include "executor.hpp"
+#include "timeout.hpp"
 
 namespace distvals {
 
-using clock_type = std::chrono::steady_clock;
+using detail::clock_type;
 
 // Hidden: the implementation is not part of the library's ABI, even though `group` is exported.
 struct __attribute__((visibility("hidden"))) group::impl {
@@ -28,8 +30,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
   int n = 0;
   std::vector<device> devices;
   group_options opts;
-  int threads = 1;          // threads of the single-call style, caller included
-  int spin_us = 20;         // spin before yield/block
+  int spin_us = 20;  // spin before yield/block
 
   // ---- per-replica state -------------------------------------------------------
   // progress = (seq << 32) | steps completed in call `seq`. A replica sets it to
@@ -41,15 +42,36 @@ struct __attribute__((visibility("hidden"))) group::impl {
     // leaves a failed collective first waits for every flag to drop (drain()), so no
     // step still reads or writes its buffers once its caller has the error.
     std::atomic<bool> busy{false};
-    std::uint64_t seq = 0;  // last call number; written only by the replica's own caller
+    // Last call number; written by the replica's own caller, or by a single call (which
+    // runs only while no per-replica caller is inside the gate). Atomic because a caller
+    // waiting at the gate reads it to tell whether it joins a started collective.
+    std::atomic<std::uint64_t> seq{0};
     // Posted arguments of call seq live in slot seq & 1: a replica can be at most one
     // call ahead of another, so the slot others may still read is never overwritten.
     call_desc desc[2];
     buffer_view in[2], out[2];
-    std::string error[2];  // non-empty: this replica's own arguments were invalid
+    std::string error[2];                 // non-empty: this replica's own arguments were invalid
     bool type_error[2] = {false, false};  // ... and the error is about a dtype
+    std::vector<std::int64_t> shape[2];   // the logical shape of the input ({count} if none given)
+    detail::stream_ref wait_for[2];       // GPU: a stream whose queued work must come first
+    bool has_wait_for[2] = {false, false};
   };
   std::unique_ptr<replica_state[]> reps;
+  // What replica 0 got when it ran a whole per-replica call for all (executors that do
+  // not run parts): the others rethrow it. Slot seq & 1, like the posted arguments.
+  std::exception_ptr leader_error[2];
+
+  // ---- the gate between the two call styles ------------------------------------
+  // A group runs one collective at a time. gate = (round & 0xffffffff) << 32 |
+  // single_active | single_waiting | number of per-replica callers inside. A single call
+  // enters when no per-replica caller is inside; while it waits, per-replica callers may
+  // still join the collective already started (the same round) but not start a new one,
+  // so the single call gets in between two per-replica collectives.
+  static constexpr std::uint64_t gate_count = (std::uint64_t{1} << 30) - 1;
+  static constexpr std::uint64_t gate_waiting = std::uint64_t{1} << 30;
+  static constexpr std::uint64_t gate_active = std::uint64_t{1} << 31;
+  std::atomic<std::uint64_t> gate{0};
+  std::mutex call_mu;  // serializes single-call callers
 
   // ---- failure state -----------------------------------------------------------
   enum : int { ok = 0, aborted = 1, timed_out = 2, closed = 3 };
@@ -58,6 +80,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
   std::string state_msg;
   int state_replica = -1;
   std::atomic<int> inside{0};  // calls in flight
+  std::atomic<bool> close_started{false};
 
   // ---- blocking waits: one condition variable for the whole group ---------------
   std::mutex mu;
@@ -68,68 +91,72 @@ struct __attribute__((visibility("hidden"))) group::impl {
   std::mutex cache_mu;
   std::vector<std::pair<schedule_key, std::shared_ptr<const schedule>>> cache;
 
-  // ---- workers of the single-call style -----------------------------------------
-  struct alignas(64) worker_slot {
-    std::atomic<std::uint64_t> go{0};  // the job number this worker should run
-    // The job number whose share has been taken, by the worker itself or by the caller.
-    // Whoever moves it to the job number first runs the share; the other leaves it alone.
-    std::atomic<std::uint64_t> taken{0};
-    std::thread thread;
-  };
-  std::unique_ptr<worker_slot[]> workers;  // threads - 1 of them
-  std::mutex call_mu;                       // serializes single-call callers
-  const schedule* job_sched = nullptr;
-  std::uint64_t job_seq = 0;
-  int job_threads = 1;
-  clock_type::time_point job_deadline;
-  std::atomic<int> job_done{0};
-  std::mutex job_error_mu;
-  std::exception_ptr job_error;
-  std::atomic<bool> stopping{false};       // workers exit when they see it
-  std::atomic<bool> close_started{false};  // makes close() idempotent
+  // ---- how the steps run --------------------------------------------------------
+  std::unique_ptr<detail::executor> exec;
 
-  // ---- methods (executor.cpp) ----------------------------------------------------
-  /// Publishes that `replica` completed `steps` steps of call `seq` and wakes sleepers.
-  void publish(int replica, std::uint64_t seq, std::uint64_t steps) noexcept;
+  /// Resolves the options (timeout, spin) and sizes the replica state; the caller then
+  /// installs an executor.
+  impl(std::vector<device> devices, group_options options);
+
+  // ---- methods (failure.cpp) ------------------------------------------------------
   /// Wakes every blocked waiter.
   void wake_all() noexcept;
-  /// Throws the exception that matches a failure state; no-op when ok.
+  /// Publishes that `replica` completed `steps` steps of call `seq` and wakes sleepers.
+  void publish(int replica, std::uint64_t seq, std::uint64_t steps) noexcept;
+  /// Throws the exception that matches a failure state; no-op when ok. For waits inside
+  /// a collective: timeout_error, aborted_error or closed_error.
   void throw_if_failed(int me) const;
+  /// For a call that is about to start: group_aborted_error naming the earlier failure
+  /// and reset() when aborted or timed out, closed_error when closed.
+  void throw_if_failed_at_start(int me) const;
   /// Records a failure (first one wins) and wakes everybody. Never throws.
   void fail(int kind, int replica, const std::string& msg) noexcept;
-  /// Waits until ready() holds, spinning then yielding then blocking. Throws on
-  /// failure, or at the deadline after failing the group with describe()'s message.
-  template <class Ready, class Describe>
-  void wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe);
-  /// Runs the programs of replicas `owned` of schedule `s` for call `seq`.
-  void run_programs(const schedule& s, std::uint64_t seq, const int* owned, int nowned,
-                    clock_type::time_point deadline, int me);
-  /// Runs thread `thread`'s share of a single-call job split over `threads` threads:
-  /// the programs of replicas thread, thread + threads, thread + 2*threads, ...
-  void run_share(const schedule& s, std::uint64_t seq, int thread, int threads,
-                 clock_type::time_point deadline);
-  /// Claims worker `index`'s share of job `seq` (see worker_slot::taken); true when the
-  /// caller won and must run the share itself.
-  static bool take(worker_slot& w, std::uint64_t seq) noexcept;
-  /// Executes one step of call `seq` (reads posted buffers of slot seq & 1).
-  void exec_step(const step& st, std::uint64_t seq) noexcept;
   /// Waits until no thread executes a step (every replica's `busy` is false). Once the
   /// group has failed no new step starts, so this returns after at most one step.
   void drain() const noexcept;
+  /// Waits until ready() holds, spinning then yielding then blocking. Throws on
+  /// failure, or at the deadline timeout_error with describe()'s message, after failing
+  /// the group with it when `fail_group`.
+  template <class Ready, class Describe>
+  void wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe,
+            bool fail_group = true);
+
+  // ---- the gate (gate.cpp) ----------------------------------------------------------
+  /// Enters the gate as a single call (the caller holds call_mu); throws timeout_error
+  /// at the deadline (without failing the group), or on failure.
+  void enter_single(clock_type::time_point deadline, std::chrono::nanoseconds timeout, const call_desc& desc);
+  /// Leaves the gate as a single call and wakes the waiters. Never throws.
+  void leave_single() noexcept;
+  /// Enters the gate as replica `me`, whose next call number tells whether it joins a
+  /// collective that others have started.
+  void enter_replica(int me, clock_type::time_point deadline, std::chrono::nanoseconds timeout);
+  /// Leaves the gate as a per-replica caller. Never throws.
+  void leave_replica() noexcept;
+
+  // ---- the calls (group.cpp, meeting.cpp) -----------------------------------------------
+  /// Checks one replica's buffers: the backend-neutral checks, then where the memory
+  /// lives (the executor). Throws invalid_argument_error or dtype_error.
+  void check_replica(const call_desc& desc, int replica, const buffer_view& in, const buffer_view& out) const;
+  /// `automatic` resolved: the executor's choice for all_reduce, `direct` otherwise.
+  algorithm resolve_algorithm(const call_desc& d) const noexcept;
   /// The per-replica style after `replica` has posted call `seq` and arrived: waits for
-  /// the others, checks that every replica posted the same call, runs its program and
-  /// waits until nobody uses its buffers (group.cpp).
-  void run_arrived(int replica, std::uint64_t seq, const call_desc& desc,
-                   std::chrono::milliseconds timeout, clock_type::time_point deadline);
+  /// the others, checks that every replica posted the same call, runs it and waits until
+  /// nobody uses its buffers.
+  void run_arrived(int replica, std::uint64_t seq, const call_desc& desc, std::chrono::nanoseconds timeout,
+                   clock_type::time_point deadline);
+  /// The single-call style with every argument checked: posts, runs, and leaves.
+  void run_single(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
+                  const detail::stream_ref* caller, const std::vector<detail::stream_ref>& wait_for);
+  /// The per-replica style (group::run and its GPU variant).
+  void run_replica(int replica, const call_desc& desc, const buffer_view& in, const buffer_view& out,
+                   const replica_options& options, const detail::stream_ref* wait_for);
   /// The cached schedule for `key`.
   std::shared_ptr<const schedule> get_schedule(const schedule_key& key);
-  /// Main loop of worker `index` (thread index + 1).
-  void worker_main(int index) noexcept;
 };
 
 template <class Ready, class Describe>
-void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int me,
-                       const Describe& describe) {
+void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int me, const Describe& describe,
+                       bool fail_group) {
   // Phase 1: spin. Cheapest when the awaited replica runs on another core right now.
   if (spin_us > 0) {
     const auto spin_end = clock_type::now() + std::chrono::microseconds(spin_us);
@@ -164,12 +191,11 @@ void group::impl::wait(const Ready& ready, clock_type::time_point deadline, int 
     if (now >= deadline) {
       lk.unlock();
       const std::string msg = describe();
-      fail(timed_out, me, msg);
+      if (fail_group) fail(timed_out, me, msg);
       throw timeout_error(msg);
     }
     const auto slice = std::chrono::milliseconds(50);
-    if (cv.wait_until(lk, (deadline - now) < slice ? deadline : now + slice) ==
-            std::cv_status::timeout &&
+    if (cv.wait_until(lk, (deadline - now) < slice ? deadline : now + slice) == std::cv_status::timeout &&
         opts.interrupted && !ready()) {
       lk.unlock();
       if (opts.interrupted()) fail(aborted, -1, "interrupted");

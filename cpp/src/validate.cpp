@@ -1,5 +1,9 @@
-// Argument checks shared by both call styles. Everything here runs before any data is
+// Argument checks shared by both call styles and every backend. Everything here runs before any data is
 // touched, and every message names the replica and what was wrong.
+#include "validate.hpp"
+
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "distvals/error.hpp"
@@ -25,10 +29,7 @@ void check_count(int replica, const buffer_view& b, std::size_t want, const char
   if (want != 0 && b.data == nullptr) {
     throw invalid_argument_error(who(replica) + ": " + which + " is a null pointer");
   }
-  if (!b.dev.is_cpu()) {
-    throw invalid_argument_error(who(replica) + ": " + which + " lives on " + b.dev.str() +
-                                 ", but this group runs on host memory");
-  }
+  // Where the memory lives is the backend's check (executor::check_buffer).
 }
 
 }  // namespace
@@ -88,5 +89,68 @@ void validate_replica_buffers(const call_desc& d, int n, int r, const buffer_vie
       break;
   }
 }
+
+namespace detail {
+
+void check_overlaps(const call_desc& d, int n, view_getter get, const void* context) {
+  // Writes may not overlap any other buffer of the call, except that a replica's output
+  // may be exactly its own input (in place). One sweep over the ranges sorted by start:
+  // a range clashes with the written range reaching furthest so far, or, when it is
+  // written itself, with any range reaching past its start.
+  struct range {
+    std::uintptr_t b, e;
+    int replica;
+    bool write;
+  };
+  thread_local std::vector<range> rs;  // kept between calls: no allocation on the hot path
+  rs.clear();
+  auto reads = [&](int r) { return d.kind != collective::broadcast || r == d.root; };
+  auto writes = [&](int r) { return d.kind != collective::reduce || r == d.root; };
+  for (int r = 0; r < n; ++r) {
+    const buffer_view& in = get(context, r, false);
+    const buffer_view& out = get(context, r, true);
+    const auto ib = reinterpret_cast<std::uintptr_t>(in.data);
+    const auto ob = reinterpret_cast<std::uintptr_t>(out.data);
+    const bool same = ib == ob && in.bytes() == out.bytes();
+    if (writes(r) && out.bytes() > 0) rs.push_back({ob, ob + out.bytes(), r, true});
+    if (reads(r) && in.bytes() > 0 && !(same && writes(r))) rs.push_back({ib, ib + in.bytes(), r, false});
+  }
+  std::sort(rs.begin(), rs.end(), [](const range& a, const range& b) { return a.b < b.b; });
+  const range* far_any = nullptr;    // the range reaching furthest so far
+  const range* far_write = nullptr;  // the written range reaching furthest so far
+  auto name = [](const range& r) {
+    return std::string("replica ") + std::to_string(r.replica) + "'s " + (r.write ? "output" : "input");
+  };
+  for (const auto& c : rs) {
+    const range* clash = nullptr;
+    if (far_write && c.b < far_write->e) {
+      clash = far_write;
+    } else if (c.write && far_any && c.b < far_any->e) {
+      clash = far_any;
+    }
+    if (clash) {
+      throw invalid_argument_error(name(c) + " overlaps " + name(*clash) +
+                                   "; every replica needs its own buffer (an output may only be "
+                                   "exactly its own input, for in-place)");
+    }
+    if (!far_any || c.e > far_any->e) far_any = &c;
+    if (c.write && (!far_write || c.e > far_write->e)) far_write = &c;
+  }
+}
+
+void check_overlaps(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  struct both {
+    const std::vector<buffer_view>& in;
+    const std::vector<buffer_view>& out;
+  } views{in, out};
+  check_overlaps(desc, static_cast<int>(in.size()),
+                 [](const void* c, int r, bool output) -> const buffer_view& {
+                   const auto& v = *static_cast<const both*>(c);
+                   return output ? v.out[r] : v.in[r];
+                 },
+                 &views);
+}
+
+}  // namespace detail
 
 }  // namespace distvals

@@ -2,8 +2,12 @@
 // aborts and closing, none of which may hang.
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
+
+#include <mutex>
 
 #include "check.hpp"
 #include "reference.hpp"
@@ -203,6 +207,261 @@ TEST_CASE("devices: parsing and duplicates") {
   CHECK(parse_reduce_op("PRODUCT") == reduce_op::prod);
   CHECK(parse_algorithm("Ring") == algorithm::ring);
   CHECK_THROWS_AS(parse_dtype("complex64"), dtype_error);
+}
+
+TEST_CASE("per replica: the same or overlapping buffers across replicas are refused on every replica") {
+  for (algorithm a : {algorithm::ring, algorithm::tree, algorithm::direct}) {
+    group g(3);
+    buffer shared(64, dtype::float32), other(64, dtype::float32);
+    for (std::size_t i = 0; i < 64; ++i) {
+      shared.as<float>()[i] = 1.0f;
+      other.as<float>()[i] = 2.0f;
+    }
+    // replicas 0 and 1 pass the very same array, replica 2 its own
+    auto err = on_threads(3, [&](int r) {
+      buffer_view v = r == 2 ? other.view() : shared.view();
+      g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, a, 64, 0}, v, v, 5000ms);
+    });
+    for (int r = 0; r < 3; ++r) CHECK_MSG(contains(err[r], "overlaps"), std::string(algorithm_name(a)) + ": " + err[r]);
+    for (std::size_t i = 0; i < 64; ++i) CHECK(shared.as<float>()[i] == 1.0f && other.as<float>()[i] == 2.0f);
+    // overlapping slices of one base: [0, 40) and [20, 60) (replica 2 reads [0, 40) too)
+    buffer base(64, dtype::float32);
+    auto slice = [&](std::size_t b) {
+      buffer_view v = base.view();
+      v.data = base.as<float>() + b;
+      v.count = 40;
+      return v;
+    };
+    buffer out2(40, dtype::float32);
+    err = on_threads(3, [&](int r) {
+      buffer_view in = r == 1 ? slice(20) : slice(0);
+      buffer_view out = r == 2 ? out2.view() : in;
+      g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, a, 40, 0}, in, out, 5000ms);
+    });
+    for (int r = 0; r < 3; ++r) CHECK_MSG(contains(err[r], "overlaps"), err[r]);
+    CHECK(!g.aborted());  // refused before anything ran: the group stays usable
+  }
+}
+
+TEST_CASE("per replica: shapes must agree, and the message names the first difference") {
+  group g(2);
+  buffer a(6, dtype::float32), b(6, dtype::float32), oa(12, dtype::float32), ob(12, dtype::float32);
+  const std::int64_t s23[] = {2, 3}, s32[] = {3, 2};
+  auto err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    o.shape = r == 0 ? s23 : s32;
+    o.ndim = 2;
+    g.run(r, call_desc{collective::all_gather, dtype::float32, reduce_op::sum, algorithm::direct, 6, 0},
+          r == 0 ? a.view() : b.view(), r == 0 ? oa.view() : ob.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK_MSG(contains(err[r], "replica 0 passed shape (2, 3), replica 1 passed shape (3, 2)"), err[r]);
+  }
+  // dtypes: named before anything else that differs
+  err = on_threads(2, [&](int r) {
+    call_desc d{collective::all_reduce, r == 0 ? dtype::float32 : dtype::int32, reduce_op::sum, algorithm::direct, 6, 0};
+    buffer_view v = r == 0 ? a.view() : b.view();
+    v.type = d.type;
+    g.run(r, d, v, v, 5s);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MSG(contains(err[r], "replica 0 passed dtype float32, replica 1 passed dtype int32"), err[r]);
+  CHECK(!g.aborted());
+}
+
+TEST_CASE("both call styles from several threads at once: serialized, never corrupted") {
+  group g(2);
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, errors{0}, per_replica_rounds{0}, single_calls{0};
+  std::string first_error;
+  std::mutex first_mu;
+  auto note = [&](const std::exception& e) {
+    errors.fetch_add(1);
+    std::lock_guard<std::mutex> lk(first_mu);
+    if (first_error.empty()) first_error = e.what();
+  };
+  // Replicas 0 and 1 run the same number of per-replica collectives on their own
+  // buffers...
+  const int rounds = distvals_test::quick() ? 100 : 400;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r]() {
+      buffer x(4096, dtype::float32);
+      for (int it = 0; it < rounds; ++it) {
+        for (std::size_t i = 0; i < 4096; ++i) x.as<float>()[i] = static_cast<float>(r + 1 + it);
+        try {
+          g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 4096, 0},
+                x.view(), x.view(), 20s);
+        } catch (const std::exception& e) {
+          note(e);
+          return;
+        }
+        const float want = static_cast<float>(3 + 2 * it);
+        for (std::size_t i = 0; i < 4096; ++i) {
+          if (x.as<float>()[i] != want) {
+            wrong.fetch_add(1);
+            break;
+          }
+        }
+        if (r == 0) per_replica_rounds.fetch_add(1);
+      }
+    });
+  }
+  // ...while a third thread runs single calls on other buffers.
+  ts.emplace_back([&]() {
+    buffer a(4096, dtype::float32), b(4096, dtype::float32);
+    while (!stop.load()) {
+      for (std::size_t i = 0; i < 4096; ++i) {
+        a.as<float>()[i] = 10.0f;
+        b.as<float>()[i] = 20.0f;
+      }
+      try {
+        g.all_reduce({a.view(), b.view()}, {a.view(), b.view()}, reduce_op::sum);
+      } catch (const std::exception& e) {
+        note(e);
+        return;
+      }
+      if (a.as<float>()[4095] != 30.0f || b.as<float>()[0] != 30.0f) wrong.fetch_add(1);
+      single_calls.fetch_add(1);
+    }
+  });
+  ts[0].join();
+  ts[1].join();
+  stop.store(true);
+  ts[2].join();
+  CHECK_MSG(errors.load() == 0, first_error);
+  CHECK(wrong.load() == 0);
+  CHECK(per_replica_rounds.load() == rounds);
+  CHECK(single_calls.load() > 0);
+}
+
+TEST_CASE("timeouts keep sub-millisecond values, and huge ones mean no timeout") {
+  group_options o;
+  o.timeout = std::chrono::microseconds(400);
+  group g(2, o);
+  CHECK(g.options().timeout == std::chrono::microseconds(400));
+  buffer a(4, dtype::float32);
+  const auto start = std::chrono::steady_clock::now();
+  std::string err;
+  try {
+    g.run(0, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 4, 0}, a.view(),
+          a.view());
+  } catch (const timeout_error& e) {
+    err = e.what();
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 2s);
+  CHECK_MSG(contains(err, "timed out after 0.0004 s") && contains(err, "replica(s) 1 never arrived"), err);
+  g.reset();
+  // no_timeout is kept as given, and a call with it still ends on cancel()
+  group_options forever;
+  forever.timeout = no_timeout;
+  group h(2, forever);
+  CHECK(h.options().timeout == no_timeout);
+  std::thread canceller([&]() {
+    std::this_thread::sleep_for(50ms);
+    h.cancel();
+  });
+  CHECK_THROWS_AS(h.run(0, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 4, 0},
+                        a.view(), a.view()),
+                  aborted_error);
+  canceller.join();
+}
+
+TEST_CASE("DISTVALS_TIMEOUT_SECONDS: inf and overflowing values mean no timeout, garbage the default") {
+  const char* before = std::getenv("DISTVALS_TIMEOUT_SECONDS");
+  const std::string keep = before ? before : "";
+  auto with_env = [](const char* v) {
+    setenv("DISTVALS_TIMEOUT_SECONDS", v, 1);
+    return group(1).options().timeout;
+  };
+  CHECK(with_env("inf") == no_timeout);
+  CHECK(with_env("1e308") == no_timeout);
+  CHECK(with_env("0.0004") == std::chrono::microseconds(400));
+  CHECK(with_env("2.5") == std::chrono::milliseconds(2500));
+  CHECK(with_env("five") == std::chrono::seconds(300));
+  CHECK(with_env("-3") == std::chrono::seconds(300));
+  CHECK(with_env("nan") == std::chrono::seconds(300));
+  CHECK(with_env("5s") == std::chrono::seconds(300));
+  if (before) {
+    setenv("DISTVALS_TIMEOUT_SECONDS", keep.c_str(), 1);
+  } else {
+    unsetenv("DISTVALS_TIMEOUT_SECONDS");
+  }
+}
+
+TEST_CASE("a group larger than max_group_size is refused") {
+  CHECK_THROWS_AS(group(max_group_size + 1), invalid_argument_error);
+  CHECK_THROWS_AS(group(-1), invalid_argument_error);
+}
+
+TEST_CASE("the C++ API states each thing once: typed views and per-replica calls") {
+  group g(3);
+  std::vector<std::vector<float>> grads(3, std::vector<float>(1000));
+  std::vector<std::vector<std::int32_t>> counts(3, std::vector<std::int32_t>(10));
+  for (std::size_t r = 0; r < grads.size(); ++r) {
+    for (std::size_t i = 0; i < grads[r].size(); ++i) grads[r][i] = static_cast<float>(r + 1) * 0.5f;
+    for (auto& c : counts[r]) c = static_cast<std::int32_t>(r);
+  }
+  std::vector<std::thread> ts;
+  std::vector<std::string> errs(3);
+  // A std::size_t replica index (the vector's own) and views that carry their dtype.
+  for (std::size_t r = 0; r < grads.size(); ++r) {
+    ts.emplace_back([&, r]() {
+      try {
+        auto v = view(grads[r].data(), grads[r].size());
+        g.all_reduce(r, v, v, reduce_op::sum);
+        std::vector<std::int32_t> all(30);
+        g.all_gather(r, view(static_cast<const std::int32_t*>(counts[r].data()), 10), view(all.data(), all.size()));
+        if (all[0] != 0 || all[10] != 1 || all[29] != 2) errs[r] = "all_gather wrong";
+      } catch (const std::exception& e) {
+        errs[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK_MSG(errs[r].empty(), errs[r]);
+    CHECK(grads[r][999] == 3.0f);
+  }
+  CHECK(view(static_cast<double*>(nullptr), 0).type == dtype::float64);
+  CHECK(view(static_cast<const std::uint8_t*>(nullptr), 0).type == dtype::uint8);
+  CHECK(view(static_cast<bfloat16_bits*>(nullptr), 0).type == dtype::bfloat16);
+  CHECK(dtype_of<std::int64_t>() == dtype::int64);
+  // An index that fits no int is out of range, not wrapped around to a valid one.
+  buffer a(4, dtype::float32);
+  CHECK_THROWS_AS(g.all_reduce(std::size_t{1} << 32, a.view(), a.view(), reduce_op::sum), invalid_argument_error);
+  CHECK_THROWS_AS(g.all_reduce(-1, a.view(), a.view(), reduce_op::sum), invalid_argument_error);
+}
+
+TEST_CASE("a call on an aborted group says so, names the original failure and the way out") {
+  group_options o;
+  o.timeout = 50ms;
+  group g(2, o);
+  buffer a(4, dtype::float32), b(4, dtype::float32);
+  std::string first;
+  try {
+    g.all_reduce(0, a.view(), a.view(), reduce_op::sum);  // replica 1 never comes
+  } catch (const timeout_error& e) {
+    first = e.what();
+  }
+  CHECK_MSG(contains(first, "replica(s) 1 never arrived"), first);
+  std::string later, original;
+  int origin = -2;
+  try {
+    g.all_reduce(0, a.view(), a.view(), reduce_op::sum);
+  } catch (const group_aborted_error& e) {
+    later = e.what();
+    original = e.original();
+    origin = e.replica();
+  }
+  CHECK_MSG(contains(later, "aborted since an earlier collective failed") && contains(later, "reset()") &&
+                contains(later, "never arrived"),
+            later);
+  CHECK(original == first);
+  CHECK(origin == 0);
+  CHECK_THROWS_AS(g.all_reduce({a.view(), b.view()}, {a.view(), b.view()}, reduce_op::sum), group_aborted_error);
+  g.reset();
+  g.all_reduce({a.view(), b.view()}, {a.view(), b.view()}, reduce_op::sum);
 }
 
 TEST_MAIN()

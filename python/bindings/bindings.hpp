@@ -5,7 +5,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "distvals/distvals.hpp"
 
@@ -19,6 +22,17 @@ void register_group(py::module_& m);
 void register_timing(py::module_& m);
 void register_pool(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
+
+/// The group options' interrupt hook: on the main thread, runs Python's pending signal
+/// handlers; true (cancel the group) when one raised, which is kept for reraise_interrupt().
+bool interrupted();
+
+/// Raises what a signal handler raised during the last blocked call, if anything.
+void raise_pending_interrupt();
+
+/// Runs `call`, a single-call collective of `g`, without the GIL. After a timeout or an
+/// abort the group is reset at once (nobody else is inside) and the error raised.
+void run_single(distvals::group& g, const std::function<void()>& call);
 
 /// On the main thread, raises again (sets as the Python error) what a signal handler
 /// raised while a collective was blocked, or KeyboardInterrupt, and returns true; on
@@ -38,5 +52,36 @@ py::dtype to_numpy(distvals::dtype t);
 
 /// A view of the array's memory for the engine (no copy).
 distvals::buffer_view view_of(const py::array& a, distvals::dtype t);
+
+/// The named parameters of a function taking *args and **kwargs, in order, with their
+/// defaults (an empty object: required).
+struct parameters {
+  const char* function;
+  std::vector<const char*> names;
+  std::vector<py::object> defaults;
+};
+
+/// Binds positional and keyword arguments to `p` as Python would: raises TypeError for
+/// too many positional arguments, an unknown or repeated keyword, or a missing required
+/// argument. Returns one object per parameter.
+std::vector<py::object> bind_arguments(const parameters& p, const py::args& args, const py::kwargs& kwargs);
+
+/// Parameter `index` of `p` as given (positionally or by keyword), or an empty handle.
+py::handle find_argument(const parameters& p, std::size_t index, const py::args& args, const py::kwargs& kwargs);
+
+/// A timeout in seconds from Python: None gives 0 (the group's own), a positive number
+/// its value to the nanosecond (inf, or anything too large: no timeout). TypeError for
+/// anything but a number (strings, bools), ValueError for NaN, zero and negatives.
+std::chrono::nanoseconds to_timeout(const py::handle& seconds, const char* what = "timeout_seconds");
+
+/// A timeout in seconds for Python (inf for no timeout).
+double timeout_seconds(std::chrono::nanoseconds t);
+
+/// A replica index (an int, not a bool) in [0, n); TypeError or ValueError otherwise.
+int to_replica(const py::handle& obj, int n, const char* what = "replica");
+
+/// What a Python exception says, for another replica's message: the message of a
+/// TypeError or ValueError, "Type: message" for anything else.
+std::string exception_text(const py::error_already_set& e);
 
 }  // namespace distvals_py

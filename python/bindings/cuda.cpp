@@ -7,6 +7,7 @@
 // this module carries no copy of the CUDA runtime of its own.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -159,18 +160,6 @@ py::dict from_dlpack(const py::object& capsule) {
 
 // ---- collectives --------------------------------------------------------------------------
 
-unsigned long main_thread = 0;
-
-bool interrupted() {
-  if (PyThread_get_thread_ident() != main_thread || !Py_IsInitialized()) return false;
-  py::gil_scoped_acquire gil;
-  if (PyErr_CheckSignals() != 0) {
-    PyErr_Clear();  // raised again as KeyboardInterrupt by the exception translator
-    return true;
-  }
-  return false;
-}
-
 collective parse_collective(const std::string& s) {
   if (s == "all_reduce") return collective::all_reduce;
   if (s == "reduce") return collective::reduce;
@@ -180,72 +169,74 @@ collective parse_collective(const std::string& s) {
   throw py::value_error("unknown collective '" + s + "'");
 }
 
-std::chrono::milliseconds to_ms(const py::object& seconds) {
-  if (seconds.is_none()) return std::chrono::milliseconds{0};
-  const double s = seconds.cast<double>();
-  if (!(s > 0)) throw py::value_error("timeout_seconds must be positive, got " + std::to_string(s));
-  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
-}
-
 // (pointer, elements, CUDA device or -1 for host memory) per replica.
 using raw_buffer = std::tuple<std::uintptr_t, std::size_t, int>;
+// (cudaStream_t as an integer, its CUDA device or -1) of a stream to follow.
+using raw_stream = std::tuple<std::uintptr_t, int>;
+
+buffer_view view(const raw_buffer& raw, distvals::dtype t) {
+  const auto& [ptr, count, gpu] = raw;
+  buffer_view b;
+  b.data = reinterpret_cast<void*>(ptr);
+  b.count = count;
+  b.type = t;
+  if (gpu >= 0) {
+    b.dev.kind = distvals::device::kind_t::gpu;
+    b.dev.index = gpu;
+  }
+  return b;
+}
 
 std::vector<buffer_view> views(const std::vector<raw_buffer>& raw, distvals::dtype t) {
   std::vector<buffer_view> v;
   v.reserve(raw.size());
-  for (const auto& [ptr, count, gpu] : raw) {
-    buffer_view b;
-    b.data = reinterpret_cast<void*>(ptr);
-    b.count = count;
-    b.type = t;
-    if (gpu >= 0) {
-      b.dev.kind = distvals::device::kind_t::gpu;
-      b.dev.index = gpu;
-    }
-    v.push_back(b);
-  }
+  for (const auto& r : raw) v.push_back(view(r, t));
   return v;
 }
 
+cuda::stream_view stream_of(const raw_stream& s) {
+  return cuda::stream_view(reinterpret_cast<CUstream_st*>(std::get<0>(s)), std::get<1>(s));
+}
+
+std::vector<cuda::stream_view> streams(const std::vector<raw_stream>& raw) {
+  std::vector<cuda::stream_view> out;
+  out.reserve(raw.size());
+  for (const auto& s : raw) out.push_back(stream_of(s));
+  return out;
+}
+
 call_desc make_desc(const std::string& kind, const std::string& dtype, const std::string& op, const std::string& algo,
-                    int root, const std::vector<raw_buffer>& ins) {
+                    int root, std::size_t count) {
   call_desc d;
   d.kind = parse_collective(kind);
   d.type = distvals::parse_dtype(dtype);
   d.op = distvals::parse_reduce_op(op);
   d.algo = distvals::parse_algorithm(algo);
   d.root = root;
-  const int which = d.kind == collective::broadcast ? root : 0;
+  d.count = count;
+  return d;
+}
+
+// The single-call style: every replica's buffers from one thread; with `stream` (a
+// cudaStream_t as an integer) enqueued there, otherwise waited for on the host.
+void run_collective(cuda::group& g, const std::string& kind, const std::string& dtype, const std::string& op,
+                    const std::string& algo, int root, const std::vector<raw_buffer>& ins,
+                    const std::vector<raw_buffer>& outs, const py::object& stream, int stream_device,
+                    const std::vector<raw_stream>& wait_for) {
+  const int which = parse_collective(kind) == collective::broadcast ? root : 0;
   if (which < 0 || which >= static_cast<int>(ins.size())) {
     throw py::value_error("root " + std::to_string(root) + " is out of range for " + std::to_string(ins.size()) +
                           " replicas");
   }
-  d.count = std::get<1>(ins[which]);
-  return d;
-}
-
-void run_collective(cuda::group& g, const std::string& kind, const std::string& dtype, const std::string& op,
-                    const std::string& algo, int root, const std::vector<raw_buffer>& ins,
-                    const std::vector<raw_buffer>& outs, const py::object& stream, int stream_device) {
-  const call_desc d = make_desc(kind, dtype, op, algo, root, ins);
+  const call_desc d = make_desc(kind, dtype, op, algo, root, std::get<1>(ins[which]));
   const auto iv = views(ins, d.type);
   const auto ov = views(outs, d.type);
-  const bool async = !stream.is_none();
-  const auto handle = async ? reinterpret_cast<CUstream_st*>(stream.cast<std::uintptr_t>()) : nullptr;
-  py::gil_scoped_release nogil;
-  try {
-    if (async) {
-      g.enqueue(d, iv, ov, cuda::stream_view(handle, stream_device));
-    } else {
-      g.run(d, iv, ov);
-    }
-  } catch (const distvals::timeout_error&) {
-    // Nobody else is inside (calls are serialized), so the group can be reset at once.
-    if (!g.closed()) g.reset();
-    throw;
-  } catch (const distvals::aborted_error&) {
-    if (!g.closed()) g.reset();
-    throw;
+  const auto waits = streams(wait_for);
+  if (stream.is_none()) {
+    run_single(g, [&]() { g.run(d, iv, ov, waits); });
+  } else {
+    const cuda::stream_view caller(reinterpret_cast<CUstream_st*>(stream.cast<std::uintptr_t>()), stream_device);
+    run_single(g, [&]() { g.enqueue(d, iv, ov, caller, waits); });
   }
 }
 
@@ -267,7 +258,6 @@ void* host_pointer(const py::array& a, bool writable, const char* what) {
 }  // namespace
 
 void register_cuda(py::module_& parent) {
-  main_thread = PyThread_get_thread_ident();
   py::module_ m = parent.def_submodule("cuda", "The CUDA backend: device memory, copies and GPU groups.");
 
   m.def("device_count", &cuda::device_count, "Number of CUDA devices; 0 without a GPU or a driver.");
@@ -294,7 +284,7 @@ void register_cuda(py::module_& parent) {
         void* s = host_pointer(src, false, "source");
         const std::size_t n = static_cast<std::size_t>(src.nbytes());
         py::gil_scoped_release nogil;
-        cuda::copy(reinterpret_cast<void*>(dst), s, n, gpu, to_ms(timeout));
+        cuda::copy(reinterpret_cast<void*>(dst), s, n, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("gpu"), py::arg("src"), py::arg("timeout_seconds") = py::none(),
       "Copies a host array into device memory at `dst` and waits.");
@@ -304,7 +294,7 @@ void register_cuda(py::module_& parent) {
         void* d = host_pointer(dst, true, "destination");
         const std::size_t n = static_cast<std::size_t>(dst.nbytes());
         py::gil_scoped_release nogil;
-        cuda::copy(d, reinterpret_cast<void*>(src), n, gpu, to_ms(timeout));
+        cuda::copy(d, reinterpret_cast<void*>(src), n, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("src"), py::arg("gpu"), py::arg("timeout_seconds") = py::none(),
       "Copies device memory at `src` into a host array and waits.");
@@ -312,7 +302,7 @@ void register_cuda(py::module_& parent) {
       "copy_device",
       [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes, int gpu, const py::object& timeout) {
         py::gil_scoped_release nogil;
-        cuda::copy(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), nbytes, gpu, to_ms(timeout));
+        cuda::copy(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), nbytes, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("gpu"), py::arg("timeout_seconds") = py::none(),
       "Copies device memory to device memory and waits.");
@@ -327,7 +317,7 @@ void register_cuda(py::module_& parent) {
       "synchronize_stream",
       [](std::uintptr_t stream, int gpu, const py::object& timeout) {
         py::gil_scoped_release nogil;
-        cuda::synchronize(cuda::stream_view(reinterpret_cast<CUstream_st*>(stream), gpu), to_ms(timeout));
+        cuda::synchronize(cuda::stream_view(reinterpret_cast<CUstream_st*>(stream), gpu), to_timeout(timeout));
       },
       py::arg("stream"), py::arg("gpu") = -1, py::arg("timeout_seconds") = py::none(),
       "Waits until the work queued so far on a stream (a cudaStream_t as an integer) is done.");
@@ -337,11 +327,11 @@ void register_cuda(py::module_& parent) {
   m.def("from_dlpack", &from_dlpack, py::arg("capsule"),
         "Consumes a DLPack capsule: dict(ptr, shape, strides, dtype=(code, bits, lanes), device=(type, id), keeper).");
 
-  py::class_<cuda::group>(m, "Group", "N replicas on CUDA devices (the engine's GPU group).")
+  py::class_<cuda::group>(m, "Group", "N replicas on CUDA devices (the engine's group of GPU replicas).")
       .def(py::init([](const std::vector<std::string>& devices, int logical_per_gpu, const py::object& timeout,
                        std::size_t chunk_bytes, bool peer_access) {
              cuda::group_options o;
-             o.timeout = to_ms(timeout);
+             o.timeout = to_timeout(timeout);
              o.chunk_bytes = chunk_bytes;
              o.peer_access = peer_access;
              o.interrupted = &interrupted;
@@ -358,16 +348,55 @@ void register_cuda(py::module_& parent) {
         return out;
       })
       .def_property_readonly("gpus", [](const cuda::group& g) { return g.gpus(); })
-      .def_property_readonly("timeout_seconds", [](const cuda::group& g) { return g.options().timeout.count() / 1000.0; })
+      .def_property_readonly("timeout_seconds", [](const cuda::group& g) { return timeout_seconds(g.options().timeout); })
       .def("direct_access", &cuda::group::direct_access, py::arg("a"), py::arg("b"))
       .def("replica_stream", [](const cuda::group& g, int r) {
         return reinterpret_cast<std::uintptr_t>(g.replica_stream(r).value());
       }, py::arg("replica"))
       .def("run", &run_collective, py::arg("kind"), py::arg("dtype"), py::arg("op"), py::arg("algorithm"),
            py::arg("root"), py::arg("inputs"), py::arg("outputs"), py::arg("stream") = py::none(),
-           py::arg("stream_device") = -1,
+           py::arg("stream_device") = -1, py::arg("wait_for") = std::vector<raw_stream>{},
            "Runs one collective over (ptr, count, gpu) buffers; with `stream` (a cudaStream_t as an "
-           "integer) it is enqueued there without waiting, otherwise it waits until done.")
+           "integer) it is enqueued there without waiting, otherwise it waits until done. It starts after "
+           "the work queued on every (stream, device) of `wait_for`, without a host wait.")
+      .def(
+          "replica_run",
+          [](cuda::group& g, int replica, const std::string& kind, const std::string& dtype, const std::string& op,
+             const std::string& algo, int root, const raw_buffer& in, const raw_buffer& out,
+             const std::vector<std::int64_t>& shape, const py::object& timeout, const py::object& wait_stream,
+             int wait_device) {
+            const call_desc d = make_desc(kind, dtype, op, algo, root, std::get<1>(in));
+            distvals::replica_options o;
+            o.timeout = to_timeout(timeout);
+            o.shape = shape.data();
+            o.ndim = static_cast<int>(shape.size());
+            const buffer_view iv = view(in, d.type), ov = view(out, d.type);
+            {
+              py::gil_scoped_release nogil;
+              if (wait_stream.is_none()) {
+                g.run(replica, d, iv, ov, o);
+              } else {
+                g.run(replica, d, iv, ov, o,
+                      cuda::stream_view(reinterpret_cast<CUstream_st*>(wait_stream.cast<std::uintptr_t>()), wait_device));
+              }
+            }
+            raise_pending_interrupt();
+          },
+          py::arg("replica"), py::arg("kind"), py::arg("dtype"), py::arg("op"), py::arg("algorithm"), py::arg("root"),
+          py::arg("input"), py::arg("output"), py::arg("shape"), py::arg("timeout_seconds") = py::none(),
+          py::arg("wait_stream") = py::none(), py::arg("wait_device") = -1,
+          "Replica `replica`'s part of a per-replica collective: it meets the other replicas in the engine, "
+          "which checks that they agree; replica 0 then launches the collective for all.")
+      .def(
+          "report_invalid",
+          [](cuda::group& g, int replica, const std::string& why, bool type_error, const py::object& timeout) {
+            const auto t = to_timeout(timeout);
+            py::gil_scoped_release nogil;
+            g.report_invalid(replica, why, type_error, t);
+          },
+          py::arg("replica"), py::arg("why"), py::arg("type_error"), py::arg("timeout_seconds") = py::none(),
+          "Replica `replica`'s arguments were found invalid before it could call replica_run: it meets the "
+          "others, and every replica of that call raises `why`.")
       .def("abort", &cuda::group::abort, py::arg("replica"), py::arg("why"))
       .def("cancel", &cuda::group::cancel)
       .def("reset", &cuda::group::reset)
@@ -382,7 +411,8 @@ void register_cuda(py::module_& parent) {
       "time_all_reduce",
       [](cuda::group& g, const std::vector<raw_buffer>& bufs, const std::string& dtype, const std::string& op,
          const std::string& algo, int iterations, int warmup) {
-        const call_desc d = make_desc("all_reduce", dtype, op, algo, 0, bufs);
+        if (bufs.empty()) throw py::value_error("time_all_reduce needs one buffer per replica");
+        const call_desc d = make_desc("all_reduce", dtype, op, algo, 0, std::get<1>(bufs[0]));
         const auto v = views(bufs, d.type);
         std::vector<double> t;
         {

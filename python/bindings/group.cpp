@@ -26,6 +26,8 @@ unsigned long main_thread_id = 0;
 // exception translator raises it again. Only the main thread touches it, with the GIL.
 py::error_already_set* pending_interrupt = nullptr;
 
+}  // namespace
+
 // Blocked waits call this every ~50 ms: on the main thread it lets Python run pending
 // signal handlers, so Ctrl-C cancels a long collective instead of waiting it out.
 bool interrupted() {
@@ -38,6 +40,8 @@ bool interrupted() {
   pending_interrupt = new py::error_already_set();
   return true;
 }
+
+namespace {
 
 std::string shape_str(const py::array& a) {
   std::string s = "(";
@@ -89,6 +93,8 @@ arrays collect(const group& g, const py::sequence& bufs, bool writable, const ch
   return out;
 }
 
+}  // namespace
+
 // A collective on the main thread may complete although a signal handler raised while
 // it waited (the data arrived in the same instant): the handler's exception is raised
 // anyway, so Ctrl-C is never lost.
@@ -96,30 +102,42 @@ void raise_pending_interrupt() {
   if (reraise_interrupt()) throw py::error_already_set();
 }
 
-// Runs the single-call style without the GIL. A failed collective leaves nobody inside
-// the group, so it is reset at once and stays usable.
-void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+void run_single(distvals::group& g, const std::function<void()>& call) {
+  // A failed single call leaves nobody of its own inside the group, so the group is
+  // reset at once and stays usable (unless per-replica callers wait at the gate, which
+  // then see the failure themselves).
+  auto reset = [&]() {
+    try {
+      if (!g.closed()) g.reset();
+    } catch (const std::logic_error&) {
+    }
+  };
   {
     py::gil_scoped_release nogil;
     try {
-      g.run(d, in, out);
+      call();
     } catch (const distvals::timeout_error&) {
-      if (!g.closed()) g.reset();
+      reset();
       throw;
     } catch (const distvals::aborted_error&) {
-      if (!g.closed()) g.reset();
+      reset();
       throw;
     }
   }
   if (pending_interrupt != nullptr && PyThread_get_thread_ident() == main_thread_id) {
-    // Completed, but the signal handler cancelled the group meanwhile: nobody is inside
-    // (this style runs one call at a time), so clear that as after any failure.
-    try {
-      if (g.aborted() && !g.closed()) g.reset();
-    } catch (const std::logic_error&) {
-    }
+    // Completed, but the signal handler cancelled the group meanwhile: clear that as
+    // after any failure.
+    if (g.aborted()) reset();
     raise_pending_interrupt();
   }
+}
+
+namespace {
+
+// Runs the single-call style without the GIL. A failed collective leaves nobody inside
+// the group, so it is reset at once and stays usable.
+void run_all(group& g, const call_desc& d, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out) {
+  run_single(g, [&]() { g.run(d, in, out); });
 }
 
 py::array new_like(const py::array& a, distvals::dtype t, std::vector<py::ssize_t> shape) {
@@ -148,41 +166,66 @@ std::vector<py::ssize_t> scattered_shape(const py::array& a, int n, int replica)
   return s;
 }
 
-std::chrono::milliseconds to_ms(const py::object& seconds) {
-  if (seconds.is_none()) return std::chrono::milliseconds{0};
-  const double s = seconds.cast<double>();
-  if (!(s > 0)) throw py::value_error("timeout_seconds must be positive, got " + std::to_string(s));
-  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
-}
-
-// Per-replica call without the GIL.
-void run_one(group& g, int replica, const call_desc& d, buffer_view in, buffer_view out, std::chrono::milliseconds t) {
-  {
-    py::gil_scoped_release nogil;
-    g.run(replica, d, in, out, t);
-  }
-  raise_pending_interrupt();
-}
-
-// One replica's checked arguments of a per-replica call.
+// One replica's checked arguments of a per-replica call, and everything that keeps the
+// memory of its buffers alive (arrays, buffer exports, DLPack owners) until the engine
+// no longer touches it: a bytearray whose export is held cannot be resized meanwhile.
 struct call_args {
   call_desc desc;
   buffer_view in, out;
-  std::chrono::milliseconds timeout{0};
-  py::object result;  // the new output array, for collectives that return one
+  std::chrono::nanoseconds timeout{0};
+  std::vector<std::int64_t> shape;
+  std::vector<py::object> keep;
+  py::object result = py::none();  // the new output array, for collectives that return one
 };
+
+std::vector<std::int64_t> shape_vector(const py::array& a) {
+  return std::vector<std::int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// The checked arguments of a collective that works in place on `x`.
+call_args in_place_call(const py::array& x, distvals::dtype t, call_desc d, std::chrono::nanoseconds timeout) {
+  call_args c;
+  c.in = c.out = view_of(x, t);
+  d.type = t;
+  d.count = c.in.count;
+  c.desc = d;
+  c.timeout = timeout;
+  c.shape = shape_vector(x);
+  c.keep.push_back(x);
+  return c;
+}
+
+// The checked arguments of a collective that reads `x` and returns a new array.
+call_args new_output_call(const py::array& x, distvals::dtype t, call_desc d, std::vector<py::ssize_t> out_shape,
+                          std::chrono::nanoseconds timeout) {
+  call_args c = in_place_call(x, t, d, timeout);
+  py::array out = new_like(x, t, std::move(out_shape));
+  c.out = view_of(out, t);
+  c.keep.push_back(out);
+  c.result = out;
+  return c;
+}
+
+// Per-replica call without the GIL.
+void run_one(group& g, int replica, const call_args& c) {
+  distvals::replica_options o;
+  o.timeout = c.timeout;
+  o.shape = c.shape.data();
+  o.ndim = static_cast<int>(c.shape.size());
+  {
+    py::gil_scoped_release nogil;
+    g.run(replica, c.desc, c.in, c.out, o);
+  }
+  raise_pending_interrupt();
+}
 
 // Tells the other replicas that this replica's arguments are invalid, so that each of
 // them raises the error instead of waiting for a replica that never comes. Returns once
 // they have all arrived (or on timeout, abort or close): the caller then raises its own
 // error, which is more useful than anything this call could say.
-void report_invalid(group& g, int replica, const std::string& why, bool type_error, const py::object& timeout) {
-  std::chrono::milliseconds t{0};  // the group's timeout when the given one is bad too
-  try {
-    t = to_ms(timeout);
-  } catch (const std::exception&) {
-    PyErr_Clear();
-  }
+void report_invalid(group& g, int replica, std::string why, bool type_error, std::chrono::nanoseconds t) {
+  const std::string who = "replica " + std::to_string(replica);
+  if (why.compare(0, who.size(), who) != 0) why = who + ": " + why;
   py::gil_scoped_release nogil;
   try {
     g.report_invalid(replica, why, type_error, t);
@@ -190,41 +233,79 @@ void report_invalid(group& g, int replica, const std::string& why, bool type_err
   }
 }
 
-// Runs `prepare` (checks and conversions of one replica's arguments) and returns its
-// result; when it raises ValueError or TypeError, reports that to the other replicas
-// first (see report_invalid), then raises it.
+// The protocol of every replica_* method:
+//  step 1: find the calling replica; a call that names no valid replica cannot take part
+//          in the meeting, so it aborts the collective (the others are released at once
+//          with AbortedError) and raises its own TypeError or ValueError;
+//  step 2: bind and check every other argument; whatever goes wrong (a wrong type, a
+//          misspelt keyword, an exception raised by the array's own __dlpack__) is
+//          reported to the other replicas, which raise it too, before it is raised here;
+//  step 3: meet the others and run, without the GIL.
 template <class Prepare>
-call_args checked_call(group& g, int replica, const py::object& timeout, Prepare&& prepare) {
+py::object per_replica(group& g, const parameters& p, std::size_t timeout_index, const py::args& args,
+                       const py::kwargs& kwargs, Prepare prepare) {
+  int replica = -1;
   try {
-    return prepare();
-  } catch (const py::type_error& e) {
-    report_invalid(g, replica, e.what(), true, timeout);
+    replica = to_replica(find_argument(p, 0, args, kwargs), g.size());
+  } catch (py::error_already_set& e) {
+    g.abort(-1, std::string("a ") + p.function + " call named no valid replica (" + exception_text(e) + ")");
     throw;
-  } catch (const py::value_error& e) {
-    report_invalid(g, replica, e.what(), false, timeout);
+  } catch (const std::exception& e) {
+    g.abort(-1, std::string("a ") + p.function + " call named no valid replica (" + e.what() + ")");
+    throw;
+  }
+  auto timeout_for_report = [&]() {
+    try {
+      return to_timeout(find_argument(p, timeout_index, args, kwargs));
+    } catch (py::error_already_set&) {
+      return std::chrono::nanoseconds{0};  // the group's own, when the given one is bad too
+    } catch (const std::exception&) {
+      return std::chrono::nanoseconds{0};
+    }
+  };
+  call_args c;
+  try {
+    c = prepare(replica, bind_arguments(p, args, kwargs));
+  } catch (py::error_already_set& e) {
+    report_invalid(g, replica, exception_text(e), e.matches(PyExc_TypeError), timeout_for_report());
+    throw;
+  } catch (const py::type_error& e) {
+    report_invalid(g, replica, e.what(), true, timeout_for_report());
     throw;
   } catch (const distvals::dtype_error& e) {
-    report_invalid(g, replica, e.what(), true, timeout);
+    report_invalid(g, replica, e.what(), true, timeout_for_report());
     throw;
-  } catch (const distvals::invalid_argument_error& e) {
-    report_invalid(g, replica, e.what(), false, timeout);
-    throw;
-  } catch (py::error_already_set& e) {
-    // Raised in Python code (the zero-copy converter); its message is the value's str.
-    const bool type_error = e.matches(PyExc_TypeError);
-    if (type_error || e.matches(PyExc_ValueError)) {
-      report_invalid(g, replica, py::str(e.value()).cast<std::string>(), type_error, timeout);
-    }
+  } catch (const std::exception& e) {
+    report_invalid(g, replica, e.what(), false, timeout_for_report());
     throw;
   }
+  run_one(g, replica, c);
+  return c.result;
 }
 
-int check_replica(const group& g, int replica) {
-  if (replica < 0 || replica >= g.size()) {
-    throw py::value_error("replica " + std::to_string(replica) + " is out of range for a group of " +
-                          std::to_string(g.size()));
+// A str argument such as op="sum"; TypeError naming the parameter otherwise.
+std::string text_argument(const py::object& v, const char* name) {
+  if (!py::isinstance<py::str>(v)) {
+    throw py::type_error(std::string(name) + " must be a string, got " +
+                         std::string(py::str(py::type::handle_of(v).attr("__name__"))));
   }
-  return replica;
+  return v.cast<std::string>();
+}
+
+// The group's size from Python: an int in [1, max_group_size]; the CPU device names
+// otherwise. Huge ints are a ValueError, not an overflow deep inside the cast.
+int replica_count(const py::handle& devices) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(devices.ptr(), &overflow);
+  if (overflow == 0 && v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow > 0 || v > distvals::max_group_size) {
+    throw py::value_error("a group of " + std::string(py::str(devices)) + " replicas is too large (at most " +
+                          std::to_string(distvals::max_group_size) + ")");
+  }
+  if (overflow < 0 || v < 1) {
+    throw py::value_error("a group needs at least 1 replica, got " + std::string(py::str(devices)));
+  }
+  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -239,16 +320,39 @@ bool reraise_interrupt() {
 
 void register_group(py::module_& m) {
   main_thread_id = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  // Leaked on purpose: the defaults are Python objects, which must not be released after
+  // the interpreter has finalized.
+  // The per-replica methods take *args and **kwargs and bind them themselves (see
+  // per_replica), so that every mistake in a call reaches the other replicas.
+  static const parameters& all_reduce_params = *new parameters{
+      "replica_all_reduce", {"replica", "array", "op", "algorithm", "timeout_seconds", "out"},
+      {py::object(), py::object(), py::str("sum"), py::str("auto"), py::none(), py::none()}};
+  static const parameters& all_gather_params = *new parameters{
+      "replica_all_gather", {"replica", "array", "timeout_seconds"}, {py::object(), py::object(), py::none()}};
+  static const parameters& broadcast_params = *new parameters{
+      "replica_broadcast", {"replica", "array", "root", "timeout_seconds"},
+      {py::object(), py::object(), py::int_(0), py::none()}};
+  static const parameters& reduce_params = *new parameters{
+      "replica_reduce", {"replica", "array", "root", "op", "timeout_seconds"},
+      {py::object(), py::object(), py::int_(0), py::str("sum"), py::none()}};
+  static const parameters& reduce_scatter_params = *new parameters{
+      "replica_reduce_scatter", {"replica", "array", "op", "timeout_seconds"},
+      {py::object(), py::object(), py::str("sum"), py::none()}};
+
   py::class_<group>(m, "Group", "N local replicas that run collectives together (the C++ engine).")
       .def(py::init([](const py::object& devices, const py::object& timeout_seconds, int threads,
                        std::size_t chunk_bytes, int spin_us) {
              distvals::group_options o;
-             o.timeout = to_ms(timeout_seconds);
+             o.timeout = to_timeout(timeout_seconds);
              o.threads = threads;
              o.chunk_bytes = chunk_bytes;
              o.spin_us = spin_us;
              o.interrupted = &interrupted;
-             if (py::isinstance<py::int_>(devices)) return new group(devices.cast<int>(), o);
+             if (PyLong_Check(devices.ptr()) && !PyBool_Check(devices.ptr())) {
+               const int n = replica_count(devices);
+               py::gil_scoped_release nogil;
+               return new group(n, o);
+             }
              std::vector<distvals::device> ds;
              for (auto d : devices) ds.push_back(distvals::device::parse(py::str(d)));
              return new group(ds, o);
@@ -261,7 +365,7 @@ void register_group(py::module_& m) {
         for (const auto& d : g.devices()) out.append(d.str());
         return out;
       })
-      .def_property_readonly("timeout_seconds", [](const group& g) { return g.options().timeout.count() / 1000.0; })
+      .def_property_readonly("timeout_seconds", [](const group& g) { return timeout_seconds(g.options().timeout); })
       .def_property_readonly("threads", [](const group& g) { return g.options().threads; })
       // ---- single-call style ------------------------------------------------------
       .def("all_reduce",
@@ -282,9 +386,9 @@ void register_group(py::module_& m) {
            },
            py::arg("buffers"), py::arg("op") = "sum", py::arg("algorithm") = "auto", py::arg("out") = py::none())
       .def("reduce",
-           [](group& g, const py::sequence& bufs, int root, const std::string& op) {
+           [](group& g, const py::sequence& bufs, const py::object& root_obj, const std::string& op) {
              const auto in = collect(g, bufs, false, "reduce");
-             check_replica(g, root);
+             const int root = to_replica(root_obj, g.size(), "root");
              as_array(in.a[root], root, true, "root array");
              const call_desc d{collective::reduce, in.type, distvals::parse_reduce_op(op),
                                distvals::algorithm::direct, in.v[0].count, root};
@@ -292,9 +396,9 @@ void register_group(py::module_& m) {
            },
            py::arg("buffers"), py::arg("root") = 0, py::arg("op") = "sum")
       .def("broadcast",
-           [](group& g, const py::sequence& bufs, int root) {
+           [](group& g, const py::sequence& bufs, const py::object& root_obj) {
              const auto in = collect(g, bufs, true, "broadcast");
-             check_replica(g, root);
+             const int root = to_replica(root_obj, g.size(), "root");
              const call_desc d{collective::broadcast, in.type, distvals::reduce_op::sum, distvals::algorithm::direct,
                                in.v[0].count, root};
              run_all(g, d, in.v, in.v);
@@ -335,99 +439,85 @@ void register_group(py::module_& m) {
            },
            py::arg("buffers"), py::arg("op") = "sum")
       // ---- per-replica style: one thread per replica -----------------------------------
-      // Arguments are checked inside checked_call: when one replica's are bad, it still
-      // meets the others to report it, and every replica raises the same error at once.
       .def("replica_all_reduce",
-           [](group& g, int replica, const py::object& arr, const std::string& op, const std::string& algo,
-              const py::object& timeout, const py::object& out) {
-             check_replica(g, replica);
-             call_args c = checked_call(g, replica, timeout, [&]() {
-               py::array a = as_array(arr, replica, out.is_none(), "array");
-               const auto t = to_dtype(a.dtype(), replica);
-               const auto v = view_of(a, t);
-               buffer_view o = v;
-               if (!out.is_none()) {
+           [](group& g, const py::args& args, const py::kwargs& kwargs) {
+             return per_replica(g, all_reduce_params, 4, args, kwargs, [&](int replica, std::vector<py::object> a) {
+               call_desc d{collective::all_reduce};
+               d.op = distvals::parse_reduce_op(text_argument(a[2], "op"));
+               d.algo = distvals::parse_algorithm(text_argument(a[3], "algorithm"));
+               const auto timeout = to_timeout(a[4]);
+               py::array x = as_array(a[1], replica, a[5].is_none(), "array");
+               const auto t = to_dtype(x.dtype(), replica);
+               call_args c = in_place_call(x, t, d, timeout);
+               if (!a[5].is_none()) {
                  // Out of place: the engine reads `array` and writes `out`, no copy first.
-                 py::array b = as_array(out, replica, true, "out");
-                 if (to_dtype(b.dtype(), replica) != t || !same_shape(a, b)) {
+                 py::array b = as_array(a[5], replica, true, "out");
+                 if (to_dtype(b.dtype(), replica) != t || !same_shape(x, b)) {
                    throw py::value_error("replica " + std::to_string(replica) + ": out has dtype " +
                                          std::string(py::str(b.dtype())) + " and shape " + shape_str(b) +
-                                         ", the array has " + std::string(py::str(a.dtype())) + " and " +
-                                         shape_str(a));
+                                         ", the array has " + std::string(py::str(x.dtype())) + " and " +
+                                         shape_str(x));
                  }
-                 o = view_of(b, t);
+                 c.out = view_of(b, t);
+                 c.keep.push_back(b);
                }
-               return call_args{call_desc{collective::all_reduce, t, distvals::parse_reduce_op(op),
-                                          distvals::parse_algorithm(algo), v.count, 0},
-                                v, o, to_ms(timeout), py::none()};
+               return c;
              });
-             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
-           py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("algorithm") = "auto",
-           py::arg("timeout_seconds") = py::none(), py::arg("out") = py::none(),
+           "replica_all_reduce(replica, array, op='sum', algorithm='auto', timeout_seconds=None, out=None)\n\n"
            "Replica `replica`'s part of an all-reduce, in place or into `out`; all replicas call it "
            "from their own threads.")
       .def("replica_all_gather",
-           [](group& g, int replica, const py::object& arr, const py::object& timeout) {
-             check_replica(g, replica);
-             call_args c = checked_call(g, replica, timeout, [&]() {
-               py::array a = as_array(arr, replica, false, "array");
-               const auto t = to_dtype(a.dtype(), replica);
-               py::array out = new_like(a, t, gathered_shape(a, g.size()));
-               return call_args{call_desc{collective::all_gather, t, distvals::reduce_op::sum,
-                                          distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
-                                view_of(a, t), view_of(out, t), to_ms(timeout), out};
+           [](group& g, const py::args& args, const py::kwargs& kwargs) {
+             return per_replica(g, all_gather_params, 2, args, kwargs, [&](int replica, std::vector<py::object> a) {
+               const auto timeout = to_timeout(a[2]);
+               py::array x = as_array(a[1], replica, false, "array");
+               return new_output_call(x, to_dtype(x.dtype(), replica), call_desc{collective::all_gather},
+                                      gathered_shape(x, g.size()), timeout);
              });
-             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
-             return c.result;
            },
-           py::arg("replica"), py::arg("array"), py::arg("timeout_seconds") = py::none())
+           "replica_all_gather(replica, array, timeout_seconds=None)\n\n"
+           "Replica `replica`'s part of an all-gather: a new array, every replica's array concatenated along axis 0.")
       .def("replica_broadcast",
-           [](group& g, int replica, const py::object& arr, int root, const py::object& timeout) {
-             check_replica(g, replica);
-             call_args c = checked_call(g, replica, timeout, [&]() {
-               check_replica(g, root);
-               py::array a = as_array(arr, replica, true, "array");
-               const auto t = to_dtype(a.dtype(), replica);
-               const auto v = view_of(a, t);
-               return call_args{call_desc{collective::broadcast, t, distvals::reduce_op::sum,
-                                          distvals::algorithm::direct, v.count, root},
-                                v, v, to_ms(timeout), py::none()};
+           [](group& g, const py::args& args, const py::kwargs& kwargs) {
+             return per_replica(g, broadcast_params, 3, args, kwargs, [&](int replica, std::vector<py::object> a) {
+               const int root = to_replica(a[2], g.size(), "root");
+               const auto timeout = to_timeout(a[3]);
+               py::array x = as_array(a[1], replica, true, "array");
+               call_desc d{collective::broadcast};
+               d.root = root;
+               return in_place_call(x, to_dtype(x.dtype(), replica), d, timeout);
              });
-             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
-           py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("timeout_seconds") = py::none())
+           "replica_broadcast(replica, array, root=0, timeout_seconds=None)\n\n"
+           "Replica `replica`'s part of a broadcast: `array` receives the root's array, in place.")
       .def("replica_reduce",
-           [](group& g, int replica, const py::object& arr, int root, const std::string& op, const py::object& timeout) {
-             check_replica(g, replica);
-             call_args c = checked_call(g, replica, timeout, [&]() {
-               check_replica(g, root);
-               py::array a = as_array(arr, replica, replica == root, "array");
-               const auto t = to_dtype(a.dtype(), replica);
-               const auto v = view_of(a, t);
-               return call_args{call_desc{collective::reduce, t, distvals::parse_reduce_op(op),
-                                          distvals::algorithm::direct, v.count, root},
-                                v, v, to_ms(timeout), py::none()};
+           [](group& g, const py::args& args, const py::kwargs& kwargs) {
+             return per_replica(g, reduce_params, 4, args, kwargs, [&](int replica, std::vector<py::object> a) {
+               const int root = to_replica(a[2], g.size(), "root");
+               call_desc d{collective::reduce};
+               d.op = distvals::parse_reduce_op(text_argument(a[3], "op"));
+               d.root = root;
+               const auto timeout = to_timeout(a[4]);
+               py::array x = as_array(a[1], replica, replica == root, "array");
+               return in_place_call(x, to_dtype(x.dtype(), replica), d, timeout);
              });
-             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
            },
-           py::arg("replica"), py::arg("array"), py::arg("root") = 0, py::arg("op") = "sum",
-           py::arg("timeout_seconds") = py::none())
+           "replica_reduce(replica, array, root=0, op='sum', timeout_seconds=None)\n\n"
+           "Replica `replica`'s part of a reduce: the root's array receives the reduction, in place.")
       .def("replica_reduce_scatter",
-           [](group& g, int replica, const py::object& arr, const std::string& op, const py::object& timeout) {
-             check_replica(g, replica);
-             call_args c = checked_call(g, replica, timeout, [&]() {
-               py::array a = as_array(arr, replica, false, "array");
-               const auto t = to_dtype(a.dtype(), replica);
-               py::array out = new_like(a, t, scattered_shape(a, g.size(), replica));
-               return call_args{call_desc{collective::reduce_scatter, t, distvals::parse_reduce_op(op),
-                                          distvals::algorithm::direct, static_cast<std::size_t>(a.size()), 0},
-                                view_of(a, t), view_of(out, t), to_ms(timeout), out};
+           [](group& g, const py::args& args, const py::kwargs& kwargs) {
+             return per_replica(g, reduce_scatter_params, 3, args, kwargs, [&](int replica, std::vector<py::object> a) {
+               call_desc d{collective::reduce_scatter};
+               d.op = distvals::parse_reduce_op(text_argument(a[2], "op"));
+               const auto timeout = to_timeout(a[3]);
+               py::array x = as_array(a[1], replica, false, "array");
+               return new_output_call(x, to_dtype(x.dtype(), replica), d, scattered_shape(x, g.size(), replica),
+                                      timeout);
              });
-             run_one(g, replica, c.desc, c.in, c.out, c.timeout);
-             return c.result;
            },
-           py::arg("replica"), py::arg("array"), py::arg("op") = "sum", py::arg("timeout_seconds") = py::none())
+           "replica_reduce_scatter(replica, array, op='sum', timeout_seconds=None)\n\n"
+           "Replica `replica`'s part of a reduce-scatter: a new array, block `replica` of the reduction.")
       // ---- failure handling ------------------------------------------------------------
       .def("abort", &group::abort, py::arg("replica"), py::arg("why"),
            "Release every waiting replica with AbortedError naming `replica`; the group stays aborted until reset().")

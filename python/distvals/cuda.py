@@ -11,7 +11,9 @@ they are, without a copy (``as_device_array``).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Tuple, Union
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,7 +22,9 @@ from . import _core, config
 __all__ = [
     "CudaReplicaGroup",
     "DeviceArray",
+    "OutputCache",
     "as_device_array",
+    "cuda_array_interface",
     "device_count",
     "empty",
     "is_available",
@@ -138,7 +142,7 @@ class DeviceArray:
     are mapped with ``distvals.config``). ``.numpy()`` copies the data to the host.
     """
 
-    __slots__ = ("_ptr", "_shape", "_dtype", "_device", "_owner", "_readonly", "__weakref__")
+    __slots__ = ("_ptr", "_shape", "_dtype", "_device", "_owner", "_readonly", "_stream", "__weakref__")
 
     def __init__(self, shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0):
         b = _require_backend()
@@ -149,11 +153,13 @@ class DeviceArray:
         self._owner = b.DeviceBuffer(nbytes, self._device)
         self._ptr = int(self._owner.ptr)
         self._readonly = False
+        self._stream = None
 
     @classmethod
     def _view(cls, ptr: int, shape: Tuple[int, ...], dtype: np.dtype, device: int, owner: Any,
-              readonly: bool = False) -> "DeviceArray":
-        """A view of memory someone else owns; ``owner`` is kept alive with the view."""
+              readonly: bool = False, stream: Optional[Tuple[int, int]] = None) -> "DeviceArray":
+        """A view of memory someone else owns; ``owner`` is kept alive with the view.
+        ``stream``: (cudaStream_t, device) where the producer may still be writing it."""
         self = cls.__new__(cls)
         self._ptr = int(ptr)
         self._shape = tuple(shape)
@@ -161,6 +167,7 @@ class DeviceArray:
         self._device = int(device)
         self._owner = owner
         self._readonly = bool(readonly)
+        self._stream = stream
         return self
 
     # ---- description -------------------------------------------------------------
@@ -197,6 +204,13 @@ class DeviceArray:
     @property
     def readonly(self) -> bool:
         return self._readonly
+
+    @property
+    def producer_stream(self) -> Optional[Tuple[int, int]]:
+        """(cudaStream_t as an int, CUDA device) on which the array's producer may still be
+        writing it (a ``__cuda_array_interface__`` version 3 ``stream``), or None. The
+        collectives of distvals order themselves after it on the device."""
+        return self._stream
 
     def __len__(self) -> int:
         if not self._shape:
@@ -253,8 +267,10 @@ class DeviceArray:
             "strides": None,
             "version": 3,
             # Everything distvals does without an explicit stream has finished when it
-            # returns, so consumers need not synchronize.
-            "stream": None,
+            # returns, so consumers need not synchronize; an array still being written on
+            # a stream (a collective enqueued with stream=) names it (0, the legacy
+            # default stream, is 1 in this protocol).
+            "stream": None if self._stream is None else (self._stream[0] or 1),
         }
 
     def __dlpack_device__(self) -> Tuple[int, int]:
@@ -271,6 +287,56 @@ class DeviceArray:
             raise BufferError(f"a DeviceArray on CUDA device {self._device} cannot be exported to {dl_device}")
         src = self.copy() if copy else self
         return _require_backend().to_dlpack(src, src._ptr, list(src._shape), src._dtype.name, src._device)
+
+
+class OutputCache:
+    """New arrays for results (all_gather, reduce_scatter, element-wise updates), their
+    device memory reused once the caller has dropped the arrays handed out before: no
+    device allocation in the steady state.
+
+    The engine orders its calls one after another on the device, so a reused buffer is
+    written only after the collective that last wrote it; work the caller queued on its
+    own streams on an array it then dropped is the caller's to finish first (as with
+    any caching allocator)."""
+
+    def __init__(self) -> None:
+        self._free: Dict[Tuple[Any, ...], List[Any]] = {}
+        self._lent: List[Tuple[Tuple[Any, ...], Any, "weakref.ref[DeviceArray]"]] = []
+        self._lock = threading.Lock()  # per-replica callers ask from their own threads
+
+    def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        with self._lock:
+            return self._get(shape, dtype, device)
+
+    def _get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        key = (shape, dtype.str, device)
+        # Buffers whose arrays the caller has dropped come back to the free lists.
+        still = []
+        for k, owner, ref in self._lent:
+            if ref() is None:
+                self._free.setdefault(k, []).append(owner)
+            else:
+                still.append((k, owner, ref))
+        self._lent = still
+        free = self._free.get(key)
+        # Only memory of the backend in use now (tests swap in simulated ones).
+        kind = _require_backend().DeviceBuffer
+        while free and not isinstance(free[-1], kind):
+            free.pop()
+        if free:
+            owner = free.pop()
+            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
+        else:
+            arr = DeviceArray(shape, dtype, device)
+            owner = arr._owner
+            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
+        self._lent.append((key, owner, weakref.ref(arr)))
+        return arr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._lent.clear()
 
 
 def empty(shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0) -> DeviceArray:
@@ -292,8 +358,18 @@ _DL_DTYPES = {
 }
 
 
-def _from_cai(obj: Any, device: Optional[int]) -> DeviceArray:
-    cai = obj.__cuda_array_interface__
+def cuda_array_interface(obj: Any) -> Optional[dict]:
+    """``obj.__cuda_array_interface__``, or None when ``obj`` has none or the protocol
+    fails: torch raises TypeError (not AttributeError) for bfloat16 tensors, which are
+    then exchanged through DLPack."""
+    try:
+        cai = obj.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 - any failure of the protocol means "not through it"
+        return None
+    return cai if isinstance(cai, dict) else None
+
+
+def _from_cai(obj: Any, cai: dict, device: Optional[int], stream: Optional[int]) -> DeviceArray:
     shape = tuple(int(s) for s in cai["shape"])
     dtype = _dtype(np.dtype(cai["typestr"]))
     if cai.get("mask") is not None:
@@ -302,25 +378,34 @@ def _from_cai(obj: Any, device: Optional[int]) -> DeviceArray:
     if not _is_c_contiguous(shape, strides, dtype.itemsize):
         raise ValueError(f"a CUDA array with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first")
     ptr, readonly = cai["data"]
-    stream = cai.get("stream")
-    if stream is not None and cai.get("version", 0) >= 3:
-        # The producer's work must be complete before distvals streams read the data.
-        _require_backend().synchronize_stream(int(stream), -1 if device is None else device)
     if device is None:
         device = _require_backend().pointer_device(int(ptr)) if ptr else 0
         if device < 0:
             raise ValueError(f"{type(obj).__name__} memory at {int(ptr):#x} is not CUDA device memory")
-    return DeviceArray._view(int(ptr or 0), shape, dtype, device, obj, bool(readonly))
+    producer = cai.get("stream")
+    order = None
+    if producer is not None and cai.get("version", 0) >= 3:
+        # The producer's work must be complete before distvals reads the data. A consumer
+        # that names its stream orders itself after the producer's on the device (an
+        # event, no host wait); otherwise the host waits for the producer's stream.
+        if stream is None:
+            _require_backend().synchronize_stream(int(producer), device)
+        else:
+            order = (int(producer), int(device))
+    return DeviceArray._view(int(ptr or 0), shape, dtype, device, obj, bool(readonly), order)
 
 
-def _from_dlpack(obj: Any, device: Optional[int]) -> DeviceArray:
+def _from_dlpack(obj: Any, device: Optional[int], stream: Optional[int]) -> DeviceArray:
     dev_type, dev_id = obj.__dlpack_device__()
     if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
         raise TypeError(
             f"{type(obj).__name__} lives on DLPack device type {int(dev_type)}, not a CUDA device; "
             "copy host data with distvals.cuda.to_device"
         )
-    info = _require_backend().from_dlpack(obj.__dlpack__())
+    # With the consumer's stream the producer orders that stream after its own work (the
+    # DLPack protocol); without, after the legacy default stream.
+    capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=int(stream))
+    info = _require_backend().from_dlpack(capsule)
     code, bits, lanes = info["dtype"]
     name = _DL_DTYPES.get((int(code), int(bits)))
     if name is None or int(lanes) != 1:
@@ -335,28 +420,38 @@ def _from_dlpack(obj: Any, device: Optional[int]) -> DeviceArray:
     return DeviceArray._view(int(info["ptr"]), shape, dtype, gpu, (obj, info["keeper"]))
 
 
-def as_device_array(x: Any, device: Optional[Union[int, str]] = None) -> DeviceArray:
+def as_device_array(x: Any, device: Optional[Union[int, str]] = None, *, stream: Optional[int] = None) -> DeviceArray:
     """``x`` as a DeviceArray, without copying.
 
     Accepts a DeviceArray, any object with ``__cuda_array_interface__`` (cupy, torch
-    CUDA tensors, numba) and any object with CUDA ``__dlpack__`` (jax, torch). The result
+    CUDA tensors, numba) and any object with CUDA ``__dlpack__`` (jax, torch; also torch
+    tensors whose ``__cuda_array_interface__`` raises, such as bfloat16 ones). The result
     keeps ``x`` alive. ``device`` (CUDA ordinal or logical name), when given, must be
     where the data lives; for ``__cuda_array_interface__`` objects it also saves asking
-    the driver. Host arrays raise TypeError: copy them with ``to_device``.
+    the driver. ``stream`` (a cudaStream_t as an int): the stream that will read the
+    array; the producer's pending work is then ordered before it on the device (see
+    ``DeviceArray.producer_stream``) instead of waited for on the host. Host arrays
+    raise TypeError: copy them with ``to_device``.
     """
     want = None if device is None else physical_device(device)
     if isinstance(x, DeviceArray):
         out = x
-    elif hasattr(x, "__cuda_array_interface__"):
-        out = _from_cai(x, want)
-    elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        out = _from_dlpack(x, want)
     else:
-        raise TypeError(
-            f"expected a device array (DeviceArray, cupy, torch CUDA tensor, or anything with "
-            f"__cuda_array_interface__ or CUDA __dlpack__), got {type(x).__name__}; "
-            "copy host data with distvals.cuda.to_device(x, device)"
-        )
+        cai = cuda_array_interface(x)
+        dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
+        # The array interface before version 3 says nothing of the producer's stream
+        # (torch's is version 2): with a consumer stream, DLPack's stream handshake orders
+        # the producer's current stream before it instead.
+        if cai is not None and (cai.get("version", 0) >= 3 or stream is None or not dlpack):
+            out = _from_cai(x, cai, want, stream)
+        elif dlpack:
+            out = _from_dlpack(x, want, stream)
+        else:
+            raise TypeError(
+                f"expected a device array (DeviceArray, cupy, torch CUDA tensor, or anything with "
+                f"__cuda_array_interface__ or CUDA __dlpack__), got {type(x).__name__}; "
+                "copy host data with distvals.cuda.to_device(x, device)"
+            )
     if want is not None and out.device != want:
         raise ValueError(f"the array lives on CUDA device {out.device}, expected CUDA device {want}")
     return out

@@ -1,19 +1,25 @@
 """``CudaReplicaGroup``: N replicas on CUDA devices, the GPU face of the engine.
 
 The single-call collectives take one device array per replica (``DeviceArray``,
-cupy, torch CUDA tensors, ...) and run the same ring/tree/direct schedules as the
-CPU engine, as kernels on one stream per replica. Without ``stream`` a call returns
-when every output is complete; with ``stream`` (a ``cudaStream_t`` as an int, or a
-cupy or torch stream) it is enqueued there and returns at once.
+cupy, torch CUDA tensors, ...). Replicas that share a GPU are served by one kernel
+launch per collective that reads every input and writes every output; replicas on
+several GPUs by one launch per GPU. Without ``stream`` a call returns when every output
+is complete; with ``stream`` (a ``cudaStream_t`` as an int, or a cupy or torch stream) it
+is enqueued there and returns at once. Inputs still being written on their producer's
+stream (``__cuda_array_interface__`` version 3, torch or cupy streams) are waited for on
+the device, not on the host.
+
+The per-replica methods (``replica_*``) are called from N threads, one per replica; they
+meet inside the engine, which checks that they agree (collective, dtype, shape, op,
+root) and then launches the collective once, for all of them.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _core, config
-from ._rendezvous import Rendezvous
-from .cuda import DeviceArray, as_device_array, unavailable_reason
+from . import _core, config, options
+from .cuda import DeviceArray, OutputCache, as_device_array, unavailable_reason
 
 __all__ = ["CudaReplicaGroup"]
 
@@ -34,13 +40,75 @@ def _stream_arg(stream: Any) -> Tuple[Optional[int], int]:
     raise TypeError(f"stream must be a cudaStream_t (int) or a cupy/torch stream, got {type(stream).__name__}")
 
 
+_REQUIRED = object()
+
+
+class _Signature:
+    """The parameters of a per-replica method, bound the way Python binds arguments, so
+    that a bad call can still be reported to the other replicas (see _per_replica)."""
+
+    def __init__(self, name: str, *params: Tuple[str, Any]):
+        self.name = name
+        self.params = params
+
+    def bind(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        names = [p for p, _ in self.params]
+        if len(args) > len(names):
+            raise TypeError(f"{self.name}() takes {len(names)} positional arguments but {len(args)} were given")
+        bound = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise TypeError(f"{self.name}() got an unexpected keyword argument '{key}'")
+            if key in bound:
+                raise TypeError(f"{self.name}() got multiple values for argument '{key}'")
+            bound[key] = value
+        for name, default in self.params:
+            if name not in bound:
+                if default is _REQUIRED:
+                    raise TypeError(f"{self.name}() missing required argument '{name}'")
+                bound[name] = default
+        return bound
+
+    def find(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        i = [p for p, _ in self.params].index(name)
+        return args[i] if i < len(args) else kwargs.get(name, _REQUIRED)
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _index(value: Any, n: int, name: str) -> int:
+    if value is _REQUIRED:
+        raise TypeError(f"missing required argument '{name}'")
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    v = value.__index__()
+    if not 0 <= v < n:
+        raise ValueError(f"{name} {v} is out of range for a group of {n}")
+    return v
+
+
+_ALL_REDUCE = _Signature("replica_all_reduce", ("replica", _REQUIRED), ("array", _REQUIRED), ("op", "sum"),
+                         ("algorithm", "auto"), ("timeout_seconds", None))
+_REDUCE = _Signature("replica_reduce", ("replica", _REQUIRED), ("array", _REQUIRED), ("root", 0), ("op", "sum"),
+                     ("timeout_seconds", None))
+_BROADCAST = _Signature("replica_broadcast", ("replica", _REQUIRED), ("array", _REQUIRED), ("root", 0),
+                        ("timeout_seconds", None))
+_ALL_GATHER = _Signature("replica_all_gather", ("replica", _REQUIRED), ("array", _REQUIRED), ("timeout_seconds", None))
+_REDUCE_SCATTER = _Signature("replica_reduce_scatter", ("replica", _REQUIRED), ("array", _REQUIRED), ("op", "sum"),
+                             ("timeout_seconds", None))
+
+
 class CudaReplicaGroup:
     """N replicas on GPUs: ``CudaReplicaGroup(["GPU:0", "GPU:1"])``.
 
     ``"GPU:k"`` is a logical GPU on CUDA device ``k // distvals.config.get_logical_gpus()``,
-    so several replicas may share one GPU, each with its own stream. Arrays must live on
-    their replica's CUDA device; ``all_reduce``, ``reduce`` and ``broadcast`` work in
-    place, ``all_gather`` and ``reduce_scatter`` return new DeviceArrays.
+    so several replicas may share one GPU. Arrays must live on their replica's CUDA
+    device; ``all_reduce``, ``reduce`` and ``broadcast`` work in place, ``all_gather`` and
+    ``reduce_scatter`` return DeviceArrays (reused once dropped, see ``OutputCache``).
     """
 
     def __init__(self, devices: Sequence[str], *, timeout_seconds: Optional[float] = None,
@@ -49,9 +117,11 @@ class CudaReplicaGroup:
         if backend is None:
             raise RuntimeError(f"GPU replicas need the CUDA backend: {unavailable_reason()}")
         names = [_core.parse_device(str(d)) for d in devices]
+        timeout_seconds = options.parse_timeout_seconds(timeout_seconds)
         self._group = backend.Group(names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access)
         self._gpus: List[int] = list(self._group.gpus)
-        self._meet = Rendezvous(self.size, self._group.timeout_seconds)
+        self._outputs = OutputCache()
+        self._streams: Dict[int, int] = {}  # replica -> the group's stream on its device
 
     # ---- description ---------------------------------------------------------------
     @property
@@ -79,24 +149,35 @@ class CudaReplicaGroup:
         return self._group
 
     # ---- argument handling -------------------------------------------------------------
-    def _arrays(self, buffers: Sequence[Any], what: str, writable: bool) -> List[DeviceArray]:
+    def _consumer(self, replica: int, stream: Optional[int]) -> int:
+        """The stream that reads replica `replica`'s arrays: the caller's, or the group's
+        own stream on the replica's device (synchronous calls run there)."""
+        if stream is not None:
+            return stream
+        s = self._streams.get(replica)
+        if s is None:
+            s = self._streams[replica] = int(self._group.replica_stream(replica))
+        return s
+
+    def _array(self, r: int, b: Any, writable: bool, what: str, stream: Optional[int]) -> DeviceArray:
+        try:
+            a = as_device_array(b, stream=self._consumer(r, stream))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"replica {r}: {e}") from None
+        if a.size and a.device != self._gpus[r]:
+            raise ValueError(
+                f"replica {r}: the array lives on CUDA device {a.device}, but replica {r} "
+                f"({self.devices[r]}) runs on CUDA device {self._gpus[r]}"
+            )
+        if writable and a.readonly:
+            raise ValueError(f"replica {r}: the array is read-only, but {what} writes into it")
+        return a
+
+    def _arrays(self, buffers: Sequence[Any], what: str, writable: bool, stream: Optional[int]) -> List[DeviceArray]:
         n = self.size
         if len(buffers) != n:
             raise ValueError(f"{what} needs one array per replica: {n} expected, got {len(buffers)}")
-        out = []
-        for r, b in enumerate(buffers):
-            try:
-                a = as_device_array(b)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"replica {r}: {e}") from None
-            if a.size and a.device != self._gpus[r]:
-                raise ValueError(
-                    f"replica {r}: the array lives on CUDA device {a.device}, but replica {r} "
-                    f"({self.devices[r]}) runs on CUDA device {self._gpus[r]}"
-                )
-            if writable and a.readonly:
-                raise ValueError(f"replica {r}: the array is read-only, but {what} writes into it")
-            out.append(a)
+        out = [self._array(r, b, writable, what, stream) for r, b in enumerate(buffers)]
         a0 = out[0]
         for r, a in enumerate(out[1:], start=1):
             if a.dtype != a0.dtype:
@@ -112,134 +193,175 @@ class CudaReplicaGroup:
         return out
 
     @staticmethod
-    def _raw(arrays: Sequence[DeviceArray]) -> List[Tuple[int, int, int]]:
-        return [(a.ptr, a.size, a.device) for a in arrays]
+    def _raw(a: DeviceArray) -> Tuple[int, int, int]:
+        return (a.ptr, a.size, a.device)
 
     def _run(self, kind: str, arrays: Sequence[DeviceArray], outs: Sequence[DeviceArray], op: str,
-             algorithm: str, root: int, stream: Any) -> None:
-        handle, dev = _stream_arg(stream)
-        self._group.run(kind, arrays[0].dtype.name, op, algorithm, root, self._raw(arrays), self._raw(outs),
-                        handle, dev)
+             algorithm: str, root: int, stream: Tuple[Optional[int], int]) -> None:
+        handle, dev = stream
+        # Inputs still being written on their producers' streams: ordered on the device.
+        waits = sorted({a.producer_stream for a in list(arrays) + list(outs) if a.producer_stream is not None})
+        self._group.run(kind, arrays[0].dtype.name, op, algorithm, root, [self._raw(a) for a in arrays],
+                        [self._raw(a) for a in outs], handle, dev, waits)
 
-    def _check_root(self, root: int) -> int:
-        if not 0 <= root < self.size:
-            raise ValueError(f"root {root} is out of range for {self.size} replicas")
-        return root
+    def _check_root(self, root: Any) -> int:
+        return _index(root, self.size, "root")
 
     # ---- collectives -------------------------------------------------------------------
     def all_reduce(self, buffers: Sequence[Any], op: str = "sum", algorithm: str = "auto",
                    out: Optional[Sequence[Any]] = None, stream: Any = None) -> None:
         """All-reduce in place (or into ``out``); op: sum, mean, min, max, prod."""
-        ins = self._arrays(buffers, "all_reduce", out is None)
-        outs = ins if out is None else self._arrays(out, "all_reduce output", True)
+        s = _stream_arg(stream)
+        ins = self._arrays(buffers, "all_reduce", out is None, s[0])
+        outs = ins if out is None else self._arrays(out, "all_reduce output", True, s[0])
         if outs[0].dtype != ins[0].dtype or outs[0].shape != ins[0].shape:
             raise ValueError("all_reduce: outputs must have the inputs' dtype and shape")
-        self._run("all_reduce", ins, outs, op, algorithm, 0, stream)
+        self._run("all_reduce", ins, outs, op, algorithm, 0, s)
 
     def reduce(self, buffers: Sequence[Any], root: int = 0, op: str = "sum", stream: Any = None) -> None:
         """Reduce in place into ``buffers[root]``; the other arrays are only read."""
-        ins = self._arrays(buffers, "reduce", False)
-        self._check_root(root)
+        s = _stream_arg(stream)
+        ins = self._arrays(buffers, "reduce", False, s[0])
+        root = self._check_root(root)
         if ins[root].readonly:
             raise ValueError(f"replica {root}: the root array is read-only, but reduce writes into it")
-        self._run("reduce", ins, ins, op, "direct", root, stream)
+        self._run("reduce", ins, ins, op, "direct", root, s)
 
     def broadcast(self, buffers: Sequence[Any], root: int = 0, stream: Any = None) -> None:
         """Copy ``buffers[root]`` into every other array, in place."""
-        ins = self._arrays(buffers, "broadcast", True)
-        self._run("broadcast", ins, ins, "sum", "direct", self._check_root(root), stream)
+        s = _stream_arg(stream)
+        ins = self._arrays(buffers, "broadcast", True, s[0])
+        self._run("broadcast", ins, ins, "sum", "direct", self._check_root(root), s)
 
     def all_gather(self, buffers: Sequence[Any], stream: Any = None) -> List[DeviceArray]:
         """New arrays, each the concatenation of all replicas' arrays along axis 0
         (0-d parts give shape (N,))."""
-        ins = self._arrays(buffers, "all_gather", False)
+        s = _stream_arg(stream)
+        ins = self._arrays(buffers, "all_gather", False, s[0])
         shape = ins[0].shape
         gathered = (self.size,) if not shape else (shape[0] * self.size,) + shape[1:]
-        outs = [DeviceArray(gathered, ins[0].dtype, g) for g in self._gpus]
-        self._run("all_gather", ins, outs, "sum", "direct", 0, stream)
-        return outs
+        outs = [self._outputs.get(gathered, ins[0].dtype, g) for g in self._gpus]
+        self._run("all_gather", ins, outs, "sum", "direct", 0, s)
+        return self._written_on(outs, s)
 
     def reduce_scatter(self, buffers: Sequence[Any], op: str = "sum", stream: Any = None) -> List[DeviceArray]:
         """New arrays: replica r gets block r (of N along axis 0) of the reduction."""
-        ins = self._arrays(buffers, "reduce_scatter", False)
-        shape = ins[0].shape
-        if not shape or shape[0] % self.size:
-            raise ValueError(
-                f"reduce_scatter needs a first dimension divisible by {self.size} replicas, got shape {shape}"
-            )
-        part = (shape[0] // self.size,) + shape[1:]
-        outs = [DeviceArray(part, ins[0].dtype, g) for g in self._gpus]
-        self._run("reduce_scatter", ins, outs, op, "direct", 0, stream)
+        s = _stream_arg(stream)
+        ins = self._arrays(buffers, "reduce_scatter", False, s[0])
+        part = self._scattered(ins[0].shape, None)
+        outs = [self._outputs.get(part, ins[0].dtype, g) for g in self._gpus]
+        self._run("reduce_scatter", ins, outs, op, "direct", 0, s)
+        return self._written_on(outs, s)
+
+    @staticmethod
+    def _written_on(outs: List[DeviceArray], stream: Tuple[Optional[int], int]) -> List[DeviceArray]:
+        """New results of a call enqueued on a caller's stream are still being written
+        there: they say so through __cuda_array_interface__ (its ``stream``) and
+        ``producer_stream``, so that a consumer orders itself after that stream."""
+        if stream[0] is not None:
+            for o in outs:
+                o._stream = (stream[0], o.device)
         return outs
 
+    def _scattered(self, shape: Tuple[int, ...], replica: Optional[int]) -> Tuple[int, ...]:
+        if not shape or shape[0] % self.size:
+            who = "" if replica is None else f"replica {replica}: "
+            raise ValueError(
+                f"{who}reduce_scatter needs a first dimension divisible by {self.size} replicas, got shape {shape}"
+            )
+        return (shape[0] // self.size,) + shape[1:]
+
     # ---- per-replica style: N threads, one per replica ---------------------------------
-    # Each replica checks its own array, then they meet; the last to arrive runs the
-    # single-call collective for all of them.
-    def _replica(self, replica: int, array: Any, writable: bool) -> Tuple[Optional[DeviceArray], Any]:
-        if not 0 <= replica < self.size:
-            raise ValueError(f"replica {replica} is out of range for a group of {self.size}")
+    def _per_replica(self, sig: _Signature, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                     prepare: Callable[[int, Dict[str, Any]], Tuple[Any, ...]]) -> Any:
+        # Step 1: which replica calls. A call that names no valid replica cannot take part
+        # in the meeting, so it aborts the collective: the others are released at once.
         try:
-            a = as_device_array(array)
-            if a.size and a.device != self._gpus[replica]:
-                raise ValueError(
-                    f"the array lives on CUDA device {a.device}, but replica {replica} "
-                    f"({self.devices[replica]}) runs on CUDA device {self._gpus[replica]}"
-                )
-            if writable and a.readonly:
-                raise ValueError("the array is read-only, but the collective writes into it")
-            return a, None
-        except (TypeError, ValueError) as e:
-            return None, type(e)(f"replica {replica}: {e}")
+            replica = _index(sig.find("replica", args, kwargs), self.size, "replica")
+        except Exception as e:
+            self._group.abort(-1, f"a {sig.name} call named no valid replica ({type(e).__name__}: {e})")
+            raise
+        # Step 2: every other argument; whatever goes wrong is reported to the others,
+        # which raise it too, before it is raised here.
+        timeout = None
+        try:
+            bound = sig.bind(args, kwargs)
+            timeout = options.parse_timeout_seconds(bound["timeout_seconds"])
+            kind, a, out, op, algorithm, root, result = prepare(replica, bound)
+        except BaseException as e:
+            why = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
+            if not why.startswith(f"replica {replica}"):
+                why = f"replica {replica}: {why}"
+            try:
+                self._group.report_invalid(replica, why, isinstance(e, TypeError), timeout)
+            except Exception:  # noqa: BLE001 - the caller's own error is more useful
+                pass
+            raise
+        # Step 3: meet the others in the engine; replica 0 launches for all.
+        wait = a.producer_stream or (None, -1)
+        self._group.replica_run(replica, kind, a.dtype.name, op, algorithm, root, self._raw(a), self._raw(out),
+                                list(a.shape), timeout, wait[0], wait[1])
+        return result
 
-    def _meet_call(self, replica: int, array: Any, writable: bool, key: Tuple[Any, ...], run_all: Any,
-                   timeout_seconds: Optional[float]) -> Any:
-        a, err = self._replica(replica, array, writable)
-        full_key = key + ((a.dtype.name, a.shape) if a is not None else ())
-        return self._meet.meet(replica, full_key, a, run_all, timeout_seconds, err)
+    def replica_all_reduce(self, *args: Any, **kwargs: Any) -> None:
+        """replica_all_reduce(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
+        replica ``replica``'s part of an in-place all-reduce; every replica calls it from its
+        own thread."""
+        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+            op, algorithm = _text(b["op"], "op"), _text(b["algorithm"], "algorithm")
+            a = self._array(r, b["array"], True, "all_reduce", None)
+            return "all_reduce", a, a, op, algorithm, 0, None
+        return self._per_replica(_ALL_REDUCE, args, kwargs, prepare)
 
-    def replica_all_reduce(self, replica: int, array: Any, op: str = "sum", algorithm: str = "auto",
-                           timeout_seconds: Optional[float] = None) -> None:
-        """Replica ``replica``'s part of an in-place all-reduce; every replica calls it
-        from its own thread."""
-        def run(arrays: List[DeviceArray]) -> None:
-            self.all_reduce(arrays, op, algorithm)
-        self._meet_call(replica, array, True, ("all_reduce", op, algorithm), run, timeout_seconds)
+    def replica_reduce(self, *args: Any, **kwargs: Any) -> None:
+        """replica_reduce(replica, array, root=0, op="sum", timeout_seconds=None)."""
+        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+            root = self._check_root(b["root"])
+            op = _text(b["op"], "op")
+            a = self._array(r, b["array"], r == root, "reduce", None)
+            return "reduce", a, a, op, "direct", root, None
+        return self._per_replica(_REDUCE, args, kwargs, prepare)
 
-    def replica_reduce(self, replica: int, array: Any, root: int = 0, op: str = "sum",
-                       timeout_seconds: Optional[float] = None) -> None:
-        def run(arrays: List[DeviceArray]) -> None:
-            self.reduce(arrays, root, op)
-        self._meet_call(replica, array, replica == root, ("reduce", root, op), run, timeout_seconds)
+    def replica_broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """replica_broadcast(replica, array, root=0, timeout_seconds=None)."""
+        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+            root = self._check_root(b["root"])
+            a = self._array(r, b["array"], True, "broadcast", None)
+            return "broadcast", a, a, "sum", "direct", root, None
+        return self._per_replica(_BROADCAST, args, kwargs, prepare)
 
-    def replica_broadcast(self, replica: int, array: Any, root: int = 0,
-                          timeout_seconds: Optional[float] = None) -> None:
-        def run(arrays: List[DeviceArray]) -> None:
-            self.broadcast(arrays, root)
-        self._meet_call(replica, array, True, ("broadcast", root), run, timeout_seconds)
+    def replica_all_gather(self, *args: Any, **kwargs: Any) -> DeviceArray:
+        """replica_all_gather(replica, array, timeout_seconds=None): a new array, every
+        replica's array concatenated along axis 0."""
+        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+            a = self._array(r, b["array"], False, "all_gather", None)
+            shape = (self.size,) if not a.shape else (a.shape[0] * self.size,) + a.shape[1:]
+            out = self._outputs.get(shape, a.dtype, self._gpus[r])
+            return "all_gather", a, out, "sum", "direct", 0, out
+        return self._per_replica(_ALL_GATHER, args, kwargs, prepare)
 
-    def replica_all_gather(self, replica: int, array: Any, timeout_seconds: Optional[float] = None) -> DeviceArray:
-        return self._meet_call(replica, array, False, ("all_gather",), self.all_gather, timeout_seconds)
-
-    def replica_reduce_scatter(self, replica: int, array: Any, op: str = "sum",
-                               timeout_seconds: Optional[float] = None) -> DeviceArray:
-        def run(arrays: List[DeviceArray]) -> List[DeviceArray]:
-            return self.reduce_scatter(arrays, op)
-        return self._meet_call(replica, array, False, ("reduce_scatter", op), run, timeout_seconds)
+    def replica_reduce_scatter(self, *args: Any, **kwargs: Any) -> DeviceArray:
+        """replica_reduce_scatter(replica, array, op="sum", timeout_seconds=None): a new
+        array, block ``replica`` of the reduction."""
+        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+            op = _text(b["op"], "op")
+            a = self._array(r, b["array"], False, "reduce_scatter", None)
+            out = self._outputs.get(self._scattered(a.shape, r), a.dtype, self._gpus[r])
+            return "reduce_scatter", a, out, op, "direct", 0, out
+        return self._per_replica(_REDUCE_SCATTER, args, kwargs, prepare)
 
     # ---- failure handling ----------------------------------------------------------------
     def abort(self, replica: int, why: str) -> None:
         """Release every waiting replica (and a host wait on the GPU) with AbortedError
         naming ``replica``; the group stays aborted until ``reset()``."""
-        self._meet.abort(replica, why)
         self._group.abort(replica, why)
 
     def reset(self) -> None:
-        self._meet.reset()
         self._group.reset()
 
     @property
     def aborted(self) -> bool:
-        return self._group.aborted or self._meet.failed
+        return self._group.aborted
 
     @property
     def closed(self) -> bool:
@@ -247,6 +369,7 @@ class CudaReplicaGroup:
 
     def close(self) -> None:
         """Free streams, events and scratch memory; later calls raise ClosedError."""
+        self._outputs.clear()
         self._group.close()
 
     def __enter__(self) -> "CudaReplicaGroup":

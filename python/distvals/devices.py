@@ -109,9 +109,11 @@ def is_device_array(x: Any) -> bool:
         return False
     if isinstance(x, _cuda.DeviceArray):
         return True
+    # Each protocol on its own: torch raises TypeError (not AttributeError) from
+    # __cuda_array_interface__ for bfloat16 tensors, which are still CUDA arrays by DLPack.
+    if _cuda.cuda_array_interface(x) is not None:
+        return True
     try:
-        if hasattr(x, "__cuda_array_interface__"):
-            return True
         dev = getattr(x, "__dlpack_device__", None)
         return callable(dev) and int(dev()[0]) in _DL_CUDA_TYPES
     except Exception:  # noqa: BLE001 - a protocol that fails is not a device array
@@ -378,20 +380,24 @@ def _close_pairs() -> None:
                 pass
         _pairs.clear()
         _minus_ones.clear()
+        _results.clear()
 
 
 def _raw(a: Any) -> Tuple[int, int, int]:
     return (a.ptr, a.size, a.device)
 
 
+_results = _cuda.OutputCache()  # the arrays element-wise updates return, reused once dropped
+
+
 def _pair_reduce(a: Any, b: Any, op: str) -> Any:
-    """A new array ``a op b`` (element-wise) on ``a``'s GPU."""
-    out = _cuda.DeviceArray(a.shape, a.dtype, a.device)
+    """A new array ``a op b`` (element-wise) on ``a``'s GPU: a reduce to replica 0, which
+    writes only ``out`` (no scratch array for the other replica's result)."""
+    out = _results.get(a.shape, a.dtype, a.device)
     if not a.size:
         return out
-    scratch = _cuda.DeviceArray(a.shape, a.dtype, a.device)
-    _pair_group(a.device).run("all_reduce", a.dtype.name, op, "auto", 0, [_raw(a), _raw(b)],
-                              [_raw(out), _raw(scratch)], None, -1)
+    _pair_group(a.device).run("reduce", a.dtype.name, op, "direct", 0, [_raw(a), _raw(b)],
+                              [_raw(out), _raw(b)], None, -1)
     return out
 
 

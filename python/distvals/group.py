@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, options
 
 __all__ = ["ReplicaGroup"]
 
@@ -39,8 +39,9 @@ class ReplicaGroup:
     releases the GIL while the engine runs on its worker threads.
 
     ``all_reduce``, ``reduce`` and ``broadcast`` work in place; ``all_gather`` and
-    ``reduce_scatter`` return new arrays. ``timeout_seconds`` bounds every wait
-    (default 300 s, or ``DISTVALS_TIMEOUT_SECONDS``). ``spin_us``: how long a wait spins
+    ``reduce_scatter`` return new arrays. ``timeout_seconds`` bounds every wait, to the
+    nanosecond (default 300 s, or ``DISTVALS_TIMEOUT_SECONDS``; ``math.inf``: no timeout,
+    waits then end only on abort, close or Ctrl-C). ``spin_us``: how long a wait spins
     before it blocks (negative: the engine's default; 0 suits threads that hand over the
     GIL, since a spinning waiter would hold a core the other replica needs).
 
@@ -51,6 +52,7 @@ class ReplicaGroup:
     def __init__(self, devices: Union[int, Sequence[str]], *, timeout_seconds: Optional[float] = None,
                  threads: int = 0, chunk_bytes: int = 0, spin_us: int = -1):
         devs = _devices(devices)
+        timeout_seconds = options.effective_timeout_seconds(timeout_seconds)
         if _on_gpu(devs):
             # GPU replicas run on the CUDA backend, behind the same method names.
             from .cuda_group import CudaReplicaGroup

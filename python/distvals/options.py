@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
+import os
+import warnings
 from typing import Optional, Union
 
 from . import _core
@@ -19,6 +23,51 @@ __all__ = [
 #: Longest wait of any collective, and of ``strategy.run`` for its replicas, when
 #: ``CommunicationOptions.timeout_seconds`` is None.
 DEFAULT_TIMEOUT_SECONDS = 300.0
+
+#: The environment variable that overrides DEFAULT_TIMEOUT_SECONDS.
+TIMEOUT_ENV = "DISTVALS_TIMEOUT_SECONDS"
+
+
+def parse_timeout_seconds(value, what: str = "timeout_seconds") -> Optional[float]:
+    """``value`` as a timeout in seconds: None stays None (the default), a positive int or
+    float is kept exactly (sub-millisecond values too), ``math.inf`` means no timeout.
+    TypeError for anything but a number (a string such as "5", a bool), ValueError for
+    NaN, zero and negative values."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or seconds <= 0:
+        raise ValueError(f"{what} must be positive (inf: no timeout), got {value!r}")
+    return seconds
+
+
+def env_timeout_seconds() -> Optional[float]:
+    """The timeout ``DISTVALS_TIMEOUT_SECONDS`` sets, or None when it is unset or empty.
+
+    The value must be a positive number of seconds ("0.5", "120", "inf" for no timeout);
+    anything else is ignored with a RuntimeWarning naming it, and the default applies.
+    """
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds) or seconds <= 0:
+        warnings.warn(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; "
+                      f"using the default timeout of {DEFAULT_TIMEOUT_SECONDS:g} s", RuntimeWarning, stacklevel=3)
+        return DEFAULT_TIMEOUT_SECONDS
+    return seconds
+
+
+def effective_timeout_seconds(value) -> Optional[float]:
+    """``value`` checked (see parse_timeout_seconds), or when None the environment's
+    timeout (see env_timeout_seconds), or None for the built-in default."""
+    seconds = parse_timeout_seconds(value)
+    return env_timeout_seconds() if seconds is None else seconds
 
 
 class CommunicationImplementation(enum.Enum):
@@ -48,8 +97,9 @@ class CommunicationOptions:
     ``batch_reduce_to`` pack small values of one dtype into buffers of at most this many
     bytes (one engine call each); 0 packs each dtype into a single buffer.
     ``timeout_seconds``: longest wait of any collective and of ``strategy.run`` for its
-    replicas to finish; None means ``DEFAULT_TIMEOUT_SECONDS`` (300 s), or the
-    environment variable ``DISTVALS_TIMEOUT_SECONDS`` when it is set.
+    replicas to finish, kept to the nanosecond; ``math.inf`` means no timeout; None means
+    ``DEFAULT_TIMEOUT_SECONDS`` (300 s), or the environment variable
+    ``DISTVALS_TIMEOUT_SECONDS`` when it holds a positive number.
     ``implementation``: the all-reduce algorithm, "auto", "ring", "tree" or "direct".
     """
 
@@ -59,13 +109,8 @@ class CommunicationOptions:
             raise TypeError(f"bytes_per_pack must be an int, got {type(bytes_per_pack).__name__}")
         if bytes_per_pack < 0:
             raise ValueError(f"bytes_per_pack must be non-negative, got {bytes_per_pack}")
-        if timeout_seconds is not None:
-            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
-                raise TypeError(f"timeout_seconds must be a number or None, got {type(timeout_seconds).__name__}")
-            if not timeout_seconds > 0:
-                raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
         self.bytes_per_pack = bytes_per_pack
-        self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.timeout_seconds = parse_timeout_seconds(timeout_seconds)
         self.implementation = _algorithm(implementation, "implementation")
 
     def merge(self, other: Optional["CommunicationOptions"]) -> "CommunicationOptions":

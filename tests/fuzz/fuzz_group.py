@@ -245,7 +245,7 @@ def _replica_valid(g, method, replica, x, op, algo, root) -> Optional[tuple]:
     else:
         resolved = "direct"
     name = _OP_NAMES[op.lower()] if _reducing(method) else "sum"
-    return (m, a.dtype.str, a.size, name, resolved, root if m in ("reduce", "broadcast") else 0)
+    return (m, a.dtype.str, a.shape, name, resolved, root if m in ("reduce", "broadcast") else 0)
 
 
 _OP_NAMES = {"sum": "sum", "mean": "mean", "avg": "mean", "min": "min", "max": "max", "prod": "prod",
@@ -395,15 +395,21 @@ def _run_per_replica(g, method, bufs, before, op, algo, root, p: Provider) -> No
     roots = [p.int_in(-1, n) if p.rare(24) else root for _ in range(n)]
     posted = [_replica_valid(g, method, r, bufs[r], ops[r], algos[r], roots[r]) for r in range(n)]
     m = method.replace("replica_", "")
+    # Every replica must post the same call, shapes included.
     valid = all(c is not None for c in posted) and all(c == posted[0] for c in posted)
     if valid:
-        # Aliased memory between replicas that write is undefined in this style (each
-        # replica's buffers are its own); keep such inputs out.
+        # Memory that one replica writes and another reads or writes is refused on every
+        # replica (all_gather and reduce_scatter only read their arrays; reduce writes
+        # only the root's).
         arrays = [_as_engine_array(b) for b in bufs]
+
+        def writes(r: int) -> bool:
+            return m in ("all_reduce", "broadcast") or (m == "reduce" and r == roots[0])
+
         for r in range(n):
             for j in range(r + 1, n):
-                if arrays[r].nbytes and np.shares_memory(arrays[r], arrays[j]):
-                    return
+                if (writes(r) or writes(j)) and arrays[r].nbytes and np.shares_memory(arrays[r], arrays[j]):
+                    valid = False
     inputs = [np.array(_as_engine_array(b), copy=True) if _as_engine_array(b) is not None else None for b in bufs]
     results: List[Any] = [None] * n
     errors: List[Optional[BaseException]] = [None] * n

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "distvals/device.hpp"
 #include "distvals/dtype.hpp"
@@ -31,6 +33,51 @@ struct buffer_view {
   /// Size in bytes, count · dtype_size(type). Never throws; any thread.
   std::size_t bytes() const noexcept { return count * dtype_size(type); }
 };
+
+/// A float16 element as its IEEE binary16 bits (C++17 has no half type); for typed views.
+struct float16_bits {
+  std::uint16_t bits;  ///< sign, 5 exponent bits, 10 mantissa bits
+};
+/// A bfloat16 element as its bits (the upper half of a float32); for typed views.
+struct bfloat16_bits {
+  std::uint16_t bits;  ///< sign, 8 exponent bits, 7 mantissa bits
+};
+
+/// The dtype of element type T: float, double, std::int8_t, std::uint8_t, std::int32_t,
+/// std::int64_t, float16_bits or bfloat16_bits (a compile error for anything else).
+template <class T>
+constexpr dtype dtype_of() noexcept {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) {
+    return dtype::float32;
+  } else if constexpr (std::is_same_v<U, double>) {
+    return dtype::float64;
+  } else if constexpr (std::is_same_v<U, std::int8_t>) {
+    return dtype::int8;
+  } else if constexpr (std::is_same_v<U, std::uint8_t>) {
+    return dtype::uint8;
+  } else if constexpr (std::is_same_v<U, std::int32_t>) {
+    return dtype::int32;
+  } else if constexpr (std::is_same_v<U, std::int64_t>) {
+    return dtype::int64;
+  } else if constexpr (std::is_same_v<U, float16_bits>) {
+    return dtype::float16;
+  } else if constexpr (std::is_same_v<U, bfloat16_bits>) {
+    return dtype::bfloat16;
+  } else {
+    static_assert(sizeof(U) == 0, "distvals::view: no dtype for this element type");
+    return dtype::float32;
+  }
+}
+
+/// A view of `count` elements at `data`, its dtype deduced from T, so that it always
+/// matches the pointer: `view(grads.data(), grads.size())`. `dev` says where the memory
+/// lives (host memory unless given; device{device::kind_t::gpu, k} for CUDA device k).
+/// A const pointer is for inputs, which the collectives only read. Never throws.
+template <class T>
+buffer_view view(T* data, std::size_t count, device dev = {}) noexcept {
+  return buffer_view{const_cast<std::remove_const_t<T>*>(data), count, dtype_of<T>(), dev};
+}
 
 /// An owning buffer of host memory, 64-byte aligned. Move-only.
 /// Any thread may create or destroy one; it is not synchronized.

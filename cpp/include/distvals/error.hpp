@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "distvals/export.hpp"
 
@@ -58,6 +59,22 @@ class DISTVALS_EXPORT aborted_error : public std::runtime_error {
 
  private:
   int replica_;
+};
+
+/// A call started on a group that an earlier failure (a timeout, an abort) left aborted:
+/// nothing runs until reset(). The message names the original failure; `replica()` is
+/// the replica that caused it (-1: from outside) and `original()` its message.
+class DISTVALS_EXPORT group_aborted_error : public aborted_error {
+ public:
+  /// The message, the replica that caused the original failure and that failure's message.
+  /// Throws only std::bad_alloc.
+  group_aborted_error(const std::string& what, int replica, std::string original)
+      : aborted_error(what, replica), original_(std::move(original)) {}
+  /// The message of the failure that aborted the group. Never throws; any thread.
+  const std::string& original() const noexcept { return original_; }
+
+ private:
+  std::string original_;
 };
 
 /// The group was closed; no more collectives can run on it.

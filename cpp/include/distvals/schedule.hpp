@@ -108,24 +108,4 @@ DISTVALS_EXPORT algorithm choose_algorithm(int replicas, std::size_t bytes) noex
 /// `count` elements, boundaries rounded to multiples of `align`. Never throws; any thread.
 DISTVALS_EXPORT void split_range(std::size_t count, int parts, int part, std::size_t align,
                                  std::size_t* begin, std::size_t* end) noexcept;
-
-/// The schedule builders, one per algorithm file; make_schedule() dispatches to them.
-/// Internal: not exported from the shared library, so call make_schedule() instead.
-namespace algorithms {
-/// Ring all-reduce: chunked reduce-scatter then all-gather around the ring. Any thread.
-schedule ring_all_reduce(const schedule_key& key);
-/// Double binary tree all-reduce: pipelined reduce up, broadcast down. Any thread.
-schedule tree_all_reduce(const schedule_key& key);
-/// Direct all-reduce: replica r reduces slice r from all inputs into all outputs. Any thread.
-schedule direct_all_reduce(const schedule_key& key);
-/// Direct reduce: the replicas reduce slices of the inputs into the root's output. Any thread.
-schedule direct_reduce(const schedule_key& key);
-/// Direct broadcast: each replica copies the root's input into its own output. Any thread.
-schedule direct_broadcast(const schedule_key& key);
-/// Direct all-gather: each replica copies every input, in order, into its own output. Any thread.
-schedule direct_all_gather(const schedule_key& key);
-/// Direct reduce-scatter: replica r reduces block r of all inputs into its output. Any thread.
-schedule direct_reduce_scatter(const schedule_key& key);
-}  // namespace algorithms
-
 }  // namespace distvals

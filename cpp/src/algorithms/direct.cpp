@@ -9,7 +9,7 @@
 //
 // The other collectives of this file follow the same idea: reduce and reduce_scatter
 // split by slice, broadcast and all_gather let each replica fill its own output.
-#include "distvals/schedule.hpp"
+#include "algorithms/algorithms.hpp"
 
 namespace distvals::algorithms {
 namespace {

@@ -16,7 +16,7 @@
 // check every schedule for such hazards).
 #include <algorithm>
 
-#include "distvals/schedule.hpp"
+#include "algorithms/algorithms.hpp"
 
 namespace distvals::algorithms {
 

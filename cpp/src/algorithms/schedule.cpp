@@ -1,6 +1,9 @@
 // Dispatch from a schedule key to the algorithm that builds it, and the shared helpers.
 #include "distvals/schedule.hpp"
 
+#include "algorithms/algorithms.hpp"
+#include "split.hpp"
+
 #include <string>
 
 #include "distvals/error.hpp"
@@ -20,17 +23,10 @@ const char* collective_name(collective c) noexcept {
 
 void split_range(std::size_t count, int parts, int part, std::size_t align, std::size_t* begin,
                  std::size_t* end) noexcept {
-  // Boundary p sits at p/parts of the way, rounded down to a multiple of `align`,
-  // so every part but the last starts and ends on an aligned element.
-  if (align == 0) align = 1;
-  auto boundary = [&](int p) -> std::size_t {
-    if (p >= parts) return count;
-    const std::size_t raw = static_cast<std::size_t>(
-        (static_cast<unsigned __int128>(count) * static_cast<unsigned>(p)) / static_cast<unsigned>(parts));
-    return raw / align * align;
-  };
-  *begin = boundary(part);
-  *end = boundary(part + 1);
+  // Boundary p sits at p/parts of the way, rounded down to a multiple of `align`, so every
+  // part but the last starts and ends on an aligned element: the one split that schedules
+  // and GPU launches share.
+  detail::part_range(count, parts, part, align, begin, end);
 }
 
 algorithm choose_algorithm(int replicas, std::size_t bytes) noexcept {

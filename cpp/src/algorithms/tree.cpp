@@ -19,7 +19,7 @@
 // numbers are the same on every replica (empty steps keep the numbering).
 #include <algorithm>
 
-#include "distvals/schedule.hpp"
+#include "algorithms/algorithms.hpp"
 
 namespace distvals::algorithms {
 

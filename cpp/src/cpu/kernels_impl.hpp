@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "elementwise.hpp"
 #include "kernels.hpp"
 
 namespace distvals::cpu::DISTVALS_KERNEL_NS {
@@ -17,138 +18,13 @@ namespace {
 // Elements per block: the float32 accumulator of a block takes 8 KiB, well inside L1.
 constexpr std::size_t kBlock = 2048;
 
-// ---- half-precision conversions (IEEE binary16 and bfloat16) ----------------------
-
-inline float f16_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 -> 127
-  } else if (mant == 0) {
-    bits = sign;  // zero
-  } else {
-    // subnormal: value = mant * 2^-24, exact in float32
-    float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
-    std::memcpy(&bits, &v, 4);
-    bits |= sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t f32_to_f16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
-  const std::uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) {  // inf or nan (keep nan quiet and non-zero)
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-  }
-  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (ax < 0x38800000u) {
-    // result is subnormal or zero: round ax * 2^24 to the nearest integer, ties to even
-    float a;
-    std::memcpy(&a, &ax, 4);
-    const float scaled = a * 16777216.0f;
-    std::uint32_t m = static_cast<std::uint32_t>(scaled);
-    const float rem = scaled - static_cast<float>(m);
-    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
-    return static_cast<std::uint16_t>(sign | m);
-  }
-  // normal: rebias 127 -> 15 and round the 13 dropped bits to nearest even
-  std::uint32_t r = ax - (112u << 23);
-  r += 0xfffu + ((r >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | (r >> 13));
-}
-
-inline float bf16_to_f32(std::uint16_t h) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline std::uint16_t f32_to_bf16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // quiet nan
-  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
-  return static_cast<std::uint16_t>(x >> 16);
-}
-
-// ---- element types: storage type, accumulator type, load and store -----------------
-
-template <dtype D> struct elem;
-#define DISTVALS_PLAIN_ELEM(D, T)                                  \
-  template <> struct elem<D> {                                    \
-    using store_t = T;                                            \
-    using acc_t = T;                                              \
-    static acc_t load(store_t v) { return v; }                    \
-    static store_t store(acc_t v) { return v; }                   \
-  };
-DISTVALS_PLAIN_ELEM(dtype::float32, float)
-DISTVALS_PLAIN_ELEM(dtype::float64, double)
-DISTVALS_PLAIN_ELEM(dtype::int8, std::int8_t)
-DISTVALS_PLAIN_ELEM(dtype::uint8, std::uint8_t)
-DISTVALS_PLAIN_ELEM(dtype::int32, std::int32_t)
-DISTVALS_PLAIN_ELEM(dtype::int64, std::int64_t)
-#undef DISTVALS_PLAIN_ELEM
-template <> struct elem<dtype::float16> {
-  using store_t = std::uint16_t;
-  using acc_t = float;
-  static acc_t load(store_t v) { return f16_to_f32(v); }
-  static store_t store(acc_t v) { return f32_to_f16(v); }
-};
-template <> struct elem<dtype::bfloat16> {
-  using store_t = std::uint16_t;
-  using acc_t = float;
-  static acc_t load(store_t v) { return bf16_to_f32(v); }
-  static store_t store(acc_t v) { return f32_to_bf16(v); }
-};
-
-// ---- operators -------------------------------------------------------------------
-// Integer sum and product wrap around like numpy's: computed in the unsigned type of
-// the same width, where overflow is defined. min and max propagate NaN like np.minimum.
-
-template <class T> struct wide_unsigned { using type = T; };
-template <> struct wide_unsigned<std::int8_t> { using type = std::uint32_t; };
-template <> struct wide_unsigned<std::uint8_t> { using type = std::uint32_t; };
-template <> struct wide_unsigned<std::int32_t> { using type = std::uint32_t; };
-template <> struct wide_unsigned<std::int64_t> { using type = std::uint64_t; };
-
-template <class T> constexpr bool is_int_v = static_cast<T>(1) / static_cast<T>(2) == 0;
-
-struct op_sum {
-  template <class T> static T apply(T a, T b) {
-    if constexpr (is_int_v<T>) {
-      using U = typename wide_unsigned<T>::type;
-      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct op_prod {
-  template <class T> static T apply(T a, T b) {
-    if constexpr (is_int_v<T>) {
-      using U = typename wide_unsigned<T>::type;
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct op_min {
-  template <class T> static T apply(T a, T b) { return (a < b || a != a) ? a : b; }
-};
-struct op_max {
-  template <class T> static T apply(T a, T b) { return (a > b || a != a) ? a : b; }
-};
+// Conversions, element types and operators are shared with the CUDA kernels.
+using elementwise::elem;
+using elementwise::is_int_v;
+using elementwise::op_max;
+using elementwise::op_min;
+using elementwise::op_prod;
+using elementwise::op_sum;
 
 // ---- the blocked reduction --------------------------------------------------------
 

@@ -1,15 +1,13 @@
 /// @file
-/// distvals::cuda::group: N replicas on CUDA devices that run collectives together.
+/// distvals::cuda::group: a group of GPU replicas, with the calls only GPUs have.
 ///
-/// The same schedules as the CPU backend (ring, tree, direct; see schedule.hpp) run
-/// here as kernels, one stream per replica. A step that depends on another replica's
-/// step waits for an event recorded after that step (cudaStreamWaitEvent), so a whole
-/// collective is enqueued from one host thread without any host round trip.
-///
-/// Several replicas may share one physical GPU (logical GPUs): each keeps its own
-/// stream and its own buffers. Between distinct GPUs, kernels reach peer memory
-/// directly where cudaDeviceCanAccessPeer allows it; otherwise the data is staged
-/// with cudaMemcpyPeerAsync through a scratch buffer of the reading replica.
+/// It is a distvals::group (same checks, per-replica meeting, timeouts and failure
+/// handling) whose executor runs on CUDA like NCCL: replicas that share a device (logical
+/// GPUs) are served by one kernel launch per collective that reads all N inputs and
+/// writes all N outputs, on one stream (the caller's when given); replicas on several
+/// devices by one launch per device, ordered by one start and one end event per device;
+/// devices without peer access to each other through staged copies. Nothing allocates
+/// device memory or waits on the host in the steady state of enqueued calls.
 #pragma once
 
 #include "distvals/config.hpp"
@@ -17,11 +15,7 @@
 #error "distvals/cuda/group.hpp needs distvals built with the CUDA backend (DISTVALS_ENABLE_CUDA=ON or AUTO with nvcc found)"
 #endif
 
-#include <chrono>
 #include <cstddef>
-#include <functional>
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "distvals/buffer.hpp"
@@ -32,103 +26,54 @@
 
 namespace distvals::cuda {
 
-/// Most replicas one CUDA group may have (one kernel argument block holds every pointer).
+/// Most replicas one GPU group may have (one launch's arguments hold every pointer).
 inline constexpr int max_replicas = 64;
 
-/// Settings of a CUDA group. Every field has a usable default.
-struct group_options {
-  /// Longest host wait of a synchronous call before timeout_error.
-  /// 0: 300 s, or the environment variable DISTVALS_TIMEOUT_SECONDS.
-  std::chrono::milliseconds timeout{0};
-  /// Pipelining chunk of ring and tree, in bytes; 0: the default (16 MiB).
-  std::size_t chunk_bytes = 0;
-  /// Enable peer access between distinct GPUs where the hardware allows it.
-  bool peer_access = true;
-  /// Optional hook that host waits call about every 50 ms; returning true cancels the
-  /// group, as cancel() does. Must not throw.
-  std::function<bool()> interrupted;
-};
+/// The options of a GPU group are those of every group (group.hpp).
+using group_options = distvals::group_options;
 
-/// N replicas on CUDA devices. One collective runs at a time (calls from several
-/// threads are serialized); buffers are device memory of the replica's GPU.
-class DISTVALS_EXPORT group {
+/// N replicas on CUDA devices. Buffers are device memory of the replica's GPU.
+class DISTVALS_EXPORT group : public distvals::group {
  public:
-  /// Replica r runs on CUDA device gpus[r]; a device may repeat (logical replicas).
-  /// The replicas are named "GPU:0" .. "GPU:n-1". Throws invalid_argument_error for an
-  /// empty list, too many replicas or a device that does not exist, and cuda_error
-  /// when there is no usable GPU at all.
+  /// Replica r runs on CUDA device gpus[r]; a device may repeat (logical replicas). The
+  /// replicas are named "GPU:0" .. "GPU:n-1". Throws invalid_argument_error for an empty
+  /// list, too many replicas or a device that does not exist, and cuda_error when there
+  /// is no usable GPU at all.
   explicit group(const std::vector<int>& gpus, group_options options = {});
-  /// Replicas on logical devices "GPU:k": GPU:k runs on CUDA device
-  /// k / logical_per_gpu. Throws as above, and for CPU devices or duplicates.
+  /// Replicas on logical devices "GPU:k": GPU:k runs on CUDA device k / logical_per_gpu.
+  /// Throws as above, and for CPU devices or duplicates.
   group(const std::vector<device>& devices, int logical_per_gpu, group_options options = {});
-  /// Closes the group (see close()).
-  ~group();
-  group(const group&) = delete;
-  group& operator=(const group&) = delete;
 
-  /// Number of replicas.
-  int size() const noexcept;
-  /// The replicas' logical devices ("GPU:k").
-  const std::vector<device>& devices() const noexcept;
-  /// The CUDA device of each replica.
+  /// The CUDA device of each replica. Never throws.
   const std::vector<int>& gpus() const noexcept;
-  /// The options in force (defaults resolved).
-  const group_options& options() const noexcept;
-  /// True when kernels of replica `a` read and write replica `b`'s memory directly.
+  /// True when kernels of replica `a` read and write replica `b`'s memory directly (the
+  /// same device, or peer access). Never throws.
   bool direct_access(int a, int b) const noexcept;
-  /// The stream replica `r` runs its steps on.
+  /// The group's stream on replica `r`'s device: work queued there by the caller comes
+  /// before the next synchronous collective. Throws invalid_argument_error, closed_error.
   stream_view replica_stream(int r) const;
 
-  /// Runs `desc` and returns when every output is complete. The call is ordered after
-  /// all work issued earlier on the legacy default stream of every device of the group
-  /// (and the blocking streams there). Validates everything before touching data
-  /// (invalid_argument_error, dtype_error); throws timeout_error, aborted_error,
-  /// closed_error or cuda_error.
-  void run(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out);
-
-  /// Enqueues `desc` after the work already on `caller` and makes `caller` wait for its
-  /// completion; returns without waiting on the host. Buffers must stay alive until
-  /// `caller` gets past the collective. Same validation and throws as run().
+  using distvals::group::run;
+  /// run() that also starts only after the work queued so far on every stream of
+  /// `wait_for` (where the inputs were produced), without waiting on the host for it.
+  void run(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
+           const std::vector<stream_view>& wait_for);
+  /// Enqueues `desc` after the work already on `caller` (and on every stream of
+  /// `wait_for`) and makes `caller` wait for its completion; returns without waiting on
+  /// the host. Buffers must stay alive until `caller` gets past the collective. Calls are
+  /// ordered one after another whatever streams they use. Same validation and throws as
+  /// run().
   void enqueue(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out,
-               stream_view caller);
-
-  /// All-reduce: every out[r] = op over all in[j]. In place when out[r] is in[r].
-  void all_reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, reduce_op op,
-                  algorithm algo = algorithm::automatic);
-  /// Reduce to `root`: out[root] = op over all in[j]; other outputs are not touched.
-  void reduce(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root, reduce_op op);
-  /// Broadcast: every out[r] = in[root].
-  void broadcast(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, int root);
-  /// All-gather: out[r] (N·count elements) = in[0] ++ ... ++ in[N-1].
-  void all_gather(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out);
-  /// Reduce-scatter: out[r] (count/N elements) = op over all in[j] of block r.
-  void reduce_scatter(const std::vector<buffer_view>& in, const std::vector<buffer_view>& out, reduce_op op);
-
-  /// Releases a host wait in progress and fails every later call with aborted_error
-  /// naming `replica` and `why`, until reset(). Work already on the streams still runs.
-  void abort(int replica, const std::string& why) noexcept;
-  /// abort() from outside the replicas (replica -1).
-  void cancel() noexcept;
-  /// True once aborted (or timed out) and not yet reset.
-  bool aborted() const noexcept;
-  /// Clears an abort; only when no call is in flight (std::logic_error otherwise).
-  void reset();
-  /// Waits for calls in flight to leave, then frees streams, events and scratch
-  /// memory; later calls throw closed_error. Idempotent; never throws.
-  void close() noexcept;
-  /// True once closed.
-  bool closed() const noexcept;
-
-  /// Opaque implementation.
-  struct impl;
-
- private:
-  std::unique_ptr<impl> impl_;
+               stream_view caller, const std::vector<stream_view>& wait_for = {});
+  /// The per-replica run() whose collective also starts after the work queued so far on
+  /// `wait_for` (this replica's inputs were produced there).
+  void run(int replica, const call_desc& desc, buffer_view in, buffer_view out, const replica_options& options,
+           stream_view wait_for);
 };
 
-/// The all-reduce algorithm `automatic` stands for on a CUDA group: `direct` when every
-/// replica reaches every other one's memory (one GPU, or peer access everywhere),
-/// `ring` otherwise (each step then stages only one neighbour's data). Never throws.
+/// The all-reduce algorithm `automatic` stands for on a GPU group: `direct`, a single
+/// pass over the data in one launch per device (every algorithm runs that way on GPUs).
+/// Never throws.
 DISTVALS_EXPORT algorithm choose_gpu_algorithm(const group& g, std::size_t bytes) noexcept;
 
 }  // namespace distvals::cuda

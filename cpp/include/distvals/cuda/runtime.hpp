@@ -44,16 +44,16 @@ DISTVALS_EXPORT void copy_async(void* dst, const void* src, std::size_t bytes, s
 /// work on the legacy default stream of device `gpu` (and the blocking streams there).
 /// Throws timeout_error past `timeout` (0: 300 s), cuda_error on CUDA failures.
 DISTVALS_EXPORT void copy(void* dst, const void* src, std::size_t bytes, int gpu,
-                          std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+                          std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0});
 
 /// Waits on the host until all work queued on `s` so far is done (the null handle: the
 /// legacy default stream of device s.device(), or of the current device when -1).
 /// Throws timeout_error past `timeout` (0: 300 s), cuda_error on CUDA failures.
-DISTVALS_EXPORT void synchronize(stream_view s, std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+DISTVALS_EXPORT void synchronize(stream_view s, std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0});
 
 /// Sets `bytes` bytes of device memory at `ptr` (on device `gpu`) to `value` and waits,
 /// like copy(). Throws timeout_error or cuda_error.
 DISTVALS_EXPORT void fill_bytes(void* ptr, int value, std::size_t bytes, int gpu,
-                                std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+                                std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0});
 
 }  // namespace distvals::cuda

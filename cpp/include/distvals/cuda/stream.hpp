@@ -50,7 +50,7 @@ class DISTVALS_EXPORT stream {
   int device() const noexcept { return device_; }
   stream_view view() const noexcept { return {handle_, device_}; }
   /// Waits until all work on the stream is done; timeout_error past `timeout` (0: 300 s).
-  void synchronize(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const;
+  void synchronize(std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0}) const;
 
  private:
   CUstream_st* handle_ = nullptr;
@@ -75,7 +75,7 @@ class DISTVALS_EXPORT event {
   /// True once the work recorded before it has completed. Throws cuda_error.
   bool ready() const;
   /// Waits on the host until ready(); timeout_error past `timeout` (0: 300 s).
-  void synchronize(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const;
+  void synchronize(std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0}) const;
   /// Milliseconds between two recorded timing events.
   static float elapsed_ms(const event& start, const event& stop);
 
