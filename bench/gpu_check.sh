@@ -8,10 +8,10 @@
 #      back-to-back calls alternating two caller streams, misaligned buffers, more than
 #      2^31 elements, 8 logical replicas) and the public CUDA API;
 #   4. the Python GPU tests (tests/test_cuda.py, torch and cupy interop where installed);
-#   5. the strategy layer's GPU tests (tests/test_gpu_strategy.py -m gpu);
+#   5. the strategy layer's GPU tests (the strategy suites' real-GPU backend: -m gpu);
 #   6. the device bench, 4 KiB to 1 GiB on 2, 4 and 8 logical replicas, with the device
 #      copy bandwidth measured in the same run.
-# Every stage runs under its own time limit (together under 6 minutes) and the script
+# Every stage runs under its own time limit (together about 6 minutes) and the script
 # goes on after a failure, so one run reports everything; the exit status is 0 only when
 # every stage passed. A GPU is required: a test that finds none counts as failed here.
 #
@@ -131,9 +131,9 @@ stage python-tests 60 "$OUT_DIR/python-tests.log" \
   env DISTVALS_REQUIRE_GPU=1 "$PY" -m pytest "$REPO/tests/test_cuda.py" -q -ra --timeout 60 \
     -c "$REPO/pyproject.toml" --rootdir "$REPO"
 
-stage strategy-tests 30 "$OUT_DIR/strategy-tests.log" \
-  "$PY" -m pytest "$REPO/tests/test_gpu_strategy.py" -m gpu -q -ra --timeout 30 \
-    -c "$REPO/pyproject.toml" --rootdir "$REPO"
+stage strategy-tests 45 "$OUT_DIR/strategy-tests.log" \
+  "$PY" -m pytest "$REPO/tests/test_strategy_backends.py" "$REPO/tests/test_strategy_api_backends.py" \
+    -m gpu -q -ra --timeout 30 -c "$REPO/pyproject.toml" --rootdir "$REPO"
 
 stage bench 55 "$OUT_DIR/bench.txt" \
   "$PY" -m distvals.bench.gpu --replicas 2,4,8 --min 4K --max 1G --budget-seconds 45 --json "$OUT_DIR/bench.json"
