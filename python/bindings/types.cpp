@@ -5,7 +5,61 @@
 
 namespace distvals_py {
 
+namespace {
+
+// dtype descriptors seen before, with the engine dtype each maps to. Every collective
+// converts one dtype per array, and asking a descriptor for its kind, size and byte
+// order goes through Python attributes with numpy 2: a handful of descriptors (the
+// builtin ones, shared by every array of their type) answer from here instead. Each
+// cached descriptor is kept alive by the reference held here, so its address cannot be
+// reused by another. Used with the GIL held only.
+struct dtype_cache {
+  static constexpr int size = 8;
+  PyObject* descr[size] = {};
+  distvals::dtype type[size] = {};
+  int next = 0;
+
+  bool find(PyObject* d, distvals::dtype& out) const {
+    for (int i = 0; i < size; ++i) {
+      if (descr[i] == d) {
+        out = type[i];
+        return true;
+      }
+    }
+    return false;
+  }
+  void add(PyObject* d, distvals::dtype t) {
+    Py_INCREF(d);
+    PyObject* old = descr[next];
+    descr[next] = d;
+    type[next] = t;
+    next = (next + 1) % size;
+    Py_XDECREF(old);
+  }
+};
+
+// Leaked on purpose: released after the interpreter has finalized, it would decref
+// without the GIL.
+dtype_cache& known_dtypes() {
+  static auto* cache = new dtype_cache();
+  return *cache;
+}
+
+distvals::dtype to_dtype_slow(const py::dtype& dt, int replica);
+
+}  // namespace
+
 distvals::dtype to_dtype(const py::dtype& dt, int replica) {
+  distvals::dtype t;
+  if (known_dtypes().find(dt.ptr(), t)) return t;
+  t = to_dtype_slow(dt, replica);  // throws for what the engine does not take
+  known_dtypes().add(dt.ptr(), t);
+  return t;
+}
+
+namespace {
+
+distvals::dtype to_dtype_slow(const py::dtype& dt, int replica) {
   const char kind = dt.kind();
   const auto size = dt.itemsize();
   const char order = dt.byteorder();
@@ -33,6 +87,8 @@ distvals::dtype to_dtype(const py::dtype& dt, int replica) {
                        "int32, int64");
 }
 
+}  // namespace
+
 py::dtype to_numpy(distvals::dtype t) {
   if (t == distvals::dtype::bfloat16) {
     return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
@@ -42,16 +98,17 @@ py::dtype to_numpy(distvals::dtype t) {
 
 py::array as_array(const py::handle& obj, int replica, bool writable, const char* role) {
   auto where = [&]() { return std::string("replica ") + std::to_string(replica) + ": "; };
-  py::array a;
-  if (py::isinstance<py::array>(obj)) {
-    a = py::reinterpret_borrow<py::array>(obj);
-  } else {
+  // Not `py::array a;` then an assignment: pybind11's default array constructor makes a
+  // new (empty) numpy array, a cost paid for every array of every collective.
+  auto take = [&]() -> py::array {
+    if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
     // Buffer protocol and DLPack, zero-copy; the Python helper knows the protocols.
     // Leaked on purpose: a static py::object would be released after the interpreter
     // has finalized, without the GIL.
     static py::object* convert = new py::object(py::module_::import("distvals._convert").attr("as_host_array"));
-    a = (*convert)(obj, replica);
-  }
+    return (*convert)(obj, replica);
+  };
+  py::array a = take();
   const int flags = py::detail::array_proxy(a.ptr())->flags;
   if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
     throw py::value_error(where() + role + " is not C-contiguous (strides " +

@@ -27,7 +27,8 @@ from .meeting import check_calls, check_leaves, check_structures
 from .options import DEFAULT_TIMEOUT_SECONDS, CollectiveAllReduce, CommunicationOptions, CrossDeviceOps, \
     ReductionToOneDevice
 from .reduce_op import ReduceOp, as_reduce_op
-from .replicas import Failure, Raise, Request, StepTimeout, fork_counter as _forks, fork_generation, names
+from .replicas import QUICK, QUICK_ALL_REDUCE, Failure, Raise, Request, StepTimeout, as_request, \
+    fork_counter as _forks, fork_generation, names
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
 
 __all__ = ["LocalExtended", "EXECUTION_MODES"]
@@ -75,6 +76,10 @@ class _SingleRunner:
 
 
 _get_ident = threading.get_ident
+try:
+    from greenlet import getcurrent as _getcurrent
+except ImportError:  # pragma: no cover - inline replicas need greenlet; without it they do not run
+    _getcurrent = None
 
 
 def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
@@ -169,19 +174,22 @@ class LocalExtended(StrategyExtended):
         self._timeout = options.timeout_seconds if options.timeout_seconds is not None else _default_timeout()
         self._on_gpu = any(d.startswith("GPU:") for d in self._devices)
         self._make_group = make_group
+        self._execution = self._choose_execution(execution, what)
         self._coll: Collectives = self._make_collectives()
         self._quick = self._quick_group()
-        self._execution = self._choose_execution(execution, what)
         self._contexts = tuple(context.ReplicaContext(container_strategy, r, _num_replicas=self._n)
                                for r in range(self._n))
         self._entries = tuple(c._entry for c in self._contexts)
         for c in self._contexts:
             c._ext = self
         self._runner = self._make_runner()
+        self._inline = self._execution == "inline" and self._n > 1
         # One collective at a time per strategy: a step's meetings and cross-replica calls
         # from other threads (a logging thread's strategy.reduce) take turns.
         self._lock = threading.RLock()
+        # Held while a step runs; _claim_lock settles who takes over a stale one.
         self._run_lock = threading.Lock()
+        self._claim_lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread running a step
         self._step_active = False
         self._fork = fork_generation()
@@ -223,10 +231,14 @@ class LocalExtended(StrategyExtended):
     def _new_group(self) -> Any:
         from .group import ReplicaGroup
 
+        # Inline, the engine's workers may spin between jobs (the default): the calling
+        # thread is the only Python thread, and a worker that spins through the few
+        # microseconds of Python between two collectives starts the next one without a
+        # wake-up. On threads they must not: replica threads take turns on the GIL, and
+        # a waiter that spins holds the core its peer needs.
+        spin_us = 0 if getattr(self, "_execution", "threads") == "threads" else -1
         try:
-            # No spinning: in thread mode replicas take turns on the GIL, and a waiter
-            # that spins holds the core its peer needs.
-            return ReplicaGroup(list(self._devices), timeout_seconds=self._options.timeout_seconds, spin_us=0)
+            return ReplicaGroup(list(self._devices), timeout_seconds=self._options.timeout_seconds, spin_us=spin_us)
         except ValueError as e:
             raise ValueError(f"{self._what}: {e}") from None
 
@@ -298,6 +310,7 @@ class LocalExtended(StrategyExtended):
         finally:
             self._step_active = False
             self._owner = None
+            self._run_lock.release()
 
     def _claim_step(self) -> None:
         """Makes this thread the one running a step, or raises when a step is running.
@@ -306,13 +319,18 @@ class LocalExtended(StrategyExtended):
         (its thread no longer runs a step of this strategy) and taken over: a strategy
         never refuses forever."""
         me = _get_ident()
-        with self._run_lock:
+        if self._run_lock.acquire(False):
+            self._owner = me
+            return
+        # Held: by a step running now, or by one that an interrupt cut short.
+        with self._claim_lock:
             owner = self._owner
             if owner is not None and _runs_step(self, owner, me):
                 raise RuntimeError(
                     f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
                     "another thread); one step at a time"
                 )
+            # Stale: the lock is ours now (a lock may be released by any thread).
             self._owner = me
 
     def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
@@ -382,12 +400,14 @@ class LocalExtended(StrategyExtended):
     def _meet(self, ctx: context.ReplicaContext, request: Request) -> Any:
         return self._runner.meet(ctx._replica_id, request)
 
-    def _resolve(self, requests: List[Request]) -> List[Any]:
+    def _resolve(self, requests: List[Any]) -> List[Any]:
         """One outcome per replica for a meeting that every replica has reached."""
-        if requests[0].extra is _QUICK:
+        q0 = requests[0]
+        if type(q0) is tuple or q0.extra is _QUICK:
             out = self._resolve_quick(requests)
             if out is not None:
                 return out
+            requests = [as_request(q) for q in requests]
         n = len(requests)
         try:
             check_calls(requests)
@@ -405,29 +425,34 @@ class LocalExtended(StrategyExtended):
         shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
         differs (the general path then checks and reports it)."""
-        q0 = requests[0]
-        op = q0.params[0]
-        a0 = q0.value
-        dt = a0.dtype
-        # By type number (hashing a dtype is slow): native byte order checked apart.
-        name = _ENGINE_NAMES[op._name_].get(dt.num)
-        if name is None or not dt.isnative:
-            return None
-        shape = a0.shape
         ins = []
         for q in requests:
-            a = q.value
-            if (q.extra is not _QUICK or q.kind != "all_reduce" or q.params[0] is not op or a.shape != shape
-                    or (a.dtype is not dt and a.dtype != dt) or not a.flags.c_contiguous):
+            if type(q) is tuple:
+                if q[0] is not QUICK_ALL_REDUCE:
+                    return None
+                qop, a = q[1], q[2]
+            elif q.extra is _QUICK and q.kind == "all_reduce":
+                qop, a = q.params[0], q.value
+            else:
                 return None
             ins.append(a)
+            if len(ins) == 1:
+                op, a0, dt, shape = qop, a, a.dtype, a.shape
+                # By type number (hashing a dtype is slow): native byte order apart.
+                name = _ENGINE_NAMES[op._name_].get(dt.num)
+                if name is None or not dt.isnative:
+                    return None
+            elif qop is not op or a.shape != shape or (a.dtype is not dt and a.dtype != dt):
+                return None
+            if not a.flags.c_contiguous:
+                return None
         size = a0.nbytes
         if size < _POOL_MIN_BYTES:
             outs = [np.empty(shape, dt) for _ in ins]
         else:
             outs = [_pooled_empty(shape, dt) for _ in ins]
-        with self._lock:
-            self._quick.all_reduce(ins, name, self._algorithm, out=outs)
+        # No strategy lock: the engine itself runs one single call at a time.
+        self._quick.all_reduce(ins, name, self._algorithm, out=outs)
         return outs
 
     def _convert(self, leaf: Any) -> Any:
@@ -448,7 +473,10 @@ class LocalExtended(StrategyExtended):
         if options is None and type(value) is np.ndarray and self._quick is not None \
                 and value.dtype.num in _QUICK_NUMS:
             # The common case: one numpy array of a number dtype, no options. Its outcome
-            # is the result array itself (see _resolve_quick).
+            # is the result array itself (see _resolve_quick); inline, the request goes
+            # to the scheduler in its quick tuple form, straight from here.
+            if self._inline:
+                return _getcurrent().parent.switch((QUICK_ALL_REDUCE, op, value))
             return self._runner.meet(ctx._replica_id, Request("all_reduce", (op,), value, _QUICK))
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
@@ -908,7 +936,7 @@ def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], w
 
 
 # What marks a request of the quick path (one numpy array, no options).
-_QUICK = ("quick",)
+_QUICK = QUICK
 _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
 # (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).

@@ -28,6 +28,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = [
     "Request",
+    "QUICK_ALL_REDUCE",
+    "QUICK",
+    "as_request",
     "Failure",
     "Resolve",
     "StepTimeout",
@@ -67,6 +70,21 @@ class Request:
 
     def __repr__(self) -> str:
         return f"Request({self.describe()})"
+
+
+# The quick form of the commonest request, used by inline replicas: the tuple
+# (QUICK_ALL_REDUCE, op, array) means an all-reduce of one array without options. It
+# costs no object construction in the replica; ``as_request`` turns it into a Request
+# wherever the general path needs one.
+QUICK_ALL_REDUCE = object()
+QUICK = ("quick",)  # the ``extra`` of a Request made from the quick form
+
+
+def as_request(m: Any) -> "Request":
+    """``m`` (a Request, or the quick tuple form) as a Request."""
+    if type(m) is tuple and m[0] is QUICK_ALL_REDUCE:
+        return Request("all_reduce", (m[1],), m[2], QUICK)
+    return m
 
 
 def _show(p: Any) -> str:

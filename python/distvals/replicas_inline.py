@@ -40,8 +40,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
-from .replicas import Failure, Raise, Request, StepTimeout, fork_counter as _forks, main_thread_id, names, \
-    set_async_exception
+from .replicas import Failure, Raise, Request, StepTimeout, as_request, fork_counter as _forks, main_thread_id, \
+    names, set_async_exception
 
 try:
     import greenlet as _greenlet_module
@@ -107,6 +107,7 @@ class InlineRunner:
         self._resolve = resolve
         self.failures: List[Failure] = []
         self._greenlets: Optional[List[Any]] = None
+        self._parent: Any = None  # the scheduler greenlet the replicas switch back to
         # The greenlets of the step in progress (or of one that was abandoned half-way).
         self._abandoned: Optional[List[Any]] = None
         self._owner: Optional[int] = None  # thread that owns the greenlets
@@ -143,8 +144,13 @@ class InlineRunner:
 
     # ---- one step ------------------------------------------------------------------------
     def _replica_greenlets(self) -> List[Any]:
-        me = threading.get_ident()
         gls = self._greenlets
+        parent = _getcurrent()
+        if gls is not None and parent is self._parent:
+            # The common case: the greenlets of the last step, which ended cleanly, under
+            # the same scheduler (a step that did not end cleanly dropped them).
+            return gls
+        me = threading.get_ident()
         if gls is None or self._owner != me:
             if self._abandoned and self._owner == me:
                 self._bury()
@@ -152,12 +158,12 @@ class InlineRunner:
             gls = [_Greenlet(self._main) for _ in range(self.n)]
             self._greenlets, self._owner = gls, me
             self._abandoned = gls
-        parent = _getcurrent()
         for r, g in enumerate(gls):
             if g.dead:
                 gls[r] = g = _Greenlet(self._main)
             if g.parent is not parent:
                 g.parent = parent
+        self._parent = parent
         return gls
 
     def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
@@ -180,7 +186,11 @@ class InlineRunner:
         self._msgs = msgs = [None] * n
         self._waiting = 0
         self._lost = False
+        # Each replica has a contextvars context of its own (the greenlet's). When the
+        # caller has context variables, each replica starts the step from a copy of them.
         base = contextvars.copy_context()
+        if not len(base):
+            base = None
         if timeout < _INF:
             self._arm(timeout)
         resume = self._resume
@@ -191,7 +201,8 @@ class InlineRunner:
                     # A replica failed: the ones not started yet are not started (they
                     # would only be released at their first meeting).
                     break
-                gls[r].gr_context = base.copy()
+                if base is not None:
+                    gls[r].gr_context = base.copy()
                 args, kwargs = per_replica[r]
                 resume(r, gls[r], (fn, args, kwargs or _EMPTY), None)
             # Then, while replicas wait: resolve the meeting they all reached, or release
@@ -249,19 +260,23 @@ class InlineRunner:
             # unknown, so this step's greenlets are never resumed again.
             self._lost = True
             m = (_FAILED, e)
-        if type(m) is Request:
-            msgs[r] = m
-            self._waiting += 1
-        elif m[0] is _DONE:
-            self._results[r] = m[1]
-        else:
-            self.failures.append(Failure(next(self._order), r, m[1]))
+        if type(m) is tuple:
+            tag = m[0]
+            if tag is _DONE:
+                self._results[r] = m[1]
+                return
+            if tag is _FAILED:
+                self.failures.append(Failure(next(self._order), r, m[1]))
+                return
+        # Anything else is a request: a Request, or its quick tuple form.
+        msgs[r] = m
+        self._waiting += 1
 
     def _release(self, waiting: List[int], msgs: List[Any], first: Failure, gls: List[Any]) -> None:
         """A replica failed: the ones waiting at a meeting raise AbortedError."""
         e = first.error
         for r in waiting:
-            req = msgs[r]
+            req = as_request(msgs[r])
             self._resume(r, gls[r], None, AbortedError(
                 f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
                 f"{type(e).__name__}: {e}"))
@@ -269,7 +284,7 @@ class InlineRunner:
     def _release_early_return(self, waiting: List[int], msgs: List[Any], gls: List[Any]) -> None:
         """Some replicas returned while others wait: they can never meet."""
         done = [r for r in range(self.n) if r not in waiting]
-        calls = "; ".join(f"replica {r} waits in {msgs[r].describe()}" for r in waiting)
+        calls = "; ".join(f"replica {r} waits in {as_request(msgs[r]).describe()}" for r in waiting)
         for r in waiting:
             err = MismatchError(
                 f"replica {r}: {calls}, but replica(s) {names(done)} returned from the replica function "
@@ -307,9 +322,11 @@ class InlineRunner:
             _WATCHDOG.watch(self)
 
     def _disarm(self) -> int:
-        with self._wd_lock:
-            self._active = False
-            fired = self._fired
+        # No lock: the watchdog fires only while it sees this thread inside the step
+        # (see _in_step_of), and the step has left it by now.
+        self._active = False
+        fired = self._fired
+        if fired:
             self._fired = 0
         if fired:
             # An exception the watchdog sent but the thread has not raised yet must not

@@ -215,7 +215,7 @@ def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", s
     wrap = PerReplica if wrap is None else wrap
     v0 = per_replica[0]
     n = len(per_replica)
-    if not nest.is_nested(v0):
+    if not isinstance(v0, _CONTAINERS):
         if n == 1 and not always_wrap:
             return v0
         same = not always_wrap
@@ -223,9 +223,17 @@ def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", s
             x = per_replica[r]
             if x is not v0:
                 same = False
-                if nest.is_nested(x):
+                if isinstance(x, _CONTAINERS):
                     _mismatch(per_replica, r, what)
-        return v0 if same else wrap(tuple(per_replica))
+        if same:
+            return v0
+        if wrap is PerReplica:
+            # The step's result: made without the checks of the constructor (a tuple of
+            # the right length, by construction).
+            out = _new_per_replica(PerReplica)
+            out._values = tuple(per_replica)
+            return out
+        return wrap(tuple(per_replica))
     for r in range(1, n):
         if nest.structure_mismatch(v0, per_replica[r]) is not None:
             _mismatch(per_replica, r, what)
@@ -238,6 +246,10 @@ def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", s
         else:
             leaves.append(wrap(column))
     return nest.pack_sequence_as(v0, leaves)
+
+
+_CONTAINERS = (list, tuple, dict)
+_new_per_replica = object.__new__
 
 
 def _mismatch(per_replica: Sequence[Any], r: int, what: str) -> None:

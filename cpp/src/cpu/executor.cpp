@@ -6,6 +6,8 @@
 // blocking on one, so no wait can deadlock as long as the schedule is acyclic.
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,7 +80,22 @@ class cpu_executor final : public executor {
   std::exception_ptr job_error_;
   std::atomic<bool> stopping_{false};  // workers exit when they see it
   bool closed_ = false;
+  // Idle workers (no job) wait here, apart from the group's condition variable: that one
+  // is notified at every step a replica publishes, which must not wake a worker that
+  // has nothing to do (a small collective runs on the calling thread alone, and waking
+  // an idle worker at each of its steps would cost a context switch each).
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  std::atomic<int> idle_{0};
+  /// Wakes the idle workers (a job was posted, or the executor closes).
+  void wake_idle() noexcept;
 };
+
+void cpu_executor::wake_idle() noexcept {
+  if (idle_.load() == 0) return;
+  std::lock_guard<std::mutex> lk(idle_mu_);
+  idle_cv_.notify_all();
+}
 
 cpu_executor::cpu_executor(group::impl& core) : m_(core) {
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -101,6 +118,10 @@ void cpu_executor::close() noexcept {
   closed_ = true;
   stopping_.store(true);
   m_.wake_all();
+  {
+    std::lock_guard<std::mutex> lk(idle_mu_);
+    idle_cv_.notify_all();
+  }
   for (int t = 1; t < threads_; ++t) {
     if (workers_[t - 1].thread.joinable()) workers_[t - 1].thread.join();
   }
@@ -278,7 +299,7 @@ void cpu_executor::run(const call& c) {
   job_done_.store(0);
   job_error_ = nullptr;
   for (int w = 1; w < t; ++w) workers_[w - 1].go.store(c.seq);
-  if (m_.sleepers.load() > 0) m_.wake_all();
+  wake_idle();
 
   std::exception_ptr mine;
   int started = t - 1;
@@ -325,11 +346,14 @@ void cpu_executor::worker_main(int index) noexcept {
         cpu::relax();
       }
       if (!has_job()) {
-        m_.sleepers.fetch_add(1);
-        std::unique_lock<std::mutex> lk(m_.mu);
-        m_.cv.wait(lk, has_job);
-        lk.unlock();
-        m_.sleepers.fetch_sub(1);
+        // Announce, then check under the lock the poster notifies under: either the
+        // poster sees us idle and notifies, or we see its job (both are seq_cst).
+        idle_.fetch_add(1);
+        {
+          std::unique_lock<std::mutex> lk(idle_mu_);
+          idle_cv_.wait(lk, has_job);
+        }
+        idle_.fetch_sub(1);
       }
     }
     if (stopping_.load()) return;
