@@ -259,6 +259,9 @@ void* host_pointer(const py::array& a, bool writable, const char* what) {
 
 void register_cuda(py::module_& parent) {
   py::module_ m = parent.def_submodule("cuda", "The CUDA backend: device memory, copies and GPU groups.");
+  // Registered as a module of its own, so that `import distvals._core.cuda` (and tools that
+  // import modules by name, such as stub checkers) find it.
+  py::module_::import("sys").attr("modules")[py::str(m.attr("__name__"))] = m;
 
   m.def("device_count", &cuda::device_count, "Number of CUDA devices; 0 without a GPU or a driver.");
   m.def("unavailable_reason", &cuda::unavailable_reason, "Why device_count() is 0, or ''.");

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+import inspect
+from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -31,6 +32,46 @@ def _on_gpu(devices: Union[int, List[str]]) -> bool:
     return kinds == {"GPU"}
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _checked_by_the_engine(prototype: _F) -> Callable[[Callable[..., Any]], _F]:
+    """Give a loosely-typed forwarding method the signature and documentation of
+    ``prototype`` (for ``help()``, ``inspect`` and type checkers)."""
+    def give(method: Callable[..., Any]) -> _F:
+        method.__signature__ = inspect.signature(prototype)  # type: ignore[attr-defined]
+        method.__doc__ = prototype.__doc__
+        return method  # type: ignore[return-value]
+    return give
+
+
+def _proto_all_reduce(self: "ReplicaGroup", replica: int, array: Any, op: str = "sum", algorithm: str = "auto",
+                      timeout_seconds: Optional[float] = None, out: Any = None) -> None:
+    """Replica ``replica``'s part of an all-reduce, in place (or into ``out``, CPU replicas);
+    every replica calls it from its own thread."""
+
+
+def _proto_reduce(self: "ReplicaGroup", replica: int, array: Any, root: int = 0, op: str = "sum",
+                  timeout_seconds: Optional[float] = None) -> None:
+    """Replica ``replica``'s part of a reduce: the root's array receives the reduction, in place."""
+
+
+def _proto_broadcast(self: "ReplicaGroup", replica: int, array: Any, root: int = 0,
+                     timeout_seconds: Optional[float] = None) -> None:
+    """Replica ``replica``'s part of a broadcast: ``array`` receives the root's array, in place."""
+
+
+def _proto_all_gather(self: "ReplicaGroup", replica: int, array: Any, timeout_seconds: Optional[float] = None) -> Any:
+    """Replica ``replica``'s part of an all-gather: a new array, every replica's array
+    concatenated along axis 0."""
+
+
+def _proto_reduce_scatter(self: "ReplicaGroup", replica: int, array: Any, op: str = "sum",
+                          timeout_seconds: Optional[float] = None) -> Any:
+    """Replica ``replica``'s part of a reduce-scatter: a new array, block ``replica`` of the
+    reduction."""
+
+
 class ReplicaGroup:
     """N local replicas that run collectives together on the C++ engine.
 
@@ -52,6 +93,7 @@ class ReplicaGroup:
     def __init__(self, devices: Union[int, Sequence[str]], *, timeout_seconds: Optional[float] = None,
                  threads: int = 0, chunk_bytes: int = 0, spin_us: int = -1):
         devs = _devices(devices)
+        self._group: Any
         timeout_seconds = options.effective_timeout_seconds(timeout_seconds)
         if _on_gpu(devs):
             # GPU replicas run on the CUDA backend, behind the same method names.
@@ -60,23 +102,77 @@ class ReplicaGroup:
             self._group = CudaReplicaGroup(devs, timeout_seconds=timeout_seconds, chunk_bytes=chunk_bytes)
         else:
             self._group = _core.Group(devs, timeout_seconds, threads, chunk_bytes, spin_us)
-        # Bind the hot methods once: a call then costs one attribute lookup.
-        g = self._group
-        self.all_reduce = g.all_reduce
-        self.reduce = g.reduce
-        self.broadcast = g.broadcast
-        self.all_gather = g.all_gather
-        self.reduce_scatter = g.reduce_scatter
-        self.replica_all_reduce = g.replica_all_reduce
-        self.replica_all_gather = g.replica_all_gather
-        self.replica_broadcast = g.replica_broadcast
-        self.replica_reduce = g.replica_reduce
-        self.replica_reduce_scatter = g.replica_reduce_scatter
+        self._gpu = not isinstance(self._group, _core.Group)
 
-    # The methods above are bound in __init__; these stubs carry the documentation.
-    if False:  # pragma: no cover
-        def all_reduce(self, buffers, op="sum", algorithm="auto", out=None):
-            """All-reduce in place (or into ``out``); op: sum, mean, min, max, prod."""
+    # ---- single-call style: one call with every replica's array -------------------------
+    def all_reduce(self, buffers: Sequence[Any], op: str = "sum", algorithm: str = "auto",
+                   out: Optional[Sequence[Any]] = None, *, stream: Any = None) -> None:
+        """All-reduce in place, or into ``out`` (one array per replica, same dtype and shape).
+
+        ``op``: sum, mean, min, max, prod. ``algorithm``: auto, ring, tree or direct.
+        ``stream`` (GPU replicas only): enqueue on this CUDA stream instead of waiting.
+        """
+        if stream is None:
+            self._group.all_reduce(buffers, op, algorithm, out)
+        else:
+            self._on_stream("all_reduce").all_reduce(buffers, op, algorithm, out, stream=stream)
+
+    def reduce(self, buffers: Sequence[Any], root: int = 0, op: str = "sum", *, stream: Any = None) -> None:
+        """Reduce in place into ``buffers[root]``; the other arrays are only read."""
+        if stream is None:
+            self._group.reduce(buffers, root, op)
+        else:
+            self._on_stream("reduce").reduce(buffers, root, op, stream=stream)
+
+    def broadcast(self, buffers: Sequence[Any], root: int = 0, *, stream: Any = None) -> None:
+        """Copy ``buffers[root]`` into every other array, in place."""
+        if stream is None:
+            self._group.broadcast(buffers, root)
+        else:
+            self._on_stream("broadcast").broadcast(buffers, root, stream=stream)
+
+    def all_gather(self, buffers: Sequence[Any], *, stream: Any = None) -> List[Any]:
+        """New arrays, one per replica: every replica's array concatenated along axis 0
+        (0-d arrays give shape ``(N,)``)."""
+        if stream is None:
+            return self._group.all_gather(buffers)  # type: ignore[no-any-return]
+        return self._on_stream("all_gather").all_gather(buffers, stream=stream)  # type: ignore[no-any-return]
+
+    def reduce_scatter(self, buffers: Sequence[Any], op: str = "sum", *, stream: Any = None) -> List[Any]:
+        """New arrays: replica r gets block r (of N along axis 0) of the reduction."""
+        if stream is None:
+            return self._group.reduce_scatter(buffers, op)  # type: ignore[no-any-return]
+        return self._on_stream("reduce_scatter").reduce_scatter(buffers, op, stream=stream)  # type: ignore[no-any-return]
+
+    def _on_stream(self, what: str) -> Any:
+        if not self._gpu:
+            raise TypeError(f"{what}: stream= applies to GPU replicas; this group runs CPU replicas")
+        return self._group
+
+    # ---- per-replica style: N threads, one per replica ----------------------------------
+    # These take their arguments loosely and hand them to the engine as given: a call with
+    # a bad or missing argument must still reach the engine, which releases the other
+    # replicas with the same error instead of leaving them to wait for this one. Tools
+    # see the signatures of the prototypes.
+    @_checked_by_the_engine(_proto_all_reduce)
+    def replica_all_reduce(self, *args: Any, **kwargs: Any) -> None:
+        self._group.replica_all_reduce(*args, **kwargs)
+
+    @_checked_by_the_engine(_proto_reduce)
+    def replica_reduce(self, *args: Any, **kwargs: Any) -> None:
+        self._group.replica_reduce(*args, **kwargs)
+
+    @_checked_by_the_engine(_proto_broadcast)
+    def replica_broadcast(self, *args: Any, **kwargs: Any) -> None:
+        self._group.replica_broadcast(*args, **kwargs)
+
+    @_checked_by_the_engine(_proto_all_gather)
+    def replica_all_gather(self, *args: Any, **kwargs: Any) -> Any:
+        return self._group.replica_all_gather(*args, **kwargs)
+
+    @_checked_by_the_engine(_proto_reduce_scatter)
+    def replica_reduce_scatter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._group.replica_reduce_scatter(*args, **kwargs)
 
     @property
     def num_replicas(self) -> int:
@@ -91,8 +187,8 @@ class ReplicaGroup:
         return self._group.timeout_seconds
 
     @property
-    def engine(self) -> "_core.Group":
-        """The underlying engine group (for timing loops)."""
+    def engine(self) -> Any:
+        """The underlying engine group (``_core.Group``, or the CUDA group), for timing loops."""
         return self._group
 
     def abort(self, replica: int, why: str) -> None:
