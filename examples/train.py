@@ -74,8 +74,17 @@ def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray, scale: float) -> Tup
     return loss, correct, {k: g.astype(p[k].dtype, copy=False) for k, g in grads.items()}
 
 
-def train(strategy: dv.Strategy, x: np.ndarray, y: np.ndarray, *, epochs: int, batch: int, lr: float = 0.5,
-          hidden: int = 32, log: Optional[callable] = None) -> Tuple[Dict[str, dv.Variable], List[float]]:
+def train(
+    strategy: dv.Strategy,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    batch: int,
+    lr: float = 0.5,
+    hidden: int = 32,
+    log: Optional[callable] = None,
+) -> Tuple[Dict[str, dv.Variable], List[float]]:
     """Trains with ``strategy``; returns the weights (variables) and the loss per epoch."""
     classes = int(y.max()) + 1
     with strategy.scope():
@@ -108,7 +117,7 @@ def train(strategy: dv.Strategy, x: np.ndarray, y: np.ndarray, *, epochs: int, b
             global_batch = min(batch, len(x) - i * batch)
             stats = strategy.experimental_local_results(strategy.run(step, args=(features, labels, global_batch)))[0]
             total_loss += float(stats[0])
-            total_correct += int(round(float(stats[1])))
+            total_correct += round(float(stats[1]))
             steps += 1
         losses.append(total_loss / steps)
         if log is not None:
@@ -116,15 +125,16 @@ def train(strategy: dv.Strategy, x: np.ndarray, y: np.ndarray, *, epochs: int, b
     return weights, losses
 
 
-def train_numpy(x: np.ndarray, y: np.ndarray, *, epochs: int, batch: int, lr: float = 0.5,
-                hidden: int = 32) -> Tuple[Params, List[float]]:
+def train_numpy(
+    x: np.ndarray, y: np.ndarray, *, epochs: int, batch: int, lr: float = 0.5, hidden: int = 32
+) -> Tuple[Params, List[float]]:
     """The same training in one process with plain numpy: the comparison point."""
     params = init_params(x.shape[1], hidden, int(y.max()) + 1)
     losses = []
     for _ in range(epochs):
         total, steps = 0.0, 0
         for start in range(0, len(x), batch):
-            xb, yb = x[start: start + batch], y[start: start + batch]
+            xb, yb = x[start : start + batch], y[start : start + batch]
             loss, _, grads = loss_and_grads(params, xb, yb, 1.0 / len(yb))
             for k in params:
                 params[k] -= lr * grads[k]
@@ -147,8 +157,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     x, y = make_data(args.examples)
     strategy = dv.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)], execution=args.execution)
     print(f"{strategy!r}: {strategy.num_replicas_in_sync} replicas, execution {strategy.execution!r}")
-    print(f"data: {len(x)} examples, {x.shape[1]} features, {y.max() + 1} classes; global batch {args.batch} "
-          f"(about {args.batch // args.replicas} per replica); hidden layer {args.hidden}")
+    print(
+        f"data: {len(x)} examples, {x.shape[1]} features, {y.max() + 1} classes; global batch {args.batch} "
+        f"(about {args.batch // args.replicas} per replica); hidden layer {args.hidden}"
+    )
     steps = args.epochs * -(-len(x) // args.batch)
     t0 = time.perf_counter()
     weights, losses = train(strategy, x, y, epochs=args.epochs, batch=args.batch, hidden=args.hidden, log=print)
@@ -158,10 +170,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     _, numpy_losses = train_numpy(x, y, epochs=args.epochs, batch=args.batch, hidden=args.hidden)
     numpy_seconds = time.perf_counter() - t0
     per_step, numpy_per_step = 1e3 * seconds / steps, 1e3 * numpy_seconds / steps
-    print(f"done: {steps} steps in {seconds:.2f} s ({per_step:.3f} ms per step); "
-          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    print(f"one process, plain numpy, same global batches: {numpy_per_step:.3f} ms per step "
-          f"(loss {numpy_losses[0]:.4f} -> {numpy_losses[-1]:.4f}); distvals/numpy: {per_step / numpy_per_step:.2f}x")
+    print(
+        f"done: {steps} steps in {seconds:.2f} s ({per_step:.3f} ms per step); loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+    )
+    print(
+        f"one process, plain numpy, same global batches: {numpy_per_step:.3f} ms per step "
+        f"(loss {numpy_losses[0]:.4f} -> {numpy_losses[-1]:.4f}); distvals/numpy: {per_step / numpy_per_step:.2f}x"
+    )
     return 0
 
 

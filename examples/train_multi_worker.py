@@ -24,7 +24,7 @@ from typing import List, Optional
 import distvals as dv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train as single  # noqa: E402  (examples/train.py: data, model, training loop)
+import train as single
 
 # The training loop of examples/train.py works with any strategy.
 train = single.train
@@ -46,8 +46,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     log = print if chief else None
     x, y = single.make_data(args.examples, seed=args.seed)
     if chief:
-        print(f"{strategy!r}: {strategy.cluster_resolver.num_workers} worker(s), "
-              f"{strategy.num_replicas_in_sync} replicas in sync")
+        print(
+            f"{strategy!r}: {strategy.cluster_resolver.num_workers} worker(s), "
+            f"{strategy.num_replicas_in_sync} replicas in sync"
+        )
     t0 = time.perf_counter()
     weights, losses = train(strategy, x, y, epochs=args.epochs, batch=args.batch, hidden=args.hidden, log=log)
     seconds = time.perf_counter() - t0
@@ -55,8 +57,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         dv.save_variables(args.save, weights)
     if chief:
         steps = args.epochs * -(-len(x) // args.batch)
-        print(f"done: {steps} steps in {seconds:.2f} s ({1e3 * seconds / steps:.3f} ms per step); "
-              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+        print(
+            f"done: {steps} steps in {seconds:.2f} s ({1e3 * seconds / steps:.3f} ms per step); "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+        )
     strategy.close()
     return 0
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from distvals import _core
 
-__all__ = ["SimulatedCuda", "CoreWithBackend"]
+__all__ = ["CoreWithBackend", "SimulatedCuda"]
 
 _ALIGN = 256  # cudaMalloc's alignment
 
@@ -149,8 +149,15 @@ class SimulatedCuda:
 class _SimulatedGroup:
     """N replicas on simulated GPUs, with the argument checks of the real group."""
 
-    def __init__(self, backend: SimulatedCuda, devices: Sequence[str], logical_per_gpu: int = 1,
-                 timeout_seconds: Optional[float] = None, chunk_bytes: int = 0, peer_access: bool = True) -> None:
+    def __init__(
+        self,
+        backend: SimulatedCuda,
+        devices: Sequence[str],
+        logical_per_gpu: int = 1,
+        timeout_seconds: Optional[float] = None,
+        chunk_bytes: int = 0,
+        peer_access: bool = True,
+    ) -> None:
         self._b = backend
         self.devices = [_core.parse_device(d) for d in devices]
         self.gpus = [int(d.split(":")[1]) // logical_per_gpu for d in self.devices]
@@ -179,9 +186,19 @@ class _SimulatedGroup:
         if ptr % itemsize:
             raise ValueError(f"replica {r}: {what} is not aligned to its {itemsize}-byte elements")
 
-    def run(self, kind: str, dtype: str, op: str, algorithm: str, root: int, ins: Sequence[Tuple[int, int, int]],
-            outs: Sequence[Tuple[int, int, int]], stream: Any = None, stream_device: int = -1,
-            wait_for: Sequence[Tuple[int, int]] = ()) -> None:
+    def run(
+        self,
+        kind: str,
+        dtype: str,
+        op: str,
+        algorithm: str,
+        root: int,
+        ins: Sequence[Tuple[int, int, int]],
+        outs: Sequence[Tuple[int, int, int]],
+        stream: Any = None,
+        stream_device: int = -1,
+        wait_for: Sequence[Tuple[int, int]] = (),
+    ) -> None:
         self._b.waited.extend(wait_for)
         if self.closed:
             raise _core.ClosedError("distvals: the group is closed")
@@ -215,7 +232,7 @@ class _SimulatedGroup:
             if read and count and not (inplace and write):
                 reads.append((ib, ib + count * dt.itemsize, r))
         for i, (b, e, r) in enumerate(writes):
-            for b2, e2, r2 in writes[i + 1:] + reads:
+            for b2, e2, r2 in writes[i + 1 :] + reads:
                 if b < e2 and b2 < e:
                     raise ValueError(f"replica {r}'s output overlaps replica {r2}'s buffer")
         with self._lock:
@@ -235,7 +252,7 @@ class _SimulatedGroup:
                     result = np.concatenate(data)
                 else:
                     block = count // n
-                    result = red[r * block:(r + 1) * block]
+                    result = red[r * block : (r + 1) * block]
                 if result.size:
                     self._b.view(outs[r][0], result.size, dt)[...] = result
 
@@ -268,8 +285,9 @@ class _SimulatedGroup:
             rnd = self._round
             self._posts[replica] = post
             self._cv.notify_all()
-            if not self._cv.wait_for(lambda: len(self._posts) == self.size or self._round != rnd or self.aborted,
-                                     timeout):
+            if not self._cv.wait_for(
+                lambda: len(self._posts) == self.size or self._round != rnd or self.aborted, timeout
+            ):
                 self.aborted = True
                 self._cv.notify_all()
                 missing = sorted(set(range(self.size)) - set(self._posts))
@@ -282,8 +300,15 @@ class _SimulatedGroup:
                 try:
                     self._agree(posts)
                     p0 = posts[0]
-                    self.run(p0["kind"], p0["dtype"], p0["op"], p0["algorithm"], p0["root"],
-                             [p["input"] for p in posts], [p["output"] for p in posts])
+                    self.run(
+                        p0["kind"],
+                        p0["dtype"],
+                        p0["op"],
+                        p0["algorithm"],
+                        p0["root"],
+                        [p["input"] for p in posts],
+                        [p["output"] for p in posts],
+                    )
                 except BaseException as e:  # every replica raises it
                     self._result = e
                 self._posts = {}
@@ -311,11 +336,35 @@ class _SimulatedGroup:
                         f"replica {r} passed {k} {p[k]}"
                     )
 
-    def replica_run(self, replica: int, kind: str, dtype: str, op: str, algorithm: str, root: int,
-                    input: Tuple[int, int, int], output: Tuple[int, int, int], shape: Sequence[int],
-                    timeout_seconds: Optional[float] = None, wait_stream: Any = None, wait_device: int = -1) -> None:
-        self._meet(replica, dict(kind=kind, dtype=dtype, op=op, algorithm=algorithm if kind == "all_reduce" else "direct",
-                                 root=root, input=input, output=output, shape=tuple(shape)), timeout_seconds)
+    def replica_run(
+        self,
+        replica: int,
+        kind: str,
+        dtype: str,
+        op: str,
+        algorithm: str,
+        root: int,
+        input: Tuple[int, int, int],
+        output: Tuple[int, int, int],
+        shape: Sequence[int],
+        timeout_seconds: Optional[float] = None,
+        wait_stream: Any = None,
+        wait_device: int = -1,
+    ) -> None:
+        self._meet(
+            replica,
+            dict(
+                kind=kind,
+                dtype=dtype,
+                op=op,
+                algorithm=algorithm if kind == "all_reduce" else "direct",
+                root=root,
+                input=input,
+                output=output,
+                shape=tuple(shape),
+            ),
+            timeout_seconds,
+        )
 
     def report_invalid(self, replica: int, why: str, type_error: bool, timeout_seconds: Optional[float] = None) -> None:
         self._meet(replica, dict(error=(why, type_error)), timeout_seconds)

@@ -16,15 +16,18 @@ import distvals as dv
 # failure checked with it must be seen long before it.
 LONG = 60.0
 
-on_main_thread = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                                    reason="signals are delivered to the main thread")
+on_main_thread = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals are delivered to the main thread"
+)
 
 
 def mirrored(n: int, timeout: float = LONG, execution: str = "auto") -> dv.MirroredStrategy:
     """n CPU replicas; every wait of theirs ends after ``timeout`` seconds."""
-    return dv.MirroredStrategy([f"CPU:{i}" for i in range(n)],
-                               communication_options=dv.CommunicationOptions(timeout_seconds=timeout),
-                               execution=execution)
+    return dv.MirroredStrategy(
+        [f"CPU:{i}" for i in range(n)],
+        communication_options=dv.CommunicationOptions(timeout_seconds=timeout),
+        execution=execution,
+    )
 
 
 def replica_id() -> int:

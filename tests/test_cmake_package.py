@@ -218,7 +218,7 @@ def test_umbrella_header_compiles_alone(prefix: Path, tmp_path: Path) -> None:
     src = tmp_path / "only_header.cpp"
     src.write_text(
         "#include <distvals/distvals.hpp>\n"
-        "static_assert(DISTVALS_VERSION_MAJOR >= 0, \"version macros\");\n"
+        'static_assert(DISTVALS_VERSION_MAJOR >= 0, "version macros");\n'
         "int main() { return distvals::dtype_size(distvals::dtype::float32) == 4 ? 0 : 1; }\n"
     )
     res = subprocess.run(
@@ -237,8 +237,16 @@ def test_umbrella_header_compiles_alone(prefix: Path, tmp_path: Path) -> None:
 def test_example_builds_against_the_installed_package(prefix: Path, tmp_path: Path) -> None:
     build = tmp_path / "build"
     cmake = cmake_exe()
-    configure = [cmake, "-S", str(REPO_EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DCMAKE_PREFIX_PATH={prefix}", f"-DCMAKE_CXX_COMPILER={cxx_compiler()}"]
+    configure = [
+        cmake,
+        "-S",
+        str(REPO_EXAMPLE),
+        "-B",
+        str(build),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_PREFIX_PATH={prefix}",
+        f"-DCMAKE_CXX_COMPILER={cxx_compiler()}",
+    ]
     ninja = Path(sys.executable).parent / "ninja"
     if ninja.is_file() or shutil.which("ninja"):
         configure += ["-G", "Ninja"]

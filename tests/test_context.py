@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
+from strategy_checks import assert_usable, mirrored
 
 import distvals as dv
-from strategy_checks import assert_usable, mirrored
 
 
 def test_default_context_outside_any_scope():
@@ -62,9 +62,8 @@ def test_same_scope_twice_nests(s2):
 
 def test_another_strategys_scope_inside_is_an_error(s2, s3):
     with s2.scope():
-        with pytest.raises(RuntimeError, match="mixing different strategies"):
-            with s3.scope():
-                pass
+        with pytest.raises(RuntimeError, match="mixing different strategies"), s3.scope():
+            pass
         assert dv.get_strategy() is s2  # nothing was left behind
     assert not dv.has_strategy()
 
@@ -72,8 +71,15 @@ def test_another_strategys_scope_inside_is_an_error(s2, s3):
 def test_replica_context_inside_run(s3):
     def fn():
         ctx = dv.get_replica_context()
-        return (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync, ctx.strategy is s3,
-                dv.get_strategy() is s3, dv.has_strategy(), dv.in_cross_replica_context(), ctx.devices)
+        return (
+            ctx.replica_id_in_sync_group,
+            ctx.num_replicas_in_sync,
+            ctx.strategy is s3,
+            dv.get_strategy() is s3,
+            dv.has_strategy(),
+            dv.in_cross_replica_context(),
+            ctx.devices,
+        )
 
     ids, nums, same, current, has, cross, devices = s3.run(fn)
     assert ids.values == (0, 1, 2)
@@ -153,8 +159,11 @@ def test_merge_call_missing_in_one_replica_is_an_error(s2):
         if ctx.replica_id_in_sync_group == 0:
             ctx.merge_call(lambda s: None)
 
-    with pytest.raises(dv.MismatchError, match="replica 0: replica 0 waits in merge_call, but replica\\(s\\) 1 "
-                       "returned from the replica function without making that call"):
+    with pytest.raises(
+        dv.MismatchError,
+        match="replica 0: replica 0 waits in merge_call, but replica\\(s\\) 1 "
+        "returned from the replica function without making that call",
+    ):
         s2.run(fn)
     assert s2.run(lambda: 5) == 5
 
@@ -195,9 +204,8 @@ def test_experimental_set_strategy_is_a_plain_function(s2, s3):
     finally:
         dv.experimental_set_strategy(None)
     assert not dv.has_strategy() and dv.get_replica_context() is not None
-    with s2.scope():
-        with pytest.raises(RuntimeError, match="must not be called inside a strategy's scope"):
-            dv.experimental_set_strategy(s3)
+    with s2.scope(), pytest.raises(RuntimeError, match="must not be called inside a strategy's scope"):
+        dv.experimental_set_strategy(s3)
     assert not dv.has_strategy()
 
 
@@ -216,8 +224,7 @@ def test_replica_context_used_after_its_run_is_refused():
             contexts.values[1].all_reduce("sum", np.ones(2))
         assert time.monotonic() - t0 < 0.5
         assert_usable(s)
-        for call in (lambda c: c.all_gather(np.ones(2), axis=0),
-                     lambda c: c.merge_call(lambda strategy: 1)):
+        for call in (lambda c: c.all_gather(np.ones(2), axis=0), lambda c: c.merge_call(lambda strategy: 1)):
             for c in contexts.values:
                 with pytest.raises(RuntimeError, match=f"replica {c.replica_id_in_sync_group} called outside"):
                     call(c)

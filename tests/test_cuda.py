@@ -19,17 +19,16 @@ import weakref
 
 import numpy as np
 import pytest
-
-import distvals as dv
-from distvals import _core, config
-from distvals import cuda as dvc
-from distvals import cuda_group
-from distvals.cuda_group import _stream_arg
 from conftest import distinct_values, reference, tolerance
 from simulated_cuda import CoreWithBackend, SimulatedCuda
 
+import distvals as dv
+from distvals import _core, config, cuda_group
+from distvals import cuda as dvc
+from distvals.cuda_group import _stream_arg
+
 try:
-    import ml_dtypes  # noqa: F401
+    import ml_dtypes
 
     HAVE_BF16 = True
 except ImportError:
@@ -249,7 +248,7 @@ def test_stream_arguments_of_every_kind():
         device_id = 1
 
     class TorchLike:
-        class device:  # noqa: N801 - mimics torch.device
+        class device:
             index = 2
 
         cuda_stream = 0x5678
@@ -276,7 +275,7 @@ def _in_threads(n, fn):
     def body(r):
         try:
             results[r] = fn(r)
-        except BaseException as e:  # noqa: BLE001 - collected for the assertions
+        except BaseException as e:
             errors[r] = e
 
     ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
@@ -392,13 +391,16 @@ def test_gpu_per_replica_calls_meet_in_the_engine(sim):
             np.testing.assert_array_equal(x.numpy(), np.concatenate(host), err_msg=f"replica {r}")
 
 
-@pytest.mark.parametrize("bad,kind,other", [
-    (dict(op=None), TypeError, TypeError),
-    (dict(opp="sum"), TypeError, TypeError),
-    (dict(timeout_seconds="5"), TypeError, TypeError),
-    (dict(array=[1.0, 2.0]), TypeError, TypeError),
-    (dict(replica=7), ValueError, dv.AbortedError),
-])
+@pytest.mark.parametrize(
+    "bad,kind,other",
+    [
+        (dict(op=None), TypeError, TypeError),
+        (dict(opp="sum"), TypeError, TypeError),
+        (dict(timeout_seconds="5"), TypeError, TypeError),
+        (dict(array=[1.0, 2.0]), TypeError, TypeError),
+        (dict(replica=7), ValueError, dv.AbortedError),
+    ],
+)
 def test_gpu_per_replica_failures_before_the_meeting_reach_every_replica(sim, bad, kind, other):
     with _sim_group(2) as g:
         good = dvc.to_device(np.arange(4, dtype=np.float32), 0)
@@ -544,7 +546,7 @@ def test_gpu_reduce_broadcast_gather_scatter(n, dtype, size):
         outs = g.reduce_scatter([dvc.to_device(h, 0) for h in big], op=op)
         full = reference(big, op)
         for r, o in enumerate(outs):
-            _check([o], full[r * size:(r + 1) * size], dtype)
+            _check([o], full[r * size : (r + 1) * size], dtype)
 
 
 @gpu
@@ -694,7 +696,7 @@ def test_gpu_back_to_back_calls_on_two_caller_streams_stay_in_order():
         g.all_reduce(bufs, stream=(a if i % 2 else b))
     torch.cuda.synchronize()
     for r, x in enumerate(bufs):
-        np.testing.assert_array_equal(x.numpy(), np.full(1 << 20, 2.0 ** 19, np.float32), err_msg=f"replica {r}")
+        np.testing.assert_array_equal(x.numpy(), np.full(1 << 20, 2.0**19, np.float32), err_msg=f"replica {r}")
 
 
 @gpu

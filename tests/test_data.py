@@ -119,6 +119,7 @@ def test_range_and_from_tensors():
 
 # ---- batches cut from whole arrays ------------------------------------------------------------
 
+
 def _generic(ds: Dataset) -> Dataset:
     """The same elements through the row-by-row path (a map loses the array slices)."""
     return ds.map(lambda *x: x if len(x) > 1 else x[0])
@@ -134,15 +135,18 @@ def test_batches_of_slices_are_views():
     assert batches[1][1].dtype == y.dtype and isinstance(batches[0], tuple)
 
 
-@pytest.mark.parametrize("build", [
-    lambda ds: ds.batch(3),
-    lambda ds: ds.batch(3, drop_remainder=True),
-    lambda ds: ds.repeat(3).batch(4),
-    lambda ds: ds.skip(2).take(5).batch(2),
-    lambda ds: ds.take(7).repeat(2).batch(5, drop_remainder=True),
-    lambda ds: ds.repeat().take(23).batch(6),
-    lambda ds: ds.skip(1).repeat(2).skip(3).batch(4),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda ds: ds.batch(3),
+        lambda ds: ds.batch(3, drop_remainder=True),
+        lambda ds: ds.repeat(3).batch(4),
+        lambda ds: ds.skip(2).take(5).batch(2),
+        lambda ds: ds.take(7).repeat(2).batch(5, drop_remainder=True),
+        lambda ds: ds.repeat().take(23).batch(6),
+        lambda ds: ds.skip(1).repeat(2).skip(3).batch(4),
+    ],
+)
 def test_sliced_batches_equal_stacked_rows(build):
     data = {"a": np.arange(30.0).reshape(10, 3), "b": np.arange(10, dtype=np.int32)}
     fast = list(build(Dataset.from_tensor_slices(data)))

@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import ENGINE_DTYPES, distinct_values, reference, tolerance
 
 import distvals as dv
-from conftest import ENGINE_DTYPES, distinct_values, reference, tolerance
 
 ALGOS = ["ring", "tree", "direct", "auto"]
 OPS = ["sum", "prod", "min", "max", "mean"]
@@ -89,7 +89,7 @@ def test_all_gather_and_reduce_scatter(n, dtype):
     want = reference(big, "sum").astype(np.dtype(dtype))
     for r, got in enumerate(parts):
         assert got.shape == (2, 3)
-        np.testing.assert_array_equal(got, want[2 * r:2 * r + 2], err_msg=f"replica {r}")
+        np.testing.assert_array_equal(got, want[2 * r : 2 * r + 2], err_msg=f"replica {r}")
 
 
 def test_all_gather_scalars_gives_vector():
@@ -188,6 +188,7 @@ def test_abort_releases_waiters_with_replica_id():
 
 # ---- bad input: clear errors naming the replica, nothing touched ----------------------
 
+
 @pytest.fixture
 def g2():
     with dv.ReplicaGroup(2) as g:
@@ -219,8 +220,16 @@ def test_mismatched_shape_and_dtype(g2):
         g2.all_reduce([np.ones(4, np.float32), np.ones(4, np.float64)])
 
 
-@pytest.mark.parametrize("bad", [np.array(["a", "b"]), np.array([1, 2], dtype=object),
-                                 np.ones(2, np.complex64), np.ones(2, np.uint16), np.ones(2, bool)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.array(["a", "b"]),
+        np.array([1, 2], dtype=object),
+        np.ones(2, np.complex64),
+        np.ones(2, np.uint16),
+        np.ones(2, bool),
+    ],
+)
 def test_unsupported_dtypes(g2, bad):
     with pytest.raises(TypeError, match="replica 0: dtype .* is not supported"):
         g2.all_reduce([bad, bad.copy()])

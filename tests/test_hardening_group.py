@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ENGINE_DTYPES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
 
 import distvals as dv
-from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
-from conftest import ENGINE_DTYPES
 
 ALGOS = ["ring", "tree", "direct", "auto"]
 INT_DTYPES = ["int8", "uint8", "int32", "int64"]
@@ -24,6 +24,7 @@ FLOAT_DTYPES = ["float16", "float32", "float64"]
 
 
 # ---- helpers ------------------------------------------------------------------------
+
 
 def reduce_ref(arrays, op: str, dtype) -> np.ndarray:
     """numpy's answer: integers wrap in their own dtype (numpy's rule), floats are
@@ -56,8 +57,7 @@ def assert_same(got, want, what: str, dtype=None) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     if dtype is not None and np.dtype(dtype).name == "float16" and want.size:
         # float16 mean: one rounding in the engine (float32 accumulate) vs numpy's
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3,
-                                   atol=1e-3, err_msg=what)
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-3, atol=1e-3, err_msg=what)
         return
     np.testing.assert_array_equal(got, want, err_msg=what)
 
@@ -99,6 +99,7 @@ def run_threads(n: int, fn, timeout: float = 60.0):
 
 # ---- sizes: beyond 2**31 elements, zero-size, 0-d -----------------------------------
 
+
 def _mem_available() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -129,18 +130,16 @@ def test_more_than_2_31_int8_elements():
         for r, x in enumerate((a, b)):
             wrong = 0
             for s in range(0, n, step):
-                wrong += int(np.count_nonzero(x[s:s + step] != 3))
+                wrong += int(np.count_nonzero(x[s : s + step] != 3))
             assert wrong == np.count_nonzero(want_idx != 3), f"replica {r}: {wrong} wrong elements"
         # The per-replica style with a ring (offsets past 2**31 in every step), in place.
         b[idx] = np.array([1, 2, 3, 4, 5, 6], np.int8)
         want_idx = reduce_ref([a[idx], b[idx]], "sum", np.int8)
-        _, errs = run_threads(2, lambda r: g.replica_all_reduce(r, (a, b)[r], algorithm="ring"),
-                              timeout=600)
+        _, errs = run_threads(2, lambda r: g.replica_all_reduce(r, (a, b)[r], algorithm="ring"), timeout=600)
         assert errs == [None, None], errs
         for r, x in enumerate((a, b)):
             np.testing.assert_array_equal(x[idx], want_idx, err_msg=f"replica {r}")
             assert x[1] == 6 and x[n // 2] == 6 and x[n - 2] == 6, f"replica {r}"
-    del a, b
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (0, 3), (3, 0), (1,)])
@@ -172,7 +171,7 @@ def test_zero_size_and_0d_arrays_single_call(n, shape):
             full = reduce_ref(keep, "sum", np.int64)
             m = shape[0] // n
             for r, p in enumerate(parts):
-                assert_same(p, full[r * m:(r + 1) * m], f"reduce_scatter replica {r}")
+                assert_same(p, full[r * m : (r + 1) * m], f"reduce_scatter replica {r}")
         elif n > 1:
             with pytest.raises(ValueError, match="reduce_scatter needs a first dimension divisible"):
                 g.reduce_scatter(keep)
@@ -185,6 +184,7 @@ def test_zero_size_and_0d_arrays_per_replica(shape):
     bufs = values(n, shape, np.float64, "sum", rng)
     want = reduce_ref(bufs, "sum", np.float64)
     with dv.ReplicaGroup(n, timeout_seconds=30) as g:
+
         def replica(r):
             g.replica_all_reduce(r, bufs[r])
             return g.replica_all_gather(r, bufs[r])
@@ -198,6 +198,7 @@ def test_zero_size_and_0d_arrays_per_replica(shape):
 
 
 # ---- values: NaN and infinity, integer overflow ----------------------------------------
+
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "mean"])
@@ -213,8 +214,7 @@ def test_nan_and_inf_propagate_like_numpy(dtype, op, algo):
         g.all_reduce(bufs, op=op, algorithm=algo)
     for r, b in enumerate(bufs):
         if op == "mean" and dtype == "float16":  # one rounding apart; NaN and inf exact
-            np.testing.assert_allclose(b.astype(np.float64), want.astype(np.float64), rtol=1e-3,
-                                       err_msg=f"replica {r}")
+            np.testing.assert_allclose(b.astype(np.float64), want.astype(np.float64), rtol=1e-3, err_msg=f"replica {r}")
         else:
             np.testing.assert_array_equal(b, want, err_msg=f"replica {r}")  # NaN == NaN here
     assert np.isnan(want).any() and np.isinf(want).any()
@@ -227,8 +227,10 @@ def test_integer_overflow_wraps_like_numpy(dtype, op, algo):
     info = np.iinfo(dtype)
     n = 4
     rng = np.random.default_rng(11)
-    edge = np.array([info.min, info.max, info.max - 1, info.min + 1, 0, 1, -1 if info.min < 0 else 2,
-                     info.max // 2 + 1], dtype=np.int64)
+    edge = np.array(
+        [info.min, info.max, info.max - 1, info.min + 1, 0, 1, -1 if info.min < 0 else 2, info.max // 2 + 1],
+        dtype=np.int64,
+    )
     bufs = [rng.choice(edge, size=257).astype(dtype) for _ in range(n)]
     want = reduce_ref(bufs, op, dtype)
     with dv.ReplicaGroup(n, chunk_bytes=64) as g:
@@ -238,6 +240,7 @@ def test_integer_overflow_wraps_like_numpy(dtype, op, algo):
 
 
 # ---- bad input: refused before anything is touched, naming the replica ---------------
+
 
 def _call(g, method: str, arrays):
     """Runs `method` of g with `arrays` (one per replica); the replica_* methods run on
@@ -254,8 +257,13 @@ def _call(g, method: str, arrays):
 
 
 SINGLE = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"]
-PER_REPLICA = ["replica_all_reduce", "replica_reduce", "replica_broadcast", "replica_all_gather",
-               "replica_reduce_scatter"]
+PER_REPLICA = [
+    "replica_all_reduce",
+    "replica_reduce",
+    "replica_broadcast",
+    "replica_all_gather",
+    "replica_reduce_scatter",
+]
 WRITES_INPUT = {"all_reduce", "broadcast", "replica_all_reduce", "replica_broadcast"}
 
 
@@ -340,11 +348,14 @@ def test_unsupported_dtypes_are_type_errors(method, bad):
         assert a.tobytes() == k.tobytes()
 
 
-@pytest.mark.parametrize("bad,kind,match", [
-    (np.ones((4, 4), np.float32)[:, ::2], ValueError, "replica 1: array is not C-contiguous"),
-    (np.ones(8, np.complex64), TypeError, "replica 1: dtype complex64 is not supported"),
-    ([1.0, 2.0], TypeError, "replica 1: expected an array"),
-])
+@pytest.mark.parametrize(
+    "bad,kind,match",
+    [
+        (np.ones((4, 4), np.float32)[:, ::2], ValueError, "replica 1: array is not C-contiguous"),
+        (np.ones(8, np.complex64), TypeError, "replica 1: dtype complex64 is not supported"),
+        ([1.0, 2.0], TypeError, "replica 1: expected an array"),
+    ],
+)
 def test_per_replica_bad_input_reaches_every_replica_at_once(bad, kind, match):
     """A replica whose own arguments are bad still meets the others, so every replica
     raises the same error at once instead of waiting for the timeout."""
@@ -366,13 +377,16 @@ def test_per_replica_bad_input_reaches_every_replica_at_once(bad, kind, match):
         np.testing.assert_array_equal(a, np.full(3, 3.0, np.float32))
 
 
-@pytest.mark.parametrize("first,second,match", [
-    ("all_reduce", "all_gather", "replica 1 called all_gather"),
-    ("all_reduce:sum", "all_reduce:max", "op=max"),
-    ("broadcast:0", "broadcast:1", "root=1"),
-    ("all_reduce:shape", "all_reduce", "count="),
-    ("all_reduce:float64", "all_reduce", "dtype="),
-])
+@pytest.mark.parametrize(
+    "first,second,match",
+    [
+        ("all_reduce", "all_gather", "replica 1 called all_gather"),
+        ("all_reduce:sum", "all_reduce:max", "op=max"),
+        ("broadcast:0", "broadcast:1", "root=1"),
+        ("all_reduce:shape", "all_reduce", "count="),
+        ("all_reduce:float64", "all_reduce", "dtype="),
+    ],
+)
 def test_replicas_calling_different_collectives(first, second, match):
     """Every replica gets the same MismatchError; nothing is written."""
     n = 2
@@ -418,6 +432,7 @@ def test_closed_group_refuses_every_method(method):
 
 
 # ---- concurrency --------------------------------------------------------------------
+
 
 def test_two_groups_from_two_threads_at_once():
     """Single-call groups driven from two Python threads, plus two per-replica groups
@@ -538,10 +553,11 @@ def test_64_replicas_on_few_cores_both_styles():
         for r in range(n):
             assert_same(bufs[r], want, f"all_reduce replica {r}")
             assert_same(res[r][0], gathered_want, f"all_gather replica {r}")
-            assert_same(res[r][1], want[3 * r:3 * r + 3], f"reduce_scatter replica {r}")
+            assert_same(res[r][1], want[3 * r : 3 * r + 3], f"reduce_scatter replica {r}")
 
 
 # ---- interrupts ----------------------------------------------------------------------
+
 
 def _sigint_main_after(delay: float) -> threading.Thread:
     main = threading.main_thread().ident
@@ -624,6 +640,7 @@ def test_custom_signal_handler_exception_reaches_the_caller():
 
 # ---- resources -----------------------------------------------------------------------
 
+
 @needs_plain_malloc
 def test_memory_is_stable_over_many_groups_and_calls():
     def cycle(k):
@@ -665,8 +682,7 @@ def _case(draw):
     return n, dtype, op, algo, shape, chunk, threads, seed
 
 
-@settings(max_examples=150, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_case())
 def test_property_single_call_collectives_match_numpy(case):
     n, dtype, op, algo, shape, chunk, threads, seed = case
@@ -700,11 +716,10 @@ def test_property_single_call_collectives_match_numpy(case):
             parts = g.reduce_scatter(keep, op=op)
             m = shape[0] // n
             for r in range(n):
-                assert_same(parts[r], want[r * m:(r + 1) * m], f"reduce_scatter replica {r}", dtype)
+                assert_same(parts[r], want[r * m : (r + 1) * m], f"reduce_scatter replica {r}", dtype)
 
 
-@settings(max_examples=40, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_case())
 def test_property_per_replica_collectives_match_numpy(case):
     n, dtype, op, algo, shape, chunk, _, seed = case
@@ -714,6 +729,7 @@ def test_property_per_replica_collectives_match_numpy(case):
     want = reduce_ref(keep, op, dtype)
     root = seed % n
     with dv.ReplicaGroup(n, chunk_bytes=chunk, timeout_seconds=60) as g:
+
         def replica(r):
             g.replica_all_reduce(r, bufs[r], op=op, algorithm=algo)
             gathered = g.replica_all_gather(r, keep[r])
@@ -735,6 +751,7 @@ def test_property_per_replica_collectives_match_numpy(case):
 
 # ---- the fuzz target, over pseudo-random inputs -----------------------------------------
 
+
 def test_fuzz_target_over_pseudo_random_inputs():
     """tests/fuzz/fuzz_group.py's checks (valid calls match numpy, invalid ones raise
     ValueError/TypeError on every replica with inputs untouched) over 3000 inputs; CI
@@ -753,6 +770,7 @@ def test_fuzz_target_over_pseudo_random_inputs():
 
 
 # ---- per-replica calls: agreement across replicas, held buffers, early failures ----------
+
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_per_replica_same_array_on_several_replicas_is_refused_everywhere(algo):
@@ -821,8 +839,9 @@ def _run_script(body: str, timeout: float = 120):
     import sys
     import textwrap
 
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -830,7 +849,7 @@ def _run_script(body: str, timeout: float = 120):
 def test_buffer_export_is_held_while_the_replica_waits():
     """A bytearray passed to a per-replica call cannot be resized while the engine may
     still write into it: the resize raises BufferError, and the result is right."""
-    out = _run_script('''
+    out = _run_script("""
         import threading, time
         import numpy as np
         import distvals as dv
@@ -856,14 +875,14 @@ def test_buffer_export_is_held_while_the_replica_waits():
             assert bytes(ba) == want.tobytes(), bytes(ba)
             ba.extend(b"ok")  # released once the call returned
         print("fine")
-    ''')
+    """)
     assert "fine" in out
 
 
 def test_both_call_styles_from_three_threads_never_crash_or_corrupt():
     """One thread in the single-call style, two in the per-replica style, on one group:
     the engine serializes them; every result is right and nobody fails."""
-    out = _run_script('''
+    out = _run_script("""
         import threading, time
         import numpy as np
         import distvals as dv
@@ -911,7 +930,7 @@ def test_both_call_styles_from_three_threads_never_crash_or_corrupt():
         assert problems == [], problems[:5]
         assert counts[0] == rounds and counts[1] > 0, counts
         print("fine", counts)
-    ''')
+    """)
     assert "fine" in out
 
 
@@ -923,14 +942,17 @@ class _RaisingDLPack:
         return (1, 0)
 
 
-@pytest.mark.parametrize("bad,kind,other_kind,match", [
-    (dict(op=None), TypeError, TypeError, "op must be a string"),
-    (dict(opp="sum"), TypeError, TypeError, "unexpected keyword argument 'opp'"),
-    (dict(timeout_seconds="5"), TypeError, TypeError, "timeout_seconds must be a number"),
-    (dict(array=_RaisingDLPack()), OSError, ValueError, "the device went away"),
-    (dict(replica=5), ValueError, dv.AbortedError, "out of range"),
-    (dict(replica="1"), TypeError, dv.AbortedError, "replica must be an int"),
-])
+@pytest.mark.parametrize(
+    "bad,kind,other_kind,match",
+    [
+        (dict(op=None), TypeError, TypeError, "op must be a string"),
+        (dict(opp="sum"), TypeError, TypeError, "unexpected keyword argument 'opp'"),
+        (dict(timeout_seconds="5"), TypeError, TypeError, "timeout_seconds must be a number"),
+        (dict(array=_RaisingDLPack()), OSError, ValueError, "the device went away"),
+        (dict(replica=5), ValueError, dv.AbortedError, "out of range"),
+        (dict(replica="1"), TypeError, dv.AbortedError, "replica must be an int"),
+    ],
+)
 def test_failures_before_the_meeting_reach_every_replica_at_once(bad, kind, other_kind, match):
     """Whatever is wrong with one replica's call (not only the array checks), the other
     replica hears of it at once instead of waiting for the timeout."""
@@ -1001,8 +1023,9 @@ def test_infinite_and_huge_timeouts_mean_no_timeout(seconds):
         timer.join()
 
 
-@pytest.mark.parametrize("value,want", [("inf", float("inf")), ("1e308", float("inf")), ("0.0004", 0.0004),
-                                        ("  7.5 ", 7.5)])
+@pytest.mark.parametrize(
+    "value,want", [("inf", float("inf")), ("1e308", float("inf")), ("0.0004", 0.0004), ("  7.5 ", 7.5)]
+)
 def test_timeout_environment_variable(monkeypatch, value, want):
     monkeypatch.setenv("DISTVALS_TIMEOUT_SECONDS", value)
     with dv.ReplicaGroup(2) as g:

@@ -18,13 +18,15 @@ def expected_split(batch: np.ndarray, n: int):
     sizes = [len(part) for part in np.array_split(np.arange(len(batch)), n)]
     out, start = [], 0
     for s in sizes:
-        out.append(batch[start: start + s])
+        out.append(batch[start : start + s])
         start += s
     return out
 
 
-@pytest.mark.parametrize("batch,n,sizes", [(6, 4, [2, 2, 1, 1]), (8, 4, [2, 2, 2, 2]), (3, 4, [1, 1, 1, 0]),
-                                           (1, 2, [1, 0]), (7, 3, [3, 2, 2])])
+@pytest.mark.parametrize(
+    "batch,n,sizes",
+    [(6, 4, [2, 2, 1, 1]), (8, 4, [2, 2, 2, 2]), (3, 4, [1, 1, 1, 0]), (1, 2, [1, 0]), (7, 3, [3, 2, 2])],
+)
 def test_split_sizes(batch, n, sizes):
     assert split_batch_sizes(batch, n) == sizes
 
@@ -156,6 +158,7 @@ def test_one_replica_gives_plain_batches():
 
 
 # ---- distribute_datasets_from_function --------------------------------------------------------
+
 
 def test_input_context():
     ctx = dv.InputContext(num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=4)

@@ -19,9 +19,20 @@ def spec(shape, dtype=np.float32):
 
 # ---- the names --------------------------------------------------------------------------------------
 
+
 def test_exported_names():
-    for name in ("DistributedDataset", "DistributedIterator", "InputOptions", "InputReplicationMode", "RunOptions",
-                 "StrategyExtended", "TensorSpec", "IndexedSlices", "NcclAllReduce", "HierarchicalCopyAllReduce"):
+    for name in (
+        "DistributedDataset",
+        "DistributedIterator",
+        "InputOptions",
+        "InputReplicationMode",
+        "RunOptions",
+        "StrategyExtended",
+        "TensorSpec",
+        "IndexedSlices",
+        "NcclAllReduce",
+        "HierarchicalCopyAllReduce",
+    ):
         assert name in dv.__all__ and hasattr(dv, name)
     assert dv.experimental.CommunicationOptions is dv.CommunicationOptions
     assert dv.experimental.CommunicationImplementation is dv.CommunicationImplementation
@@ -45,8 +56,11 @@ def test_nccl_and_hierarchical_copy_run_on_the_engine():
     for ops in (dv.NcclAllReduce(), dv.HierarchicalCopyAllReduce(num_packs=2)):
         s = dv.MirroredStrategy(["CPU:0", "CPU:1"], cross_device_ops=ops)
         try:
-            out = s.run(lambda: dv.get_replica_context().all_reduce(
-                "SUM", np.full(3, dv.get_replica_context().replica_id_in_sync_group + 1.0)))
+            out = s.run(
+                lambda: dv.get_replica_context().all_reduce(
+                    "SUM", np.full(3, dv.get_replica_context().replica_id_in_sync_group + 1.0)
+                )
+            )
             assert [v.tolist() for v in out.values] == [[3.0] * 3] * 2
         finally:
             s.close()
@@ -57,6 +71,7 @@ def test_nccl_and_hierarchical_copy_run_on_the_engine():
 
 # ---- element_spec -----------------------------------------------------------------------------------
 
+
 def test_element_spec_of_a_dataset_and_its_distributed_form(s2):
     x = np.zeros((10, 3), np.float32)
     y = np.arange(10)
@@ -65,14 +80,18 @@ def test_element_spec_of_a_dataset_and_its_distributed_form(s2):
     assert ds.batch(4).element_spec == {"x": spec((None, 3)), "y": spec((None,), np.int64)}
     assert ds.batch(4, drop_remainder=True).element_spec["x"] == spec((4, 3))
     dd = s2.experimental_distribute_dataset(ds.batch(4))
-    assert dd.element_spec == {"x": PerReplicaSpec(spec((None, 3)), spec((None, 3))),
-                               "y": PerReplicaSpec(spec((None,), np.int64), spec((None,), np.int64))}
+    assert dd.element_spec == {
+        "x": PerReplicaSpec(spec((None, 3)), spec((None, 3))),
+        "y": PerReplicaSpec(spec((None,), np.int64), spec((None,), np.int64)),
+    }
     assert iter(dd).element_spec == dd.element_spec
     # A batch that divides evenly gives static per-replica shapes; one that does not, None.
-    assert s2.experimental_distribute_dataset(ds.batch(4, drop_remainder=True)).element_spec["x"] == \
-        PerReplicaSpec(spec((2, 3)), spec((2, 3)))
-    assert s2.experimental_distribute_dataset(ds.batch(3, drop_remainder=True)).element_spec["x"] == \
-        PerReplicaSpec(spec((None, 3)), spec((None, 3)))
+    assert s2.experimental_distribute_dataset(ds.batch(4, drop_remainder=True)).element_spec["x"] == PerReplicaSpec(
+        spec((2, 3)), spec((2, 3))
+    )
+    assert s2.experimental_distribute_dataset(ds.batch(3, drop_remainder=True)).element_spec["x"] == PerReplicaSpec(
+        spec((None, 3)), spec((None, 3))
+    )
     assert repr(spec((None, 3))) == "TensorSpec(shape=(None, 3), dtype=float32, name=None)"
 
 
@@ -88,8 +107,10 @@ def test_element_spec_with_one_replica_is_plain():
 def test_element_spec_of_plain_iterables(s2):
     batches = [(np.zeros((4, 2), np.float32), np.zeros(4, np.int32))] * 2
     dd = s2.experimental_distribute_dataset(batches)
-    assert dd.element_spec == (PerReplicaSpec(spec((None, 2)), spec((None, 2))),
-                               PerReplicaSpec(spec((None,), np.int32), spec((None,), np.int32)))
+    assert dd.element_spec == (
+        PerReplicaSpec(spec((None, 2)), spec((None, 2))),
+        PerReplicaSpec(spec((None,), np.int32), spec((None,), np.int32)),
+    )
     # A one-shot iterator is peeked at without losing its first batch.
     gen = (np.full((2, 1), i, np.float32) for i in range(3))
     one_shot = s2.experimental_distribute_dataset(gen)
@@ -104,6 +125,7 @@ def test_element_spec_after_map_is_read_from_the_first_element():
 
 
 # ---- cardinality -------------------------------------------------------------------------------------
+
 
 def test_cardinality_of_datasets():
     ds = dv.data.Dataset.from_tensor_slices(np.arange(10))
@@ -128,11 +150,16 @@ def test_cardinality_of_distributed_datasets(s3):
     assert s3.experimental_distribute_dataset(iter([np.zeros(3)])).cardinality == -2
     # From a function: each step takes one element per replica.
     assert s3.distribute_datasets_from_function(lambda ctx: ds).cardinality == 1
-    assert s3.distribute_datasets_from_function(
-        lambda ctx: dv.data.Dataset.from_tensor_slices(np.arange(14.0)).batch(2)).cardinality == 3
+    assert (
+        s3.distribute_datasets_from_function(
+            lambda ctx: dv.data.Dataset.from_tensor_slices(np.arange(14.0)).batch(2)
+        ).cardinality
+        == 3
+    )
 
 
 # ---- get_next_as_optional ---------------------------------------------------------------------------------
+
 
 def test_get_next_as_optional_to_the_end(s2):
     it = iter(s2.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(np.arange(6.0)).batch(4)))
@@ -168,6 +195,7 @@ def test_optional_by_hand():
 
 # ---- InputOptions -------------------------------------------------------------------------------------------
 
+
 def test_input_options_defaults_and_fields():
     o = dv.InputOptions()
     assert o == (True, dv.InputReplicationMode.PER_WORKER, False, 1)
@@ -188,22 +216,33 @@ def test_per_replica_input_pipelines(s3):
     assert seen == [(3, 0, 3), (3, 1, 3), (3, 2, 3)]
     steps = list(dd)
     assert [[v.tolist() for v in step.values] for step in steps] == [
-        [[0.0], [100.0], [200.0]], [[1.0], [101.0], [201.0]], [[], [], [202.0]], [[], [], [203.0]]]
+        [[0.0], [100.0], [200.0]],
+        [[1.0], [101.0], [201.0]],
+        [[], [], [202.0]],
+        [[], [], [203.0]],
+    ]
     assert dd.cardinality == 4
     assert dd.element_spec == PerReplicaSpec(*[spec((None,))] * 3)
 
 
 def test_input_options_checks(s2):
     ds = dv.data.Dataset.from_tensor_slices([1.0, 2.0]).batch(2)
-    with pytest.raises(NotImplementedError, match="PER_REPLICA\\) is only supported by MirroredStrategy's "
-                                                  "distribute_datasets_from_function"):
+    with pytest.raises(
+        NotImplementedError,
+        match="PER_REPLICA\\) is only supported by MirroredStrategy's distribute_datasets_from_function",
+    ):
         s2.experimental_distribute_dataset(ds, dv.InputOptions(experimental_replication_mode=PER_REPLICA))
-    with pytest.raises(ValueError, match="experimental_place_dataset_on_device needs "
-                                         "experimental_replication_mode=InputReplicationMode.PER_REPLICA"):
+    with pytest.raises(
+        ValueError,
+        match="experimental_place_dataset_on_device needs "
+        "experimental_replication_mode=InputReplicationMode.PER_REPLICA",
+    ):
         s2.distribute_datasets_from_function(lambda ctx: ds, dv.InputOptions(experimental_place_dataset_on_device=True))
     with pytest.raises(ValueError, match="cannot be True when experimental_fetch_to_device is True"):
-        s2.distribute_datasets_from_function(lambda ctx: ds, dv.InputOptions(
-            experimental_replication_mode=PER_REPLICA, experimental_place_dataset_on_device=True))
+        s2.distribute_datasets_from_function(
+            lambda ctx: ds,
+            dv.InputOptions(experimental_replication_mode=PER_REPLICA, experimental_place_dataset_on_device=True),
+        )
     with pytest.raises(ValueError, match="must be InputReplicationMode.PER_WORKER or PER_REPLICA"):
         s2.experimental_distribute_dataset(ds, dv.InputOptions(experimental_replication_mode="sideways"))
     with pytest.raises(TypeError, match="experimental_per_replica_buffer_size must be an int"):
@@ -211,13 +250,18 @@ def test_input_options_checks(s2):
     with pytest.raises(TypeError, match="options must be an InputOptions"):
         s2.experimental_distribute_dataset(ds, {"experimental_fetch_to_device": False})
     # Accepted, as in TensorFlow: string modes, buffer sizes, placement with PER_REPLICA.
-    for options in (dv.InputOptions(experimental_per_replica_buffer_size=0),
-                    dv.InputOptions(experimental_fetch_to_device=False),
-                    dv.InputOptions(experimental_replication_mode="per_worker")):
+    for options in (
+        dv.InputOptions(experimental_per_replica_buffer_size=0),
+        dv.InputOptions(experimental_fetch_to_device=False),
+        dv.InputOptions(experimental_replication_mode="per_worker"),
+    ):
         batch = next(iter(s2.experimental_distribute_dataset(ds, options)))
         assert [v.tolist() for v in batch.values] == [[1.0], [2.0]]
-    placed = dv.InputOptions(experimental_replication_mode=PER_REPLICA, experimental_fetch_to_device=False,
-                             experimental_place_dataset_on_device=True)
+    placed = dv.InputOptions(
+        experimental_replication_mode=PER_REPLICA,
+        experimental_fetch_to_device=False,
+        experimental_place_dataset_on_device=True,
+    )
     assert len(list(s2.distribute_datasets_from_function(lambda ctx: ds, placed))) == 1
 
 
@@ -225,11 +269,15 @@ def test_experimental_distribute_datasets_from_function_is_the_older_name(s2):
     ds = dv.data.Dataset.from_tensor_slices(np.arange(4.0)).batch(1)
     old = list(s2.experimental_distribute_datasets_from_function(lambda ctx: ds))
     new = list(s2.distribute_datasets_from_function(lambda ctx: ds))
-    assert [[v.tolist() for v in b.values] for b in old] == [[v.tolist() for v in b.values] for b in new] == \
-        [[[0.0], [1.0]], [[2.0], [3.0]]]
+    assert (
+        [[v.tolist() for v in b.values] for b in old]
+        == [[v.tolist() for v in b.values] for b in new]
+        == [[[0.0], [1.0]], [[2.0], [3.0]]]
+    )
 
 
 # ---- RunOptions and StrategyExtended ------------------------------------------------------------------------
+
 
 def test_run_options(s2):
     assert s2.run(lambda: 1, options=dv.RunOptions(experimental_enable_dynamic_batch_size=False)) == 1
@@ -243,10 +291,23 @@ def test_run_options(s2):
 def test_strategy_extended_is_the_documented_base(s2):
     e = s2.extended
     assert isinstance(e, dv.StrategyExtended)
-    for name in ("reduce_to", "batch_reduce_to", "broadcast_to", "update", "value_container",
-                 "variable_created_in_scope", "call_for_each_replica", "worker_devices_by_replica",
-                 "non_slot_devices", "update_non_slot", "should_checkpoint", "should_save_summary",
-                 "experimental_should_init", "colocate_vars_with", "read_var"):
+    for name in (
+        "reduce_to",
+        "batch_reduce_to",
+        "broadcast_to",
+        "update",
+        "value_container",
+        "variable_created_in_scope",
+        "call_for_each_replica",
+        "worker_devices_by_replica",
+        "non_slot_devices",
+        "update_non_slot",
+        "should_checkpoint",
+        "should_save_summary",
+        "experimental_should_init",
+        "colocate_vars_with",
+        "read_var",
+    ):
         assert hasattr(dv.StrategyExtended, name), name
     devices = ("/job:localhost/replica:0/task:0/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:1")
     assert e.worker_devices == devices == e.parameter_devices

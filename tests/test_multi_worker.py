@@ -45,7 +45,7 @@ NO_MPI4PY = 'mpi4py is not installed (pip install "distvals[mpi]")'
 def _real_gpus() -> int:
     try:
         return dv.cuda.device_count()
-    except Exception:  # noqa: BLE001 - no driver
+    except Exception:
         return 0
 
 
@@ -65,8 +65,9 @@ def _env() -> dict:
     return env
 
 
-def mpirun(n: int, *args: str, timeout: float = LAUNCH_TIMEOUT, module_mpi4py: bool = True,
-           cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+def mpirun(
+    n: int, *args: str, timeout: float = LAUNCH_TIMEOUT, module_mpi4py: bool = True, cwd: pathlib.Path = ROOT
+) -> subprocess.CompletedProcess:
     """Runs ``mpirun -n n python [-m mpi4py] args...``; fails the test on a timeout."""
     cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable]
     if module_mpi4py:
@@ -96,8 +97,9 @@ LAYOUTS = [(2, "2"), (2, "1"), (3, "1,2,3"), (3, "2,1,1")]
 
 @needs_mpi
 @pytest.mark.parametrize("workers,replicas", LAYOUTS, ids=[f"{w}w-{r}" for w, r in LAYOUTS])
-@pytest.mark.parametrize("script", ["check_collectives.py", "check_input.py", "check_variables.py",
-                                    "check_agreement.py"])
+@pytest.mark.parametrize(
+    "script", ["check_collectives.py", "check_input.py", "check_variables.py", "check_agreement.py"]
+)
 def test_worker_script(script, workers, replicas, tmp_path):
     proc = mpirun(workers, str(SCRIPTS / script), "--replicas", replicas, "--dir", str(tmp_path))
     assert_all_passed(proc, workers)
@@ -126,9 +128,14 @@ def test_one_worker_without_mpirun(tmp_path):
     """A single process (MPI singleton) is a worker of its own: the strategy is then the
     local MirroredStrategy under another name, and the same checks pass."""
     for script in ("check_collectives.py", "check_input.py", "check_variables.py"):
-        proc = subprocess.run([sys.executable, "-m", "mpi4py", str(SCRIPTS / script), "--replicas", "3",
-                               "--dir", str(tmp_path)], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                              env=_env(), cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mpi4py", str(SCRIPTS / script), "--replicas", "3", "--dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT,
+            env=_env(),
+            cwd=ROOT,
+        )
         assert_all_passed(proc, 1)
 
 
@@ -168,8 +175,9 @@ def test_the_failure_script_succeeds_when_nobody_fails():
     """The control of the two tests above: the same script, no failure, exit 0."""
     proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "ok", "--replicas", "2", "--timeout", "60")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(line for line in proc.stdout.splitlines() if "finished" in line) == \
-        [f"worker {r}: finished" for r in range(3)]
+    assert sorted(line for line in proc.stdout.splitlines() if "finished" in line) == [
+        f"worker {r}: finished" for r in range(3)
+    ]
 
 
 @needs_mpi
@@ -177,7 +185,8 @@ def test_mismatched_chunk_sizes_are_reported(tmp_path):
     """Workers configured with different pipeline chunk sizes would make different MPI
     calls; the header exchange catches it (inside run, so the job aborts, naming it)."""
     script = tmp_path / "chunks.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os
         from mpi4py import MPI
         os.environ["DISTVALS_MPI_CHUNK_BYTES"] = str(1 << (20 + MPI.COMM_WORLD.Get_rank()))
@@ -186,7 +195,8 @@ def test_mismatched_chunk_sizes_are_reported(tmp_path):
         s = dv.MultiWorkerMirroredStrategy(["CPU:0", "CPU:1"])
         s.run(lambda: dv.get_replica_context().all_reduce("sum", np.ones(1 << 20, np.float32)))
         print("finished", flush=True)
-    """))
+    """)
+    )
     proc = mpirun(2, str(script), timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
@@ -212,8 +222,23 @@ def test_example_two_workers_match_one_process(example, tmp_path):
     import distvals as dv
 
     saved = tmp_path / "weights.npz"
-    proc = mpirun(2, str(EXAMPLE), "--replicas", "2", "--epochs", "3", "--batch", "50", "--examples", "410",
-                  "--seed", "3", "--save", str(saved), module_mpi4py=False)
+    proc = mpirun(
+        2,
+        str(EXAMPLE),
+        "--replicas",
+        "2",
+        "--epochs",
+        "3",
+        "--batch",
+        "50",
+        "--examples",
+        "410",
+        "--seed",
+        "3",
+        "--save",
+        str(saved),
+        module_mpi4py=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "2 worker(s), 4 replicas in sync" in proc.stdout, out
@@ -262,8 +287,21 @@ def test_mpi_bench_checks_every_method_and_reports_the_ratio(tmp_path):
     """``python -m distvals.bench --mpi`` under mpirun: 2 workers x 2 replicas against plain
     Allreduce over 2 and (spawned) 4 processes, every result verified in the run."""
     report = tmp_path / "mpi.json"
-    proc = mpirun(2, "-m", "distvals.bench", "--mpi", "--sizes", "64K,1M", "--iters", "3", "--min-iters", "2",
-                  "--json", str(report), module_mpi4py=False)
+    proc = mpirun(
+        2,
+        "-m",
+        "distvals.bench",
+        "--mpi",
+        "--sizes",
+        "64K,1M",
+        "--iters",
+        "3",
+        "--min-iters",
+        "2",
+        "--json",
+        str(report),
+        module_mpi4py=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "2 worker(s) x 2 replica(s) = 4 replicas in sync" in proc.stdout, out

@@ -45,8 +45,13 @@ def values(rng: np.random.Generator, n: int, shape, dtype: str, op: str):
 
 def reference(parts, op: str) -> np.ndarray:
     stack = np.stack([p.astype(np.float64) for p in parts])
-    return {"SUM": stack.sum(0), "MEAN": stack.mean(0), "MIN": stack.min(0), "MAX": stack.max(0),
-            "PRODUCT": stack.prod(0)}[op]
+    return {
+        "SUM": stack.sum(0),
+        "MEAN": stack.mean(0),
+        "MIN": stack.min(0),
+        "MAX": stack.max(0),
+        "PRODUCT": stack.prod(0),
+    }[op]
 
 
 def expected_dtype(dtype: str, op: str) -> np.dtype:
@@ -66,8 +71,13 @@ shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)
 
 
 @SETTINGS
-@given(n=st.integers(1, 5), shape=shapes, dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 5),
+    shape=shapes,
+    dtype=st.sampled_from(DTYPES),
+    op=st.sampled_from(OPS),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_reduce_matches_numpy(n, shape, dtype, op, seed):
     parts = values(np.random.default_rng(seed), n, shape, dtype, op)
     s = strategy(n)
@@ -76,8 +86,14 @@ def test_reduce_matches_numpy(n, shape, dtype, op, seed):
 
 
 @SETTINGS
-@given(n=st.integers(1, 5), shape=shapes, dtype=st.sampled_from(DTYPES), op=st.sampled_from(OPS),
-       seed=st.integers(0, 2**32 - 1), nested=st.booleans())
+@given(
+    n=st.integers(1, 5),
+    shape=shapes,
+    dtype=st.sampled_from(DTYPES),
+    op=st.sampled_from(OPS),
+    seed=st.integers(0, 2**32 - 1),
+    nested=st.booleans(),
+)
 def test_all_reduce_matches_numpy_on_every_replica(n, shape, dtype, op, seed, nested):
     rng = np.random.default_rng(seed)
     parts = values(rng, n, shape, dtype, op)
@@ -98,8 +114,14 @@ def test_all_reduce_matches_numpy_on_every_replica(n, shape, dtype, op, seed, ne
 
 
 @SETTINGS
-@given(n=st.integers(1, 5), op=st.sampled_from(["SUM", "MEAN"]), dtype=st.sampled_from(["float32", "float64", "int32"]),
-       sizes=st.lists(st.integers(0, 4), min_size=5, max_size=5), tail=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 5),
+    op=st.sampled_from(["SUM", "MEAN"]),
+    dtype=st.sampled_from(["float32", "float64", "int32"]),
+    sizes=st.lists(st.integers(0, 4), min_size=5, max_size=5),
+    tail=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_reduce_with_axis_matches_numpy(n, op, dtype, sizes, tail, seed):
     sizes = sizes[:n]
     if sum(sizes) == 0:
@@ -116,8 +138,13 @@ def test_reduce_with_axis_matches_numpy(n, op, dtype, sizes, tail, seed):
 
 
 @SETTINGS
-@given(n=st.integers(1, 5), dtype=st.sampled_from(DTYPES), rank=st.integers(1, 3), data=st.data(),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 5),
+    dtype=st.sampled_from(DTYPES),
+    rank=st.integers(1, 3),
+    data=st.data(),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_gather_and_all_gather_match_concatenate(n, dtype, rank, data, seed):
     axis = data.draw(st.integers(-rank, rank - 1))
     base = list(data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank)))

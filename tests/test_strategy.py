@@ -14,10 +14,10 @@ import types
 
 import numpy as np
 import pytest
+from strategy_checks import assert_usable, mirrored, replica_id
 
 import distvals as dv
 from distvals.device_names import canonical_devices as _canonical_devices
-from strategy_checks import assert_usable, mirrored, replica_id
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
@@ -29,19 +29,23 @@ def per_replica(n, shape=(3,), dtype=np.float32, seed=0):
 
 def ref(parts, op):
     stack = np.stack([np.asarray(p, np.float64) for p in parts])
-    return {"SUM": stack.sum(0), "MEAN": stack.mean(0), "MIN": stack.min(0), "MAX": stack.max(0),
-            "PRODUCT": stack.prod(0)}[op]
+    return {
+        "SUM": stack.sum(0),
+        "MEAN": stack.mean(0),
+        "MIN": stack.min(0),
+        "MAX": stack.max(0),
+        "PRODUCT": stack.prod(0),
+    }[op]
 
 
 # ---- devices ------------------------------------------------------------------------------
+
 
 def test_device_names_are_canonicalized():
     s = dv.MirroredStrategy(["/cpu:0", "/job:localhost/replica:0/task:0/device:CPU:1", "cpu:2"])
     try:
         assert s.num_replicas_in_sync == 3
-        assert s.extended.worker_devices == tuple(
-            f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)
-        )
+        assert s.extended.worker_devices == tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3))
         assert repr(s) == "MirroredStrategy(devices=['CPU:0', 'CPU:1', 'CPU:2'])"
     finally:
         s.close()
@@ -105,8 +109,11 @@ def test_many_cpu_replicas():
     n = 24
     s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)])
     try:
-        out = s.run(lambda: dv.get_replica_context().all_reduce(
-            "sum", np.full(5, dv.get_replica_context().replica_id_in_sync_group, np.int64)))
+        out = s.run(
+            lambda: dv.get_replica_context().all_reduce(
+                "sum", np.full(5, dv.get_replica_context().replica_id_in_sync_group, np.int64)
+            )
+        )
         for r in range(n):
             np.testing.assert_array_equal(out.values[r], np.full(5, n * (n - 1) // 2))
     finally:
@@ -114,6 +121,7 @@ def test_many_cpu_replicas():
 
 
 # ---- run ----------------------------------------------------------------------------------
+
 
 def test_run_replaces_distributed_values_at_any_depth(s2):
     a, b, c, d = (per_replica(2, seed=i) for i in range(4))
@@ -207,6 +215,7 @@ def test_inline_replicas_share_the_calling_thread():
 
 
 # ---- reduce -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"])
 def test_reduce_elementwise(s3, op):
@@ -337,6 +346,7 @@ def test_strategy_reduce_of_objects_names_the_type(s3):
 
 # ---- gather and local results ---------------------------------------------------------------
 
+
 def test_gather(s3):
     value = per_replica(3, shape=(2, 3), seed=8)
     np.testing.assert_array_equal(s3.gather(value, axis=0), np.concatenate(value.values, 0))
@@ -352,8 +362,11 @@ def test_gather_uneven_along_axis(s3):
 
 
 def test_gather_mismatch_names_the_shapes(s2):
-    with pytest.raises(ValueError, match=r"replica 1 has shape \(2, 4\), replica 0 has shape \(2, 3\); "
-                                         r"shapes may differ only along axis 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"replica 1 has shape \(2, 4\), replica 0 has shape \(2, 3\); "
+        r"shapes may differ only along axis 0",
+    ):
         s2.gather(dv.PerReplica((np.ones((2, 3)), np.ones((2, 4)))), axis=0)
 
 
@@ -375,6 +388,7 @@ def test_experimental_local_results(s2):
 
 
 # ---- extended ---------------------------------------------------------------------------------
+
 
 def test_extended_reduce_to(s3):
     value = per_replica(3, seed=11)
@@ -419,13 +433,17 @@ def test_extended_broadcast_to(s3):
 
 
 def test_reduction_to_one_device():
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"],
-                            cross_device_ops=dv.ReductionToOneDevice(reduce_to_device="/cpu:1"))
+    s = dv.MirroredStrategy(
+        ["CPU:0", "CPU:1", "CPU:2"], cross_device_ops=dv.ReductionToOneDevice(reduce_to_device="/cpu:1")
+    )
     try:
         value = per_replica(3, seed=4)
         np.testing.assert_allclose(s.reduce("SUM", value), ref(value.values, "SUM"))
-        out = s.run(lambda: dv.get_replica_context().all_reduce(
-            "mean", np.full(3, float(dv.get_replica_context().replica_id_in_sync_group))))
+        out = s.run(
+            lambda: dv.get_replica_context().all_reduce(
+                "mean", np.full(3, float(dv.get_replica_context().replica_id_in_sync_group))
+            )
+        )
         for r in range(3):
             np.testing.assert_array_equal(out.values[r], [1.0, 1.0, 1.0])
         mirrored = s.extended.reduce_to("MIN", value, destinations=s.extended.worker_devices)
@@ -474,6 +492,7 @@ def test_reduce_op_enum():
 
 # ---- ReplicaContext collectives -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", ["SUM", "MEAN", "MIN", "MAX", "PRODUCT"])
 def test_all_reduce_every_replica_gets_the_result(s3, op):
     xs = per_replica(3, shape=(4, 5), dtype=np.float64, seed=21)
@@ -519,8 +538,9 @@ def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
 
 
 def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16),
-                            execution=execution)
+    s = dv.MirroredStrategy(
+        ["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16), execution=execution
+    )
     try:
         group = s.extended._group
         original = group.all_reduce
@@ -544,8 +564,12 @@ def test_all_reduce_scalars_and_integer_mean(s2):
     def fn():
         r = dv.get_replica_context().replica_id_in_sync_group
         ctx = dv.get_replica_context()
-        return (ctx.all_reduce("mean", r), ctx.all_reduce("sum", 1.5 + r),
-                ctx.all_reduce("mean", np.array([r, 3 * r], np.int64)), ctx.all_reduce("max", np.array(r * 2.0)))
+        return (
+            ctx.all_reduce("mean", r),
+            ctx.all_reduce("sum", 1.5 + r),
+            ctx.all_reduce("mean", np.array([r, 3 * r], np.int64)),
+            ctx.all_reduce("max", np.array(r * 2.0)),
+        )
 
     mean_ids, total, int_mean, zero_d = s2.run(fn)
     for r in range(2):
@@ -560,8 +584,10 @@ def test_all_reduce_dtypes_beyond_the_engine(s2):
     def fn():
         r = dv.get_replica_context().replica_id_in_sync_group
         ctx = dv.get_replica_context()
-        return (ctx.all_reduce("max", np.array([r == 0, False])),
-                ctx.all_reduce("sum", np.array([r + 1, 300], np.int16)))
+        return (
+            ctx.all_reduce("max", np.array([r == 0, False])),
+            ctx.all_reduce("sum", np.array([r + 1, 300], np.int16)),
+        )
 
     flags, shorts = s2.run(fn)
     for r in range(2):
@@ -614,6 +640,7 @@ def test_big_endian_and_timedelta_values_are_reduced(s2):
 
 # ---- replicas that disagree -----------------------------------------------------------------
 
+
 def test_a_replica_returning_while_others_wait_is_a_mismatch_at_once(s2):
     def fn():
         ctx = dv.get_replica_context()
@@ -659,9 +686,12 @@ def test_replicas_calling_different_collectives(s3):
 
 def test_different_ops_shapes_and_dtypes_across_replicas(s3):
     """The engine's MismatchError (a ValueError) keeps its type and gains the replica."""
-    for make in (lambda r: ("sum" if r else "max", np.ones(3)),
-                 lambda r: ("sum", np.ones(3 + r)),
-                 lambda r: ("sum", np.ones(3, np.float32 if r == 1 else np.float64))):
+    for make in (
+        lambda r: ("sum" if r else "max", np.ones(3)),
+        lambda r: ("sum", np.ones(3 + r)),
+        lambda r: ("sum", np.ones(3, np.float32 if r == 1 else np.float64)),
+    ):
+
         def step():
             op, x = make(replica_id())
             return dv.get_replica_context().all_reduce(op, x)
@@ -678,6 +708,7 @@ def test_different_ops_shapes_and_dtypes_across_replicas(s3):
 def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
     """complex128 goes through the engine as raw bytes while float64 is reduced by it:
     the error still speaks of dtypes, not of the engine calls."""
+
     def step():
         r = replica_id()
         x = np.arange(3, dtype=np.complex128 if r == odd else np.float64) + r
@@ -697,7 +728,8 @@ def test_dtype_differing_in_one_replica_names_it_and_both_dtypes(s3, odd):
     def nested():
         r = replica_id()
         return dv.get_replica_context().all_reduce(
-            "sum", {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32 if r == odd else np.int64)})
+            "sum", {"a": np.ones(2, np.float32), "b": np.ones(2, np.int32 if r == odd else np.int64)}
+        )
 
     first, other = ("int32", "int64") if odd == 0 else ("int64", "int32")
     with pytest.raises(dv.MismatchError, match=f"passed dtype {first}, replica .* passed dtype {other} at \\['b'\\]"):
@@ -710,8 +742,11 @@ def test_all_gather_mismatch_is_an_error(s2):
         r = dv.get_replica_context().replica_id_in_sync_group
         return dv.get_replica_context().all_gather(np.ones((2, 2 + r)), axis=0)
 
-    with pytest.raises(dv.MismatchError, match=r"replica 0 passed shape \(2, 2\), replica 1 passed shape \(2, 3\); "
-                                               "shapes may differ only along axis 0"):
+    with pytest.raises(
+        dv.MismatchError,
+        match=r"replica 0 passed shape \(2, 2\), replica 1 passed shape \(2, 3\); "
+        "shapes may differ only along axis 0",
+    ):
         s2.run(fn)
 
 
@@ -738,10 +773,13 @@ def test_values_that_are_not_numbers_are_refused_by_name(s3, bad):
 
 # ---- misplaced calls --------------------------------------------------------------------------
 
+
 def test_reduce_inside_a_replica_context_is_an_error(s3):
     value = per_replica(3)
-    for step, args in ((lambda: s3.reduce("sum", np.ones(2), axis=None), ()),
-                       (lambda x: s3.reduce("SUM", x), (value,))):
+    for step, args in (
+        (lambda: s3.reduce("sum", np.ones(2), axis=None), ()),
+        (lambda x: s3.reduce("SUM", x), (value,)),
+    ):
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="cross-replica context.*merge_call") as info:
             s3.run(step, args=args)
@@ -772,6 +810,7 @@ def test_values_of_another_strategy(s3):
 
 # ---- OneDeviceStrategy ------------------------------------------------------------------------
 
+
 def test_one_device_strategy():
     s = dv.OneDeviceStrategy("/cpu:0")
     try:
@@ -798,10 +837,12 @@ def test_one_device_strategy():
 
 def test_library_imports_no_framework():
     # In a fresh interpreter: other tests of this process may have imported them.
-    code = ("import sys, numpy as np, distvals as dv\n"
-            "s = dv.MirroredStrategy(['CPU:0', 'CPU:1'])\n"
-            "out = s.run(lambda: dv.get_replica_context().all_reduce('sum', np.ones(3)))\n"
-            "print(sorted(m for m in ('tensorflow', 'torch', 'cupy', 'jax', 'mpi4py') if m in sys.modules))\n")
+    code = (
+        "import sys, numpy as np, distvals as dv\n"
+        "s = dv.MirroredStrategy(['CPU:0', 'CPU:1'])\n"
+        "out = s.run(lambda: dv.get_replica_context().all_reduce('sum', np.ones(3)))\n"
+        "print(sorted(m for m in ('tensorflow', 'torch', 'cupy', 'jax', 'mpi4py') if m in sys.modules))\n"
+    )
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")

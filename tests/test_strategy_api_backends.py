@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_strategy_backends import BACKENDS, Env, assert_on, env, host_of  # noqa: F401 - env is a fixture
 
 import distvals as dv
 from distvals import cuda as dvc
-from test_strategy_backends import BACKENDS, Env, assert_on, env, host_of  # noqa: F401 - env is a fixture
 
 SUM = dv.VariableAggregation.SUM
 ON_READ = dv.VariableSynchronization.ON_READ
@@ -81,15 +81,26 @@ def test_input_options_and_optionals_on_gpus(env):
         return dv.data.Dataset.from_tensor_slices(np.arange(4, dtype=np.float32) + 10 * ctx.input_pipeline_id).batch(2)
 
     per_replica = dv.InputReplicationMode.PER_REPLICA
-    placed = s.distribute_datasets_from_function(dataset_fn, dv.InputOptions(
-        experimental_replication_mode=per_replica, experimental_fetch_to_device=False,
-        experimental_place_dataset_on_device=True))
+    placed = s.distribute_datasets_from_function(
+        dataset_fn,
+        dv.InputOptions(
+            experimental_replication_mode=per_replica,
+            experimental_fetch_to_device=False,
+            experimental_place_dataset_on_device=True,
+        ),
+    )
     first = next(iter(placed))
     for r in range(2):
         assert_on(first.values[r], env.place(r), f"placed part {r}")
         np.testing.assert_array_equal(host_of(first.values[r]), np.array([0.0, 1.0]) + 10 * r)
-    host = next(iter(s.distribute_datasets_from_function(dataset_fn, dv.InputOptions(
-        experimental_replication_mode=per_replica, experimental_fetch_to_device=False))))
+    host = next(
+        iter(
+            s.distribute_datasets_from_function(
+                dataset_fn,
+                dv.InputOptions(experimental_replication_mode=per_replica, experimental_fetch_to_device=False),
+            )
+        )
+    )
     assert all(isinstance(p, np.ndarray) for p in host.values)
 
 
@@ -121,8 +132,11 @@ def test_torch_cuda_tensors_in_and_out(gpu_strategy):
     def fn():
         x = (torch.arange(6, device="cuda", dtype=torch.float32) * (rid() + 1)).requires_grad_()
         ctx = dv.get_replica_context()
-        return (ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", x.detach().to(torch.bfloat16)),
-                ctx.all_gather(x.detach().reshape(2, 3).T, axis=0))  # a non-contiguous view too
+        return (
+            ctx.all_reduce("SUM", x),
+            ctx.all_reduce("MEAN", x.detach().to(torch.bfloat16)),
+            ctx.all_gather(x.detach().reshape(2, 3).T, axis=0),
+        )  # a non-contiguous view too
 
     total, mean, gathered = s.run(fn)
     for r in range(2):
@@ -131,16 +145,21 @@ def test_torch_cuda_tensors_in_and_out(gpu_strategy):
         assert mean.values[r].dtype == torch.bfloat16 and mean.values[r].is_cuda
         np.testing.assert_allclose(mean.values[r].float().cpu().numpy(), np.arange(6) * 1.5, rtol=1e-2)
         assert gathered.values[r].shape == (6, 2) and gathered.values[r].is_cuda
-        np.testing.assert_allclose(gathered.values[r].cpu().numpy(), np.concatenate(
-            [(np.arange(6.0) * (q + 1)).reshape(2, 3).T for q in range(2)]))
+        np.testing.assert_allclose(
+            gathered.values[r].cpu().numpy(),
+            np.concatenate([(np.arange(6.0) * (q + 1)).reshape(2, 3).T for q in range(2)]),
+        )
     reduced = s.reduce("SUM", s.run(lambda: torch.ones(3, device="cuda") * (rid() + 1)), axis=None)
     assert isinstance(reduced, torch.Tensor) and reduced.is_cuda
     np.testing.assert_allclose(reduced.cpu().numpy(), [3.0, 3.0, 3.0])
     # CPU replicas take CUDA tensors through the host and give CUDA tensors back.
     cpu_strategy = dv.MirroredStrategy(["CPU:0", "CPU:1"])
     try:
-        back = cpu_strategy.run(lambda: dv.get_replica_context().all_reduce(
-            "SUM", torch.full((2,), rid() + 1.0, device="cuda", dtype=torch.bfloat16)))
+        back = cpu_strategy.run(
+            lambda: dv.get_replica_context().all_reduce(
+                "SUM", torch.full((2,), rid() + 1.0, device="cuda", dtype=torch.bfloat16)
+            )
+        )
         for t in back.values:
             assert t.is_cuda and t.dtype == torch.bfloat16 and t.float().cpu().tolist() == [3.0, 3.0]
     finally:

@@ -19,13 +19,14 @@ import pathlib
 
 import numpy as np
 import pytest
+from conftest import distinct_values, reference, tolerance
+from simulated_cuda import CoreWithBackend, SimulatedCuda
 
 import distvals as dv
 from distvals import config, cuda_group, devices
 from distvals import cuda as dvc
-from distvals.device_names import canonical_devices as _canonical_devices, gpu_count as _gpu_count
-from conftest import distinct_values, reference, tolerance
-from simulated_cuda import CoreWithBackend, SimulatedCuda
+from distvals.device_names import canonical_devices as _canonical_devices
+from distvals.device_names import gpu_count as _gpu_count
 
 SUM = dv.VariableAggregation.SUM
 MEAN = dv.VariableAggregation.MEAN
@@ -85,10 +86,14 @@ BACKENDS = [
     pytest.param("cpu-inline", id="cpu-inline"),
     pytest.param("cpu-threads", id="cpu-threads"),
     pytest.param("simulated", id="simulated"),
-    pytest.param("cuda", id="cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(dvc.logical_device_count() == 0, reason=f"no CUDA device: {dvc.unavailable_reason()}"),
-    ]),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(dvc.logical_device_count() == 0, reason=f"no CUDA device: {dvc.unavailable_reason()}"),
+        ],
+    ),
 ]
 
 
@@ -157,6 +162,7 @@ NS = [2, 3]
 
 # ---- run, values from a function ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", NS)
 def test_run_hands_each_replica_its_part_on_its_gpu(env, n):
     s = env.strategy(n)
@@ -181,8 +187,12 @@ def test_run_hands_each_replica_its_part_on_its_gpu(env, n):
 def test_values_from_function_keep_python_numbers_and_host_only_dtypes(env):
     s = env.strategy(2)
     out = s.experimental_distribute_values_from_function(
-        lambda ctx: {"lr": 0.5, "mask": np.array([True, ctx.replica_id_in_sync_group == 1]),
-                     "x": np.full(2, ctx.replica_id_in_sync_group, np.int64)})
+        lambda ctx: {
+            "lr": 0.5,
+            "mask": np.array([True, ctx.replica_id_in_sync_group == 1]),
+            "x": np.full(2, ctx.replica_id_in_sync_group, np.int64),
+        }
+    )
     assert out["lr"].values == (0.5, 0.5) and all(type(v) is float for v in out["lr"].values)
     for r in range(2):
         assert isinstance(out["mask"].values[r], np.ndarray)  # a GPU holds no bool
@@ -194,8 +204,15 @@ def test_values_from_function_keep_python_numbers_and_host_only_dtypes(env):
 # ---- cross-replica reduce and gather ------------------------------------------------------
 
 REDUCE_CASES = [
-    ("float32", "SUM"), ("float32", "MEAN"), ("float64", "MIN"), ("float64", "MAX"),
-    ("int32", "SUM"), ("int32", "MEAN"), ("int8", "PRODUCT"), ("float16", "SUM"), ("uint8", "MAX"),
+    ("float32", "SUM"),
+    ("float32", "MEAN"),
+    ("float64", "MIN"),
+    ("float64", "MAX"),
+    ("int32", "SUM"),
+    ("int32", "MEAN"),
+    ("int8", "PRODUCT"),
+    ("float16", "SUM"),
+    ("uint8", "MAX"),
 ]
 
 
@@ -231,8 +248,9 @@ def test_reduce_along_an_axis_and_of_host_values(env, n):
     assert_on(out, env.place(0), "reduce SUM axis 0")
     check_close(out, stacked.sum(axis=0), "float32", "SUM along axis 0")
     out = s.reduce("MEAN", per, axis=1)
-    check_close(out, np.sum([h.astype(np.float64).sum(axis=1) for h in host], axis=0) / (3 * n),
-                "float32", "MEAN along axis 1")
+    check_close(
+        out, np.sum([h.astype(np.float64).sum(axis=1) for h in host], axis=0) / (3 * n), "float32", "MEAN along axis 1"
+    )
     # Python floats returned by the replicas are reduced on the host, as numbers.
     loss = s.run(lambda: float(rid()) + 0.5)
     total = s.reduce("SUM", loss, axis=None)
@@ -271,8 +289,14 @@ def test_gather_of_scalars_gives_a_vector(env):
 
 # ---- replica context: all_reduce and all_gather -------------------------------------------
 
-RUN_CASES = [("float32", "sum"), ("float64", "mean"), ("int32", "max"), ("int64", "min"),
-             ("float16", "sum"), ("int32", "product")]
+RUN_CASES = [
+    ("float32", "sum"),
+    ("float64", "mean"),
+    ("int32", "max"),
+    ("int64", "min"),
+    ("float16", "sum"),
+    ("int32", "product"),
+]
 
 
 @pytest.mark.parametrize("n", NS)
@@ -299,11 +323,15 @@ def test_all_reduce_of_a_nested_structure_with_host_leaves(env, n, bytes_per_pac
     opts = dv.CommunicationOptions(bytes_per_pack=bytes_per_pack)
     s = env.strategy(n, communication_options=opts)
     rng = np.random.default_rng(5)
-    trees = [{"w": rng.integers(-9, 10, size=(3, 4)).astype(np.float32) + r,
-              "b": rng.integers(-9, 10, size=(5,)).astype(np.float32) - r,
-              "count": np.array([r + 1, 2 * r], dtype=np.int32),
-              "scale": np.array(r + 0.25)}  # 0-d float64
-             for r in range(n)]
+    trees = [
+        {
+            "w": rng.integers(-9, 10, size=(3, 4)).astype(np.float32) + r,
+            "b": rng.integers(-9, 10, size=(5,)).astype(np.float32) - r,
+            "count": np.array([r + 1, 2 * r], dtype=np.int32),
+            "scale": np.array(r + 0.25),
+        }  # 0-d float64
+        for r in range(n)
+    ]
     x = distribute(s, trees)
 
     def step(tree):
@@ -345,8 +373,12 @@ def test_integer_mean_and_reduction_to_one_device(env, n):
 @pytest.mark.parametrize("axis", [0, 1])
 def test_all_gather_in_replica_context(env, n, axis):
     s = env.strategy(n)
-    host = [np.arange((r + 1) * 2, dtype=np.float32).reshape(-1, 2).T.copy() * (r + 1) if axis == 1 else
-            np.arange((r + 1) * 2, dtype=np.float32).reshape(-1, 2) * (r + 1) for r in range(n)]
+    host = [
+        np.arange((r + 1) * 2, dtype=np.float32).reshape(-1, 2).T.copy() * (r + 1)
+        if axis == 1
+        else np.arange((r + 1) * 2, dtype=np.float32).reshape(-1, 2) * (r + 1)
+        for r in range(n)
+    ]
     x = distribute(s, host)
 
     def step(v):
@@ -363,6 +395,7 @@ def test_all_gather_in_replica_context(env, n, axis):
 
 
 # ---- merge_call and the extended methods --------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", NS)
 def test_merge_call_reduce_to_in_cross_replica_context(env, n):
@@ -409,6 +442,7 @@ def test_reduce_to_batch_reduce_to_broadcast_to(env, n):
 
 
 # ---- variables ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", NS)
 def test_mirrored_variable_copies_live_on_each_gpu(env, n):
@@ -534,6 +568,7 @@ def test_variables_survive_a_checkpoint(env, tmp_path):
 
 # ---- datasets ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n", NS)
 def test_distributed_dataset_batches_are_copied_to_each_gpu(env, n):
     s = env.strategy(n)
@@ -550,9 +585,9 @@ def test_distributed_dataset_batches_are_copied_to_each_gpu(env, n):
         start = seen
         for r, (p, lab) in enumerate(zip(parts, labels)):
             assert_on(p, env.place(r), f"replica {r}'s batch")
-            np.testing.assert_array_equal(host_of(p), x[start: start + sizes[r]], err_msg=f"replica {r}")
+            np.testing.assert_array_equal(host_of(p), x[start : start + sizes[r]], err_msg=f"replica {r}")
             assert isinstance(lab, np.ndarray)  # bool labels stay on the host
-            np.testing.assert_array_equal(lab, y[start: start + sizes[r]])
+            np.testing.assert_array_equal(lab, y[start : start + sizes[r]])
             start += sizes[r]
         seen += batch
     assert seen == 22
@@ -595,7 +630,7 @@ def test_datasets_from_function(env, n):
 
     dist = s.distribute_datasets_from_function(dataset_fn)
     assert contexts[0].num_replicas_in_sync == n
-    batches = [np.arange(20.0).reshape(10, 2)[i: i + 3] for i in range(0, 10, 3)]
+    batches = [np.arange(20.0).reshape(10, 2)[i : i + 3] for i in range(0, 10, 3)]
     got = list(dist)
     assert len(got) == math.ceil(len(batches) / n)
     for step, element in enumerate(got):
@@ -675,6 +710,7 @@ def test_element_wise_updates_on_a_gpu(env, dtype):
 
 # ---- failures ------------------------------------------------------------------------------------
 
+
 def test_a_failing_replica_releases_the_others_and_the_strategy_runs_again(env):
     n = 3
     s = env.strategy(n, communication_options=dv.CommunicationOptions(timeout_seconds=30))
@@ -716,20 +752,29 @@ def test_simulated_backend_refuses_host_memory_as_device_memory():
     host = np.zeros(4, np.float32)
     dev = sim.DeviceBuffer(16, 0)
     with pytest.raises(ValueError, match="not simulated device memory"):
-        g.run("all_reduce", "float32", "sum", "auto", 0, [(host.ctypes.data, 4, 0), (dev.ptr, 4, 0)],
-              [(host.ctypes.data, 4, 0), (dev.ptr, 4, 0)])
+        g.run(
+            "all_reduce",
+            "float32",
+            "sum",
+            "auto",
+            0,
+            [(host.ctypes.data, 4, 0), (dev.ptr, 4, 0)],
+            [(host.ctypes.data, 4, 0), (dev.ptr, 4, 0)],
+        )
     with pytest.raises(ValueError, match="needs CUDA device 1, but there are 1"):
         sim.Group(["GPU:0", "GPU:1"], 1)  # GPU:1 needs a second device: refused at creation
     with pytest.raises(ValueError, match="replica 1: input lives on CUDA device 0, but replica 1 runs on 1"):
         sim2 = SimulatedCuda(2)
         a, b = sim2.DeviceBuffer(16, 0), sim2.DeviceBuffer(16, 0)
-        sim2.Group(["GPU:0", "GPU:1"], 1).run("all_reduce", "float32", "sum", "auto", 0,
-                                              [(a.ptr, 4, 0), (b.ptr, 4, 0)], [(a.ptr, 4, 0), (b.ptr, 4, 0)])
+        sim2.Group(["GPU:0", "GPU:1"], 1).run(
+            "all_reduce", "float32", "sum", "auto", 0, [(a.ptr, 4, 0), (b.ptr, 4, 0)], [(a.ptr, 4, 0), (b.ptr, 4, 0)]
+        )
     with pytest.raises(ValueError, match="past the end"):
         sim.copy_to_device(dev.ptr, 0, np.zeros(8, np.float32).view(np.uint8))
 
 
 # ---- no GPU needed: the device abstraction on host values ------------------------------------------
+
 
 def test_host_values_are_not_device_arrays():
     class CpuDlpack:
@@ -814,6 +859,7 @@ def test_array_helpers_on_host_values():
 
 
 # ---- no GPU needed: counting logical GPUs, errors without a GPU ------------------------------------
+
 
 @pytest.fixture
 def one_simulated_gpu(monkeypatch):

@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 import pytest
-
-import distvals as dv
 from conftest import EXECUTION_MODES
 from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from strategy_checks import LONG, assert_usable, frames_of, mirrored, on_main_thread, replica_id
+
+import distvals as dv
 from distvals.options import DEFAULT_TIMEOUT_SECONDS
 
 
@@ -50,6 +50,7 @@ def check_step(out, tag: int, n: int) -> None:
 
 # ---- an exception in one replica ----------------------------------------------------------
 
+
 class StepError(Exception):
     pass
 
@@ -60,6 +61,7 @@ def test_exception_around_a_collective_releases_the_others(s3, where, bad):
     """Replica 0 is the first to run (the caller's thread, or the first coroutine inline),
     replica 2 the last: inline, a failing replica 1 leaves one replica waiting in the
     collective and one not started yet."""
+
     def failing_step():
         r = replica_id()
         ctx = dv.get_replica_context()
@@ -99,6 +101,7 @@ def test_exception_inside_a_collective_of_a_replica_thread_names_it(execution):
     """The failing replica is a worker thread (or coroutine) while replica 0 waits."""
     s = mirrored(2, execution=execution)
     try:
+
         def step():
             ctx = dv.get_replica_context()
             if replica_id() == 1:
@@ -133,11 +136,15 @@ def test_exception_with_unusual_constructor(s2):
 
 def test_exception_in_merge_fn_and_before_merge_call(s3):
     # KeyError too: its str() quotes its argument.
-    for make_error, text in ((lambda: ArithmeticError("merge failed"), "merge failed"),
-                             (lambda: KeyError("from merge"), "from merge")):
+    for make_error, text in (
+        (lambda: ArithmeticError("merge failed"), "merge failed"),
+        (lambda: KeyError("from merge"), "from merge"),
+    ):
+
         def merge_raises():
             def merge_fn(strategy, v):
                 raise make_error()
+
             return dv.get_replica_context().merge_call(merge_fn, args=(replica_id(),))
 
         t0 = time.monotonic()
@@ -209,6 +216,7 @@ def test_exception_in_a_dataset_iterator(s3):
 
 # ---- timeouts: per call, per strategy, per step ---------------------------------------------
 
+
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
 def test_per_call_timeout_option(collective):
     """CommunicationOptions(timeout_seconds=) passed to one call overrides the
@@ -245,6 +253,7 @@ def test_strategy_timeout_option(execution):
     s = mirrored(2, timeout=0.4, execution=execution)
     release = threading.Event()
     try:
+
         def step():
             if replica_id() == 1:
                 release.wait(3.0)  # never reaches the collective in time
@@ -284,8 +293,9 @@ def test_default_timeout_is_finite(monkeypatch):
 
 
 def test_run_waits_at_most_the_timeout(execution):
-    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3),
-                            execution=execution)
+    s = dv.MirroredStrategy(
+        ["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(timeout_seconds=0.3), execution=execution
+    )
     try:
         release = threading.Event()
 
@@ -329,6 +339,7 @@ def test_inline_replicas_waiting_for_each_other_end_with_the_timeout():
 
 # ---- Ctrl-C and other signals -----------------------------------------------------------------
 
+
 def _sigint_main_after(delay: float) -> None:
     main = threading.main_thread().ident
 
@@ -357,6 +368,7 @@ def test_ctrl_c_while_the_others_wait_in_a_collective(execution):
     s = mirrored(3, execution=execution)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+
         def step():
             if replica_id() == 0:
                 time.sleep(LONG)  # the caller's thread: interrupted by Ctrl-C
@@ -395,6 +407,7 @@ def test_ctrl_c_while_replica_zero_waits_in_the_engine(execution):
     s = mirrored(3, execution=execution)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+
         def step():
             if replica_id() == 2:
                 time.sleep(0.6)  # late: replicas 0 and 1 wait in the engine meanwhile
@@ -419,6 +432,7 @@ def test_ctrl_c_returns_within_a_second_while_a_replica_computes(execution):
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     release = threading.Event()
     try:
+
         def step():
             if replica_id() == 1:
                 release.wait(4)  # a long computation of replica 1's own
@@ -508,6 +522,7 @@ def test_interrupts_at_random_offsets_never_mix_steps_nor_refuse_forever(executi
 
 # ---- closing and aborting ---------------------------------------------------------------------
 
+
 def test_closed_strategy_refuses_to_run(execution):
     s = mirrored(2, execution=execution)
     s.close()
@@ -534,9 +549,8 @@ def test_with_statement_closes_the_strategy_and_releases_its_threads(execution):
     s.__exit__(None, None, None)
 
     # An exception in the block still closes it, and is not swallowed.
-    with pytest.raises(StepError, match="inside the block"):
-        with mirrored(3, execution=execution) as s2:
-            raise StepError("inside the block")
+    with pytest.raises(StepError, match="inside the block"), mirrored(3, execution=execution) as s2:
+        raise StepError("inside the block")
     with pytest.raises(dv.ClosedError):
         s2.run(lambda: 1)
     assert settle_threads(base) <= base
@@ -582,6 +596,7 @@ def test_group_aborted_outside_a_step_is_reset_by_the_next_run():
 
 # ---- several threads ----------------------------------------------------------------------------
 
+
 def test_one_step_at_a_time(s2):
     inside = threading.Event()
     release = threading.Event()
@@ -612,8 +627,11 @@ def test_two_strategies_from_two_threads_at_once():
         s = mirrored(n)
         try:
             for step in range(300):
-                out = s.run(lambda: dv.get_replica_context().all_reduce(
-                    "sum", np.full(7, k * 1000 + step + replica_id(), np.int64)))
+                out = s.run(
+                    lambda: dv.get_replica_context().all_reduce(
+                        "sum", np.full(7, k * 1000 + step + replica_id(), np.int64)
+                    )
+                )
                 want = sum(k * 1000 + step + r for r in range(n))
                 for r in range(n):
                     if not np.all(out.values[r] == want):
@@ -676,6 +694,7 @@ def test_cross_replica_calls_from_another_thread_while_run_loops(execution):
 
 
 # ---- resources ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("execution", EXECUTION_MODES)
 def test_strategies_release_their_threads_when_closed_or_collected(execution):
@@ -749,13 +768,13 @@ def test_100000_steps_keep_memory_and_threads_stable():
         grown = rss100 - rss10
         assert grown < 2 * 2**20, f"RSS grew by {grown / 2**20:.2f} MiB from step 10,000 to 100,000"
         assert thr100 == thr10, f"threads: {thr10} at step 10,000, {thr100} at step 100,000"
-        print(f"100,000 steps in {took:.1f} s; RSS {rss10 / 2**20:.1f} -> {rss100 / 2**20:.1f} MiB; "
-              f"{thr100} threads")
+        print(f"100,000 steps in {took:.1f} s; RSS {rss10 / 2**20:.1f} -> {rss100 / 2**20:.1f} MiB; {thr100} threads")
     finally:
         s.close()
 
 
 # ---- os.fork() ----------------------------------------------------------------------------------
+
 
 def _run_in_forked_child(body) -> int:
     """Runs ``body()`` in a forked child; the child's exit status (0 when body returns)."""
@@ -765,7 +784,7 @@ def _run_in_forked_child(body) -> int:
         try:
             body()
             code = 0
-        except BaseException as e:  # noqa: BLE001 - reported through the exit status
+        except BaseException as e:
             try:
                 sys.stderr.write(f"child failed: {e!r}\n")
             finally:

@@ -28,22 +28,34 @@ import pytest
 #: name -> (program, reason for a deliberate difference or None)
 PROGRAMS: Dict[str, tuple] = {}
 
-BALANCED_SPLIT = ("balanced split of a global batch: the first B mod N replicas get one more element; "
-                  "TensorFlow 2.21 gives ceil-sized chunks and may leave a replica empty")
+BALANCED_SPLIT = (
+    "balanced split of a global batch: the first B mod N replicas get one more element; "
+    "TensorFlow 2.21 gives ceil-sized chunks and may leave a replica empty"
+)
 NUMPY_VALUES = "values are numpy arrays and Python numbers, not tensors"
-ASSIGN_RETURNS = ("values are numpy arrays, not tensors: where TensorFlow's distributed assign returns the new value "
-                  "as tensors (which keep .numpy()), distvals returns the variable, which keeps .numpy(), "
-                  "read_value() and the arithmetic a Mirrored of arrays would lose")
+ASSIGN_RETURNS = (
+    "values are numpy arrays, not tensors: where TensorFlow's distributed assign returns the new value "
+    "as tensors (which keep .numpy()), distvals returns the variable, which keeps .numpy(), "
+    "read_value() and the arithmetic a Mirrored of arrays would lose"
+)
 TF_DEFECT = "TensorFlow 2.21 gets this wrong (see the program), distvals does what the documentation says"
 STOP_ITERATION = "end of data is StopIteration (TensorFlow's get_next raises OutOfRangeError)"
-EXACT_COUNTS = ("an integer SUM SyncOnReadVariable keeps its count on assign/load (TensorFlow stores value // N "
-                "per copy and loses the remainder)")
-NO_TRUNCATION = ("a value that does not convert exactly to a variable's dtype is a TypeError (TensorFlow truncates "
-                 "numpy floats and wraps integers silently)")
-EXTENSION = ("distvals offers Variable API that TensorFlow refuses in eager mode (on distributed variables, or "
-             "initial_value on any)")
-MIRRORED_ASSIGN = ("a cross-replica assign of a PerReplica to a MirroredVariable reduces by the variable's "
-                   "aggregation (TensorFlow gives each copy a different value, which breaks the mirror)")
+EXACT_COUNTS = (
+    "an integer SUM SyncOnReadVariable keeps its count on assign/load (TensorFlow stores value // N "
+    "per copy and loses the remainder)"
+)
+NO_TRUNCATION = (
+    "a value that does not convert exactly to a variable's dtype is a TypeError (TensorFlow truncates "
+    "numpy floats and wraps integers silently)"
+)
+EXTENSION = (
+    "distvals offers Variable API that TensorFlow refuses in eager mode (on distributed variables, or "
+    "initial_value on any)"
+)
+MIRRORED_ASSIGN = (
+    "a cross-replica assign of a PerReplica to a MirroredVariable reduces by the variable's "
+    "aggregation (TensorFlow gives each copy a different value, which breaks the mirror)"
+)
 
 
 def program(differs: Optional[str] = None) -> Callable:
@@ -55,6 +67,7 @@ def program(differs: Optional[str] = None) -> Callable:
 
 
 # ---- the two APIs ------------------------------------------------------------------------------
+
 
 class TensorFlowApi:
     name = "tensorflow"
@@ -172,8 +185,13 @@ def describe(x: Any) -> Any:
     if kind == "PerReplicaSpec":
         specs = getattr(x, "_value_specs", None) or x.value_specs
         return ("PerReplicaSpec", tuple(describe(s) for s in specs))
-    if kind in ("VariableSynchronization", "VariableAggregation", "VariableAggregationV2", "InputReplicationMode",
-                "ReduceOp"):
+    if kind in (
+        "VariableSynchronization",
+        "VariableAggregation",
+        "VariableAggregationV2",
+        "InputReplicationMode",
+        "ReduceOp",
+    ):
         return ("enum", x.name)
     if isinstance(x, dict):
         return ("dict", tuple((k, describe(x[k])) for k in sorted(x)))
@@ -200,7 +218,7 @@ def _run(name: str, api: Any) -> tuple:
     fn = PROGRAMS[name][0]
     try:
         return describe(fn(api)), False
-    except BaseException as e:  # noqa: BLE001 - the exception's class is the result
+    except BaseException as e:
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         return ("raises", error_kind(e)), type(e).__module__.startswith("tensorflow")
@@ -213,8 +231,12 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 4 and a[:1] == b[:1] == ("array",):
         if a[1:3] != b[1:3]:
             return False
-        return np.allclose(np.asarray(a[3], dtype=float if a[1] != "bool" else bool),
-                           np.asarray(b[3], dtype=float if b[1] != "bool" else bool), rtol=1e-6, atol=1e-6)
+        return np.allclose(
+            np.asarray(a[3], dtype=float if a[1] != "bool" else bool),
+            np.asarray(b[3], dtype=float if b[1] != "bool" else bool),
+            rtol=1e-6,
+            atol=1e-6,
+        )
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and isinstance(b, float):
@@ -225,6 +247,7 @@ def same(a: Any, b: Any) -> bool:
 # ---- the programs -----------------------------------------------------------------------------------
 
 # Running functions, and what run returns.
+
 
 @program()
 def run_returns_a_python_float(api):
@@ -293,6 +316,7 @@ def experimental_local_results_of_a_plain_value(api):
 
 # Reductions and gathers.
 
+
 @program()
 def reduce_sum_axis_none(api):
     s = api.strategy(3)
@@ -344,8 +368,9 @@ def reduce_sum_of_a_plain_value(api):
 @program()
 def reduce_mean_of_integers(api):
     s = api.strategy(2)
-    return s.reduce("MEAN", s.run(lambda: api.const([1, 2]) + api.dist.get_replica_context().replica_id_in_sync_group),
-                    axis=None)
+    return s.reduce(
+        "MEAN", s.run(lambda: api.const([1, 2]) + api.dist.get_replica_context().replica_id_in_sync_group), axis=None
+    )
 
 
 @program()
@@ -367,11 +392,11 @@ def reduce_of_a_mirrored_variable(api):
 def gather_of_a_nested_structure(api):
     # TensorFlow returns only replica 0's parts of each leaf.
     s = api.strategy(2)
-    return s.gather(s.run(lambda: {"a": api.const([[1.0]]) * api.rid(), "b": (api.const([2.0]) + api.rid(),)}),
-                    axis=0)
+    return s.gather(s.run(lambda: {"a": api.const([[1.0]]) * api.rid(), "b": (api.const([2.0]) + api.rid(),)}), axis=0)
 
 
 # Replica context.
+
 
 @program()
 def all_reduce_sum_and_mean(api):
@@ -424,13 +449,15 @@ def merge_call_reduces_in_cross_replica_context(api):
 @program()
 def contexts_in_scope_and_run(api):
     s = api.strategy(2)
-    outside = (api.dist.has_strategy(), api.dist.in_cross_replica_context(),
-               api.dist.get_replica_context() is not None)
+    outside = (api.dist.has_strategy(), api.dist.in_cross_replica_context(), api.dist.get_replica_context() is not None)
     with s.scope():
-        inside = (api.dist.has_strategy(), api.dist.in_cross_replica_context(),
-                  api.dist.get_replica_context() is None, api.dist.get_strategy() is s)
-    in_run = s.run(lambda: (api.dist.has_strategy(), api.dist.in_cross_replica_context(),
-                            api.dist.get_strategy() is s))
+        inside = (
+            api.dist.has_strategy(),
+            api.dist.in_cross_replica_context(),
+            api.dist.get_replica_context() is None,
+            api.dist.get_strategy() is s,
+        )
+    in_run = s.run(lambda: (api.dist.has_strategy(), api.dist.in_cross_replica_context(), api.dist.get_strategy() is s))
     return outside, inside, in_run
 
 
@@ -458,9 +485,8 @@ def experimental_set_strategy_is_a_function(api):
 @program()
 def scope_of_another_strategy_inside_a_scope_is_an_error(api):
     s, t = api.strategy(2), api.strategy(2)
-    with s.scope():
-        with t.scope():
-            return 1
+    with s.scope(), t.scope():
+        return 1
 
 
 @program()
@@ -504,6 +530,7 @@ def reading_a_mirrored_variable_inside_run(api):
 
 # Input.
 
+
 @program()
 def distribute_dataset_example(api):
     # The documentation's example 1.
@@ -523,8 +550,9 @@ def distributed_batches_as_run_input(api):
 @program()
 def distribute_a_dict_dataset(api):
     s = api.strategy(2)
-    ds = api.Dataset.from_tensor_slices({"x": np.arange(8, dtype=np.float32).reshape(4, 2),
-                                         "y": np.arange(4, dtype=np.int64)}).batch(4)
+    ds = api.Dataset.from_tensor_slices(
+        {"x": np.arange(8, dtype=np.float32).reshape(4, 2), "y": np.arange(4, dtype=np.int64)}
+    ).batch(4)
     return next(iter(s.experimental_distribute_dataset(ds)))
 
 
@@ -561,21 +589,27 @@ def element_spec_of_a_distributed_dataset(api):
 @program()
 def element_spec_with_one_replica(api):
     s = api.strategy(1)
-    return s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.zeros(5, np.int64)).batch(2)).element_spec
+    return s.experimental_distribute_dataset(
+        api.Dataset.from_tensor_slices(np.zeros(5, np.int64)).batch(2)
+    ).element_spec
 
 
 @program()
 def cardinality_of_distributed_datasets(api):
     s = api.strategy(2)
     ds = api.Dataset.from_tensor_slices(np.arange(10, dtype=np.float32)).batch(4)
-    return (int(s.experimental_distribute_dataset(ds).cardinality),
-            int(s.experimental_distribute_dataset(ds.repeat()).cardinality))
+    return (
+        int(s.experimental_distribute_dataset(ds).cardinality),
+        int(s.experimental_distribute_dataset(ds.repeat()).cardinality),
+    )
 
 
 @program()
 def get_next_as_optional_to_the_end(api):
     s = api.strategy(2)
-    it = iter(s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(6, dtype=np.float32)).batch(4)))
+    it = iter(
+        s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(6, dtype=np.float32)).batch(4))
+    )
     out = []
     for _ in range(3):
         opt = it.get_next_as_optional()
@@ -586,7 +620,9 @@ def get_next_as_optional_to_the_end(api):
 @program()
 def optional_get_value_without_a_value_is_an_error(api):
     s = api.strategy(2)
-    it = iter(s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2)))
+    it = iter(
+        s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2))
+    )
     next(it)
     return it.get_next_as_optional().get_value()
 
@@ -594,7 +630,9 @@ def optional_get_value_without_a_value_is_an_error(api):
 @program()
 def next_at_the_end_is_stop_iteration(api):
     s = api.strategy(2)
-    it = iter(s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2)))
+    it = iter(
+        s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2))
+    )
     next(it)
     return next(it)
 
@@ -602,7 +640,9 @@ def next_at_the_end_is_stop_iteration(api):
 @program(differs=STOP_ITERATION)
 def get_next_at_the_end(api):
     s = api.strategy(2)
-    it = iter(s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2)))
+    it = iter(
+        s.experimental_distribute_dataset(api.Dataset.from_tensor_slices(np.arange(2, dtype=np.float32)).batch(2))
+    )
     it.get_next()
     return it.get_next()
 
@@ -613,8 +653,14 @@ def distribute_datasets_from_function(api):
     seen = []
 
     def dataset_fn(ctx):
-        seen.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync,
-                     ctx.get_per_replica_batch_size(4)))
+        seen.append(
+            (
+                ctx.num_input_pipelines,
+                ctx.input_pipeline_id,
+                ctx.num_replicas_in_sync,
+                ctx.get_per_replica_batch_size(4),
+            )
+        )
         return api.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)).batch(2)
 
     batches = list(s.distribute_datasets_from_function(dataset_fn))
@@ -625,7 +671,8 @@ def distribute_datasets_from_function(api):
 def experimental_distribute_datasets_from_function(api):
     s = api.strategy(2)
     dd = s.experimental_distribute_datasets_from_function(
-        lambda ctx: api.Dataset.from_tensor_slices(np.arange(4, dtype=np.float32)).batch(2))
+        lambda ctx: api.Dataset.from_tensor_slices(np.arange(4, dtype=np.float32)).batch(2)
+    )
     return list(dd)
 
 
@@ -638,8 +685,9 @@ def per_replica_input_pipelines(api):
         seen.append((ctx.num_input_pipelines, ctx.input_pipeline_id))
         return api.Dataset.from_tensor_slices(np.arange(4, dtype=np.float32) + 100.0 * ctx.input_pipeline_id).batch(2)
 
-    options = api.dist.InputOptions(experimental_replication_mode=api.dist.InputReplicationMode.PER_REPLICA,
-                                    experimental_fetch_to_device=False)
+    options = api.dist.InputOptions(
+        experimental_replication_mode=api.dist.InputReplicationMode.PER_REPLICA, experimental_fetch_to_device=False
+    )
     return list(s.distribute_datasets_from_function(dataset_fn, options)), seen
 
 
@@ -660,8 +708,12 @@ def place_dataset_on_device_needs_per_replica(api):
 @program()
 def input_options_defaults(api):
     o = api.dist.InputOptions()
-    return (o.experimental_fetch_to_device, o.experimental_replication_mode, o.experimental_place_dataset_on_device,
-            o.experimental_per_replica_buffer_size)
+    return (
+        o.experimental_fetch_to_device,
+        o.experimental_replication_mode,
+        o.experimental_place_dataset_on_device,
+        o.experimental_per_replica_buffer_size,
+    )
 
 
 @program()
@@ -677,8 +729,9 @@ def distribute_values_from_function_with_one_replica(api):
 
 @program()
 def per_replica_batch_size_that_does_not_divide(api):
-    return api.dist.InputContext(num_input_pipelines=1, input_pipeline_id=0,
-                                 num_replicas_in_sync=3).get_per_replica_batch_size(8)
+    return api.dist.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=3
+    ).get_per_replica_batch_size(8)
 
 
 @program()
@@ -699,26 +752,38 @@ def run_over_a_dataset_of_pairs(api):
 @program()
 def distribute_values_from_function_per_replica(api):
     return api.strategy(3).experimental_distribute_values_from_function(
-        lambda ctx: api.const([1.0, 1.0]) * float(ctx.replica_id_in_sync_group))
+        lambda ctx: api.const([1.0, 1.0]) * float(ctx.replica_id_in_sync_group)
+    )
 
 
 # Variables: creation and reading.
+
 
 @program()
 def mirrored_variable_attributes(api):
     s = api.strategy(2)
     with s.scope():
         v = api.Variable([1.0, 2.0], name="w")
-    return (type(v).__name__, v.synchronization, v.aggregation, v.trainable, v.dtype.name, tuple(v.shape), v.name,
-            [c.name for c in v.values], v.values)
+    return (
+        type(v).__name__,
+        v.synchronization,
+        v.aggregation,
+        v.trainable,
+        v.dtype.name,
+        tuple(v.shape),
+        v.name,
+        [c.name for c in v.values],
+        v.values,
+    )
 
 
 @program()
 def sync_on_read_variable_attributes(api):
     s = api.strategy(2)
     with s.scope():
-        v = api.Variable(0.0, synchronization=api.VariableSynchronization.ON_READ,
-                         aggregation=api.VariableAggregation.SUM)
+        v = api.Variable(
+            0.0, synchronization=api.VariableSynchronization.ON_READ, aggregation=api.VariableAggregation.SUM
+        )
     return type(v).__name__, v.synchronization, v.aggregation, v.trainable
 
 
@@ -790,6 +855,7 @@ def get_shape_of_a_variable(api):
 
 # Variables: updates and dtypes.
 
+
 @program(differs=ASSIGN_RETURNS)
 def assign_in_cross_replica_context_returns(api):
     s = api.strategy(2)
@@ -845,7 +911,7 @@ def assign_add_a_numpy_float_to_an_int_variable(api):
 @program(differs=NO_TRUNCATION)
 def assign_an_int_that_does_not_fit(api):
     v = api.Variable(1)
-    v.assign(2 ** 40)
+    v.assign(2**40)
     return v
 
 
@@ -906,8 +972,9 @@ def cross_replica_assign_of_per_replica_mean(api):
 def sync_on_read_sum_reads_the_total(api):
     s = api.strategy(2)
     with s.scope():
-        v = api.Variable(0.0, synchronization=api.VariableSynchronization.ON_READ,
-                         aggregation=api.VariableAggregation.SUM)
+        v = api.Variable(
+            0.0, synchronization=api.VariableSynchronization.ON_READ, aggregation=api.VariableAggregation.SUM
+        )
     s.run(lambda: v.assign_add(api.rid() + 1.0))
     return v.read_value(), v.values
 
@@ -916,8 +983,9 @@ def sync_on_read_sum_reads_the_total(api):
 def sync_on_read_integer_sum_assign(api):
     s = api.strategy(2)
     with s.scope():
-        v = api.Variable(0, synchronization=api.VariableSynchronization.ON_READ,
-                         aggregation=api.VariableAggregation.SUM)
+        v = api.Variable(
+            0, synchronization=api.VariableSynchronization.ON_READ, aggregation=api.VariableAggregation.SUM
+        )
     v.assign(7)
     return v.read_value(), v.values
 
@@ -926,8 +994,9 @@ def sync_on_read_integer_sum_assign(api):
 def sync_on_read_sum_cross_replica_add_is_an_error(api):
     s = api.strategy(2)
     with s.scope():
-        v = api.Variable(0.0, synchronization=api.VariableSynchronization.ON_READ,
-                         aggregation=api.VariableAggregation.SUM)
+        v = api.Variable(
+            0.0, synchronization=api.VariableSynchronization.ON_READ, aggregation=api.VariableAggregation.SUM
+        )
     return v.assign_add(1.0)
 
 
@@ -935,8 +1004,9 @@ def sync_on_read_sum_cross_replica_add_is_an_error(api):
 def sync_on_read_cross_replica_scatter_is_not_implemented(api):
     s = api.strategy(2)
     with s.scope():
-        v = api.Variable([1.0, 2.0], synchronization=api.VariableSynchronization.ON_READ,
-                         aggregation=api.VariableAggregation.MEAN)
+        v = api.Variable(
+            [1.0, 2.0], synchronization=api.VariableSynchronization.ON_READ, aggregation=api.VariableAggregation.MEAN
+        )
     return v.scatter_add(api.IndexedSlices(api.const([1.0]), api.const([0])))
 
 
@@ -962,8 +1032,11 @@ def extended_update_in_cross_replica_context(api):
 def extended_reduce_to_and_broadcast_to(api):
     s = api.strategy(2)
     pr = s.run(lambda: api.const([1.0, 2.0]) * (api.rid() + 1.0))
-    return (s.extended.reduce_to("SUM", pr, pr), s.extended.batch_reduce_to("MEAN", [(pr, pr)]),
-            s.extended.broadcast_to(api.const(5.0), pr))
+    return (
+        s.extended.reduce_to("SUM", pr, pr),
+        s.extended.batch_reduce_to("MEAN", [(pr, pr)]),
+        s.extended.broadcast_to(api.const(5.0), pr),
+    )
 
 
 @program()
@@ -973,11 +1046,19 @@ def extended_properties(api):
     with s.scope():
         v = api.Variable(1.0)
     other = api.strategy(2)
-    return (e.worker_devices, e.parameter_devices, e.should_checkpoint, e.should_save_summary,
-            e.experimental_should_init, e.variable_created_in_scope(v), other.extended.variable_created_in_scope(v))
+    return (
+        e.worker_devices,
+        e.parameter_devices,
+        e.should_checkpoint,
+        e.should_save_summary,
+        e.experimental_should_init,
+        e.variable_created_in_scope(v),
+        other.extended.variable_created_in_scope(v),
+    )
 
 
 # Sparse variable updates.
+
 
 @program()
 def scatter_add_in_cross_replica_context(api):
@@ -1052,7 +1133,7 @@ def count_up_to_until_the_limit(api):
     try:
         v.count_up_to(5)
         third = "no error"
-    except Exception as e:  # noqa: BLE001 - the class is the result
+    except Exception as e:
         third = error_kind(e)
     return first, second, third, v
 
@@ -1091,6 +1172,7 @@ def set_shape_of_a_mirrored_variable(api):
 
 # ---- running TensorFlow in a child process ---------------------------------------------------------
 
+
 def _tensorflow_results(out_path: str, start: int) -> None:
     """Runs the programs from number ``start`` on, until one makes TensorFlow's runtime
     raise: a failed collective leaves TensorFlow's collective executor aborted for the
@@ -1121,8 +1203,12 @@ def tensorflow_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf") / "results.pkl"
     results: dict = {}
     while len(results) < len(PROGRAMS):
-        proc = subprocess.run([sys.executable, __file__, "--tensorflow", str(out), str(len(results))],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--tensorflow", str(out), str(len(results))],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if proc.returncode != 0:
             pytest.fail(f"the TensorFlow side failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         with open(out, "rb") as f:
@@ -1148,8 +1234,17 @@ def test_the_programs_and_their_differences(tensorflow_results):
     # Every program ran on both sides; the deliberate differences are the few listed.
     assert set(tensorflow_results) == set(PROGRAMS)
     reasons = collections.Counter(r for _, r in PROGRAMS.values() if r is not None)
-    assert set(reasons) <= {BALANCED_SPLIT, NUMPY_VALUES, ASSIGN_RETURNS, STOP_ITERATION, EXACT_COUNTS,
-                            NO_TRUNCATION, EXTENSION, MIRRORED_ASSIGN, TF_DEFECT}
+    assert set(reasons) <= {
+        BALANCED_SPLIT,
+        NUMPY_VALUES,
+        ASSIGN_RETURNS,
+        STOP_ITERATION,
+        EXACT_COUNTS,
+        NO_TRUNCATION,
+        EXTENSION,
+        MIRRORED_ASSIGN,
+        TF_DEFECT,
+    }
 
 
 if __name__ == "__main__":

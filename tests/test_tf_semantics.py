@@ -20,6 +20,7 @@ def rid():
 
 # ---- identical objects come back as they are -----------------------------------------------------
 
+
 def test_identical_objects_are_returned_as_they_are(s2):
     # TensorFlow: run(lambda: 2.5) is 2.5, and any object every replica returns is that object.
     assert s2.run(lambda: 2.5) == 2.5 and type(s2.run(lambda: 2.5)) is float
@@ -42,14 +43,14 @@ def test_distinct_objects_make_a_per_replica(s3):
 
 # ---- experimental_set_strategy --------------------------------------------------------------------
 
+
 def test_experimental_set_strategy_is_a_plain_function(s2):
     try:
         assert dv.experimental_set_strategy(s2) is None
         assert dv.get_strategy() is s2 and dv.has_strategy()
         assert dv.get_replica_context() is None  # cross-replica context, as in the scope
-        with dv.get_strategy().scope():
-            with s2.scope():
-                v = dv.Variable(1.0)
+        with dv.get_strategy().scope(), s2.scope():
+            v = dv.Variable(1.0)
         assert isinstance(v, dv.MirroredVariable)
     finally:
         assert dv.experimental_set_strategy(None) is None
@@ -57,6 +58,7 @@ def test_experimental_set_strategy_is_a_plain_function(s2):
 
 
 # ---- value_container -------------------------------------------------------------------------------
+
 
 def test_value_container_of_every_component(s3):
     with s3.scope():
@@ -70,6 +72,7 @@ def test_value_container_of_every_component(s3):
 
 
 # ---- experimental_distribute_values_from_function ---------------------------------------------------
+
 
 def test_distribute_values_from_function_always_gives_a_per_replica(s2):
     same = object()
@@ -87,6 +90,7 @@ def test_distribute_values_from_function_always_gives_a_per_replica(s2):
 
 # ---- strict dtypes ---------------------------------------------------------------------------------------
 
+
 def test_values_that_do_not_convert_exactly_are_type_errors(s2):
     with s2.scope():
         i = dv.Variable(1)
@@ -99,9 +103,9 @@ def test_values_that_do_not_convert_exactly_are_type_errors(s2):
     with pytest.raises(TypeError, match="cannot use a float32 value for a int32 variable"):
         i.assign_add(np.float32(2.5))
     with pytest.raises(TypeError, match="1099511627776 does not fit in int32"):
-        i.assign(2 ** 40)
+        i.assign(2**40)
     with pytest.raises(TypeError, match="does not fit in int32"):
-        i.assign(np.array(-(2 ** 33), np.int64))
+        i.assign(np.array(-(2**33), np.int64))
     with pytest.raises(TypeError, match="cannot convert a Python complex"):
         f.assign(1j)
     assert [c.numpy() for c in i.values] == [1, 1]  # nothing was written
@@ -124,6 +128,7 @@ def test_strict_dtypes_inside_run(s2):
 
 # ---- synchronization ---------------------------------------------------------------------------------------
 
+
 def test_mirrored_variable_reports_on_write(s2):
     with s2.scope():
         auto = dv.Variable(1.0)
@@ -137,6 +142,7 @@ def test_mirrored_variable_reports_on_write(s2):
 
 
 # ---- equality, hashing, ref ---------------------------------------------------------------------------------
+
 
 def test_variables_compare_element_wise_and_are_unhashable(s2):
     with s2.scope():
@@ -172,6 +178,7 @@ def test_bool_of_a_variable_is_its_value():
 
 # ---- scopes exited out of order ---------------------------------------------------------------------------------
 
+
 def test_scopes_exited_out_of_order(s2):
     a, b = s2.scope(), s2.scope()
     a.__enter__()
@@ -197,6 +204,7 @@ def test_scopes_exited_out_of_order(s2):
 
 # ---- variables created inside run ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("in_scope", [True, False])
 def test_variable_created_inside_run_is_one_object(s3, in_scope):
     import contextlib
@@ -209,7 +217,7 @@ def test_variable_created_inside_run_is_one_object(s3, in_scope):
         v.assign_add(np.ones(2, np.float32))  # aggregation NONE: the replica's own copy
         return v
 
-    with (s3.scope() if in_scope else contextlib.nullcontext()):
+    with s3.scope() if in_scope else contextlib.nullcontext():
         out = s3.run(fn)
     assert isinstance(out, dv.MirroredVariable) and all(m is out for m in made) and len(made) == 3
     # Created from the first replica's value; each copy then got its replica's update.
@@ -251,6 +259,7 @@ def test_variables_created_in_different_orders_are_a_mismatch(s2):
 
 # ---- MirroredStrategy() without devices ------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(dv.cuda.logical_device_count() > 0, reason="with a GPU, MirroredStrategy() uses the GPUs")
 def test_mirrored_strategy_without_devices_uses_the_logical_cpus():
     before = dv.config.get_logical_cpus()
@@ -273,6 +282,7 @@ def test_mirrored_strategy_without_devices_uses_the_logical_cpus():
 
 
 # ---- mismatch messages name what differs ----------------------------------------------------------------------
+
 
 def test_all_reduce_mismatches_name_shapes_dtypes_and_structures(s2):
     def shapes():

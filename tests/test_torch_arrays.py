@@ -18,6 +18,7 @@ import pytest
 
 import distvals as dv
 
+
 @pytest.fixture(scope="module")
 def torch():
     return pytest.importorskip("torch")
@@ -42,8 +43,12 @@ def test_all_reduce_and_all_gather_give_torch_tensors(s3, torch):
     def fn():
         ctx = dv.get_replica_context()
         x = parts(rid())
-        return (ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", {"w": x, "b": [x[0]]}),
-                ctx.all_gather(x, axis=0), ctx.all_reduce("MAX", torch.tensor(float(rid()))))
+        return (
+            ctx.all_reduce("SUM", x),
+            ctx.all_reduce("MEAN", {"w": x, "b": [x[0]]}),
+            ctx.all_gather(x, axis=0),
+            ctx.all_reduce("MAX", torch.tensor(float(rid()))),
+        )
 
     total, mean, gathered, top = s3.run(fn)
     for r in range(3):
@@ -53,8 +58,7 @@ def test_all_reduce_and_all_gather_give_torch_tensors(s3, torch):
         np.testing.assert_allclose(mean["b"][0].values[r].numpy(), reference(3, "mean")[0], rtol=1e-6)
         assert isinstance(mean["b"], list) and isinstance(mean["b"][0].values[r], torch.Tensor)
         assert gathered.values[r].shape == (6, 3)
-        np.testing.assert_array_equal(gathered.values[r].numpy(),
-                                      np.concatenate([parts(q).numpy() for q in range(3)]))
+        np.testing.assert_array_equal(gathered.values[r].numpy(), np.concatenate([parts(q).numpy() for q in range(3)]))
         assert top.values[r].shape == () and float(top.values[r]) == 2.0  # 0-d stays 0-d
     # Every replica has its own result tensor.
     assert len({t.data_ptr() for t in total.values}) == 3
@@ -102,8 +106,10 @@ def test_cross_replica_methods_give_torch_tensors(s2, torch):
     pr = s2.run(lambda: parts(rid()))
     checks = {
         "reduce": (s2.reduce("SUM", pr, axis=None), reference(2)),
-        "reduce along an axis": (s2.reduce("MEAN", pr, axis=0),
-                                 np.mean(np.concatenate([parts(r).numpy() for r in range(2)]), axis=0)),
+        "reduce along an axis": (
+            s2.reduce("MEAN", pr, axis=0),
+            np.mean(np.concatenate([parts(r).numpy() for r in range(2)]), axis=0),
+        ),
         "gather": (s2.gather(pr, axis=0), np.concatenate([parts(r).numpy() for r in range(2)])),
         "reduce_to one device": (s2.extended.reduce_to("SUM", pr, "CPU:0"), reference(2)),
         "reduce of a plain tensor": (s2.reduce("MEAN", parts(0), axis=None), parts(0).numpy()),
@@ -214,7 +220,7 @@ def test_cupy_arrays_come_back_as_cupy_arrays(s2):
     cupy = pytest.importorskip("cupy")
     try:
         cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # noqa: BLE001 - no usable GPU
+    except Exception as e:
         pytest.skip(f"cupy without a usable GPU: {e}")
 
     out = s2.run(lambda: dv.get_replica_context().all_reduce("SUM", cupy.arange(4.0) * (rid() + 1)))
@@ -253,11 +259,11 @@ def test_readme_torch_ddp_example_runs(capsys, torch):
     import re
 
     readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Coming from torch DDP"):]
+    section = readme[readme.index("### Coming from torch DDP") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope: dict = {"__name__": "readme_ddp"}
     try:
-        exec(compile(code, "README.md (torch DDP)", "exec"), scope)  # noqa: S102 - the README's own example
+        exec(compile(code, "README.md (torch DDP)", "exec"), scope)
         loss = scope["strategy"].reduce("MEAN", scope["loss"], axis=None)
     finally:
         scope["strategy"].close()

@@ -29,7 +29,7 @@ def numpy_reference(m, x, y, *, epochs, batch, lr=0.5, hidden=32):
     params = {k: v.astype(np.float64) for k, v in m.init_params(x.shape[1], hidden, int(y.max()) + 1).items()}
     for _ in range(epochs):
         for start in range(0, len(x), batch):
-            xb, yb = x[start: start + batch].astype(np.float64), y[start: start + batch]
+            xb, yb = x[start : start + batch].astype(np.float64), y[start : start + batch]
             _, _, grads = m.loss_and_grads(params, xb, yb, 1.0 / len(yb))
             params = {k: params[k] - lr * grads[k] for k in params}
     return params
@@ -69,8 +69,12 @@ def test_n_replicas_equal_one_replica(train_module, replicas):
 
 
 def test_main_prints_a_short_log_and_the_comparison(train_module, capsys, execution):
-    assert train_module.main(["--epochs", "3", "--examples", "512", "--batch", "64", "--hidden", "32",
-                              "--execution", execution]) == 0
+    assert (
+        train_module.main(
+            ["--epochs", "3", "--examples", "512", "--batch", "64", "--hidden", "32", "--execution", execution]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert "4 replicas" in lines[0] and f"execution {execution!r}" in lines[0]

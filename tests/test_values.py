@@ -43,12 +43,7 @@ def test_bad_construction():
 
 def test_repr_is_tensorflow_form():
     pr = dv.PerReplica((np.array([5.0], np.float32), np.array([6.0], np.float32)))
-    expected = (
-        "PerReplica:{\n"
-        "  0: array([5.], dtype=float32),\n"
-        "  1: array([6.], dtype=float32)\n"
-        "}"
-    )
+    expected = "PerReplica:{\n  0: array([5.], dtype=float32),\n  1: array([6.], dtype=float32)\n}"
     assert repr(pr) == expected
     m = dv.Mirrored((np.int64(3), np.int64(3)))
     assert repr(m) == f"Mirrored:{{\n  0: {np.int64(3)!r},\n  1: {np.int64(3)!r}\n}}"
@@ -89,9 +84,8 @@ def test_per_replica_is_not_one_array_outside_run(use):
 
 def test_per_replica_error_inside_scope_too(s2):
     pr = dv.PerReplica((np.array([1.0]), np.array([2.0])))
-    with s2.scope():
-        with pytest.raises(TypeError, match="outside a replica context"):
-            pr + 1
+    with s2.scope(), pytest.raises(TypeError, match="outside a replica context"):
+        pr + 1
 
 
 def test_per_replica_is_its_part_inside_run(s2):
@@ -168,4 +162,4 @@ def test_copy_and_pickle_keep_the_container():
 def test_mirrored_missing_attribute():
     m = dv.Mirrored((np.arange(3), np.arange(3)))
     with pytest.raises(AttributeError):
-        m.no_such_attribute
+        _ = m.no_such_attribute

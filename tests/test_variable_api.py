@@ -29,6 +29,7 @@ def slices(values, indices):
 
 # ---- creation arguments -----------------------------------------------------------------------------
 
+
 def test_initial_value_and_constraint(s2):
     clip = lambda x: np.clip(x, 0, 1)  # noqa: E731
     v = dv.Variable([1.0, 2.0], constraint=clip)
@@ -79,6 +80,7 @@ def test_shapes(s2):
 
 # ---- scatter on a plain variable ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("op", ["update", "add", "sub", "mul", "div", "min", "max"])
 def test_scatter_family_matches_numpy(op):
     start = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], np.float32)
@@ -90,8 +92,15 @@ def test_scatter_family_matches_numpy(op):
     want = start.astype(np.float64)
     for i, row in zip(indices, values.astype(np.float64)):
         # Repeated rows compose one update after another (update: the last one wins).
-        want[i] = {"update": row, "add": want[i] + row, "sub": want[i] - row, "mul": want[i] * row,
-                   "div": want[i] / row, "min": np.minimum(want[i], row), "max": np.maximum(want[i], row)}[op]
+        want[i] = {
+            "update": row,
+            "add": want[i] + row,
+            "sub": want[i] - row,
+            "mul": want[i] * row,
+            "div": want[i] / row,
+            "min": np.minimum(want[i], row),
+            "max": np.maximum(want[i], row),
+        }[op]
     np.testing.assert_allclose(v.numpy(), want, rtol=1e-6)
     assert v.dtype == np.float32
 
@@ -114,8 +123,13 @@ def test_scatter_nd_family_matches_numpy(op):
     assert getattr(v, f"scatter_nd_{op}")(indices, updates) is v
     want = start.copy()
     for (i, j), u in zip(indices, updates):
-        want[i, j] = {"update": u, "add": want[i, j] + u, "sub": want[i, j] - u, "min": min(want[i, j], u),
-                      "max": max(want[i, j], u)}[op]
+        want[i, j] = {
+            "update": u,
+            "add": want[i, j] + u,
+            "sub": want[i, j] - u,
+            "min": min(want[i, j], u),
+            "max": max(want[i, j], u),
+        }[op]
     np.testing.assert_array_equal(v.numpy(), want)
     # Whole rows, addressed by the first axis only.
     v.scatter_nd_update(np.array([[1]]), np.full((1, 4), -1.0))
@@ -176,6 +190,7 @@ def test_count_up_to():
 
 # ---- the same rules as assign on distributed variables -------------------------------------------------------
 
+
 def test_cross_replica_scatter_updates_every_copy(s3):
     with s3.scope():
         v = dv.Variable(np.array([1.0, 2.0, 3.0, 4.0], np.float32))
@@ -188,12 +203,15 @@ def test_cross_replica_scatter_updates_every_copy(s3):
     np.testing.assert_array_equal(v.gather_nd([[0], [1]]), [11.0, 50.0])
 
 
-@pytest.mark.parametrize("agg,want", [
-    ("NONE", None),
-    ("SUM", [1.0 + 10 + 20 + 30, 2.0, 3.0 + 20 + 40 + 60, 4.0]),
-    ("MEAN", [1.0 + 20, 2.0, 3.0 + 40, 4.0]),
-    ("ONLY_FIRST_REPLICA", [11.0, 2.0, 23.0, 4.0]),
-])
+@pytest.mark.parametrize(
+    "agg,want",
+    [
+        ("NONE", None),
+        ("SUM", [1.0 + 10 + 20 + 30, 2.0, 3.0 + 20 + 40 + 60, 4.0]),
+        ("MEAN", [1.0 + 20, 2.0, 3.0 + 40, 4.0]),
+        ("ONLY_FIRST_REPLICA", [11.0, 2.0, 23.0, 4.0]),
+    ],
+)
 def test_replica_scatter_follows_the_aggregation(s3, agg, want):
     # TensorFlow concatenates the replicas' IndexedSlices (MEAN scales them by 1/N).
     with s3.scope():
@@ -227,8 +245,11 @@ def test_replica_scatter_sum_of_one_object_is_refused(s2):
     with s2.scope():
         v = dv.Variable(np.zeros(2, np.float32), aggregation=SUM)
     shared = slices([1.0], [0])
-    with pytest.raises(ValueError, match=r"SUM update \(scatter_add\) of variable 'Variable:0' got the same plain "
-                                         "value on every replica"):
+    with pytest.raises(
+        ValueError,
+        match=r"SUM update \(scatter_add\) of variable 'Variable:0' got the same plain "
+        "value on every replica",
+    ):
         s2.run(lambda: v.scatter_add(shared))
     assert [c.tolist() for c in copies(v)] == [[0.0, 0.0]] * 2
     with s2.scope():

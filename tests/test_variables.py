@@ -26,6 +26,7 @@ def copies(v):
 
 # ---- creation -----------------------------------------------------------------------------
 
+
 def test_plain_variable_outside_any_scope():
     v = dv.Variable([1.0, 2.0], name="w")
     assert type(v) is dv.Variable and not isinstance(v, dv.DistributedValues)
@@ -87,6 +88,7 @@ def test_creation_errors(s2):
 
 # ---- reading ------------------------------------------------------------------------------
 
+
 def test_reading_a_mirrored_variable(s2):
     with s2.scope():
         v = dv.Variable(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), name="v")
@@ -128,6 +130,7 @@ def test_run_returns_the_variable(s2):
 
 
 # ---- MirroredVariable updates ----------------------------------------------------------------
+
 
 def test_mean_assign_of_replica_ids_gives_half(s2):
     with s2.scope():
@@ -180,8 +183,11 @@ def test_only_first_replica(s3):
 def test_sum_with_the_same_plain_value_is_an_error(s2):
     with s2.scope():
         v = dv.Variable(1.0, aggregation=SUM)
-    with pytest.raises(ValueError, match=r"^replica \d: a SUM update \(assign_add\) of variable 'Variable:0' got "
-                                         "the same plain value on every replica"):
+    with pytest.raises(
+        ValueError,
+        match=r"^replica \d: a SUM update \(assign_add\) of variable 'Variable:0' got "
+        "the same plain value on every replica",
+    ):
         s2.run(lambda: v.assign_add(1.0))
     assert copies(v) == [1.0, 1.0]  # untouched
     with s2.scope():
@@ -237,6 +243,7 @@ def test_update_shape_and_dtype_errors(s2):
 
 
 # ---- SyncOnReadVariable --------------------------------------------------------------------
+
 
 def test_sync_on_read_sum_numbers_of_tensorflow(s2):
     with s2.scope():
@@ -324,6 +331,7 @@ def test_sum_sync_on_read_integer_checkpoint_loads_its_count(s2, s3, tmp_path):
 
 # ---- extended.update and read_var ---------------------------------------------------------------
 
+
 def test_extended_update_and_read_var(s3):
     with s3.scope():
         v = dv.Variable(np.zeros(2))
@@ -348,6 +356,7 @@ def test_extended_update_and_read_var(s3):
 
 
 # ---- save and restore ---------------------------------------------------------------------
+
 
 def test_save_and_load_round_trip(s2, tmp_path):
     with s2.scope():

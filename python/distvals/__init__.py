@@ -1,9 +1,8 @@
 """distvals: tf.distribute-style synchronous data parallelism on a C++ collective engine."""
 
+from . import config, cuda, data, experimental
 from ._core import __version__
-from .errors import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
-from .group import ReplicaGroup
-from . import config, cuda, data
+from .checkpoint import load_variables, save_variables
 from .context import (
     ReplicaContext,
     experimental_set_strategy,
@@ -12,8 +11,12 @@ from .context import (
     has_strategy,
     in_cross_replica_context,
 )
+from .cross_device_compat import HierarchicalCopyAllReduce, NcclAllReduce
+from .errors import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
+from .group import ReplicaGroup
 from .input import DistributedDataset, DistributedIterator, InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode
+from .multi_worker import MultiWorkerMirroredStrategy
 from .options import (
     CollectiveAllReduce,
     CommunicationImplementation,
@@ -22,9 +25,9 @@ from .options import (
     ReductionToOneDevice,
 )
 from .reduce_op import ReduceOp
-from .cross_device_compat import HierarchicalCopyAllReduce, NcclAllReduce
+from .sparse import IndexedSlices
+from .specs import TensorSpec
 from .strategy import MirroredStrategy, OneDeviceStrategy, RunOptions, Strategy, StrategyExtended
-from .multi_worker import MultiWorkerMirroredStrategy
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
     MirroredVariable,
@@ -33,59 +36,55 @@ from .variables import (
     VariableAggregation,
     VariableSynchronization,
 )
-from .sparse import IndexedSlices
-from .specs import TensorSpec
-from .checkpoint import load_variables, save_variables
-from . import experimental
 
 __all__ = [
-    "__version__",
     "AbortedError",
     "ClosedError",
+    "CollectiveAllReduce",
     "CollectiveTimeoutError",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "CrossDeviceOps",
     "CudaError",
+    "DistributedDataset",
+    "DistributedIterator",
+    "DistributedValues",
+    "HierarchicalCopyAllReduce",
+    "IndexedSlices",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
+    "Mirrored",
+    "MirroredStrategy",
+    "MirroredVariable",
     "MismatchError",
+    "MultiWorkerMirroredStrategy",
+    "NcclAllReduce",
+    "OneDeviceStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReductionToOneDevice",
+    "ReplicaContext",
     "ReplicaGroup",
+    "RunOptions",
+    "Strategy",
+    "StrategyExtended",
+    "SyncOnReadVariable",
+    "TensorSpec",
+    "ValueContext",
+    "Variable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "__version__",
     "config",
     "cuda",
     "data",
     "experimental",
-    "DistributedValues",
-    "PerReplica",
-    "Mirrored",
-    "ReduceOp",
-    "Strategy",
-    "StrategyExtended",
-    "RunOptions",
-    "MirroredStrategy",
-    "OneDeviceStrategy",
-    "MultiWorkerMirroredStrategy",
-    "ReplicaContext",
+    "experimental_set_strategy",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
-    "experimental_set_strategy",
-    "CommunicationOptions",
-    "CommunicationImplementation",
-    "CrossDeviceOps",
-    "CollectiveAllReduce",
-    "ReductionToOneDevice",
-    "NcclAllReduce",
-    "HierarchicalCopyAllReduce",
-    "InputContext",
-    "InputOptions",
-    "InputReplicationMode",
-    "ValueContext",
-    "DistributedDataset",
-    "DistributedIterator",
-    "TensorSpec",
-    "IndexedSlices",
-    "Variable",
-    "MirroredVariable",
-    "SyncOnReadVariable",
-    "VariableSynchronization",
-    "VariableAggregation",
-    "save_variables",
     "load_variables",
+    "save_variables",
 ]

@@ -43,8 +43,9 @@ def package_prefix() -> Optional[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Print the requested directory (or the version); 1 when the C++ package is missing."""
-    p = argparse.ArgumentParser(prog="python -m distvals", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m distvals", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     group = p.add_mutually_exclusive_group()
     group.add_argument("--cmake-dir", action="store_true", help="print the directory holding distvalsConfig.cmake")
     group.add_argument("--prefix", action="store_true", help="print the install prefix (for CMAKE_PREFIX_PATH)")
@@ -59,8 +60,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     prefix = package_prefix()
     if prefix is None:
-        print("distvals: this installation carries no C++ package (lib/cmake/distvals/distvalsConfig.cmake "
-              "not found under " + ", ".join(_candidates()) + ")", file=sys.stderr)
+        print(
+            "distvals: this installation carries no C++ package (lib/cmake/distvals/distvalsConfig.cmake "
+            "not found under " + ", ".join(_candidates()) + ")",
+            file=sys.stderr,
+        )
         return 1
     if a.cmake_dir:
         print(os.path.join(prefix, "lib", "cmake", "distvals"))

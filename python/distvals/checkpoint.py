@@ -18,7 +18,7 @@ import numpy as np
 from . import context
 from .variables import Variable
 
-__all__ = ["save_variables", "load_variables"]
+__all__ = ["load_variables", "save_variables"]
 
 Variables = Union[Mapping[str, Variable], Sequence[Variable]]
 
@@ -36,8 +36,10 @@ def _named(variables: Variables, what: str) -> List[Tuple[str, Variable]]:
             name = v.name[:-2] if v.name.endswith(":0") else v.name
             items.append((name, v))
     else:
-        raise TypeError(f"{what}: variables must be a list of variables or a dict of name to variable, "
-                        f"got {type(variables).__name__}")
+        raise TypeError(
+            f"{what}: variables must be a list of variables or a dict of name to variable, "
+            f"got {type(variables).__name__}"
+        )
     seen: Dict[str, Variable] = {}
     for key, v in items:
         if not isinstance(v, Variable):
@@ -104,8 +106,10 @@ def load_variables(path: Union[str, os.PathLike], variables: Variables) -> None:
         stored = {}
         for key, v in items:
             if key not in data.files:
-                raise KeyError(f"load_variables: {os.fspath(path)} has no value for '{key}' (it holds: "
-                               f"{', '.join(sorted(data.files)) or 'nothing'})")
+                raise KeyError(
+                    f"load_variables: {os.fspath(path)} has no value for '{key}' (it holds: "
+                    f"{', '.join(sorted(data.files)) or 'nothing'})"
+                )
             a = data[key]
             if a.shape != v.shape:
                 raise ValueError(f"load_variables: '{key}' is stored with shape {a.shape}, the variable has {v.shape}")

@@ -31,19 +31,17 @@ import numpy as np
 from .reduce_op import ReduceOp
 
 __all__ = [
-    "Collectives",
     "ENGINE_DTYPES",
+    "REDUCIBLE_KINDS",
+    "Collectives",
     "engine_supports",
-    "work_dtype",
     "normalize_axis",
     "numpy_reduce",
     "type_name",
-    "REDUCIBLE_KINDS",
+    "work_dtype",
 ]
 
-ENGINE_DTYPES = frozenset(
-    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
-)
+ENGINE_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"))
 _F64 = np.dtype(np.float64)
 # Kinds numpy reduces element-wise: bool, integers, floats, complex, timedelta.
 REDUCIBLE_KINDS = frozenset("biufcm")
@@ -118,21 +116,36 @@ class Collectives:
     places: Tuple[Optional[int], ...] = (None,)
 
     # ---- replica context: one value per replica, one result per replica ----------------
-    def all_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], *, algorithm: str = "auto",
-                   bytes_per_pack: int = 0, timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def all_reduce(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        *,
+        algorithm: str = "auto",
+        bytes_per_pack: int = 0,
+        timeout: Optional[float] = None,
+        value: Any = None,
+    ) -> List[List[Any]]:
         """Every replica gets, leaf by leaf, ``op`` over every replica's leaf. Small leaves
         of one dtype travel packed in one buffer (at most ``bytes_per_pack`` bytes each when
         positive). Integer MEAN gives float64."""
         raise NotImplementedError
 
-    def all_gather(self, leaves: Sequence[Sequence[Any]], axes: Sequence[int], *,
-                   timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def all_gather(
+        self,
+        leaves: Sequence[Sequence[Any]],
+        axes: Sequence[int],
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+    ) -> List[List[Any]]:
         """Every replica gets, leaf by leaf, the replicas' leaves concatenated along
         ``axes[i]`` (sizes may differ along it; 0-d leaves count as 1-element vectors)."""
         raise NotImplementedError
 
-    def broadcast(self, leaves: Sequence[Sequence[Any]], root: int, *,
-                  timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def broadcast(
+        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+    ) -> List[List[Any]]:
         """Every replica gets a copy of replica ``root``'s leaves (``root`` counts all
         replicas of the strategy)."""
         raise NotImplementedError

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["set_logical_gpus", "get_logical_gpus", "physical_gpu", "set_logical_cpus", "get_logical_cpus"]
+__all__ = ["get_logical_cpus", "get_logical_gpus", "physical_gpu", "set_logical_cpus", "set_logical_gpus"]
 
 
 def _from_env(name: str) -> int:

@@ -19,11 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ReplicaContext",
+    "experimental_set_strategy",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
-    "experimental_set_strategy",
 ]
 
 
@@ -67,7 +67,7 @@ def _top() -> Tuple[Any, Any]:
     return _defaults()
 
 
-def get_replica_context() -> Optional["ReplicaContext"]:
+def get_replica_context() -> Optional[ReplicaContext]:
     """The current ReplicaContext, or None in cross-replica context.
 
     Outside any ``strategy.scope()`` this is the default strategy's replica context (one
@@ -90,7 +90,7 @@ def in_cross_replica_context() -> bool:
     return _local.base is not None
 
 
-def get_strategy() -> "Strategy":
+def get_strategy() -> Strategy:
     """The strategy in force: the one whose scope or ``run`` we are in, else the default
     strategy (one replica, no threads)."""
     return _top()[0]
@@ -101,7 +101,7 @@ def has_strategy() -> bool:
     return _top()[0] is not _defaults()[0]
 
 
-def current_run_context() -> Optional["ReplicaContext"]:
+def current_run_context() -> Optional[ReplicaContext]:
     """The ReplicaContext when called inside ``strategy.run``, else None."""
     s = _local.stack
     if s:
@@ -120,14 +120,14 @@ class _Scope:
     whatever order the scopes are left. So the stack never holds stale entries and
     ``has_strategy()`` is False once the outermost scope is left."""
 
-    __slots__ = ("_strategy", "_entry", "_again")
+    __slots__ = ("_again", "_entry", "_strategy")
 
-    def __init__(self, strategy: "Strategy") -> None:
+    def __init__(self, strategy: Strategy) -> None:
         self._strategy = strategy
         self._entry = (strategy, None)
         self._again = 0
 
-    def __enter__(self) -> "Strategy":
+    def __enter__(self) -> Strategy:
         strategy = self._strategy
         current, ctx = _top()
         default = _defaults()[0]
@@ -177,7 +177,7 @@ class CrossReplica:
 
     __slots__ = ("_entry",)
 
-    def __init__(self, strategy: "Strategy") -> None:
+    def __init__(self, strategy: Strategy) -> None:
         self._entry = (strategy, None)
 
     def __enter__(self) -> None:
@@ -189,7 +189,7 @@ class CrossReplica:
             s.pop()
 
 
-def experimental_set_strategy(strategy: Optional["Strategy"]) -> None:
+def experimental_set_strategy(strategy: Optional[Strategy]) -> None:
     """Makes ``strategy`` the current strategy of this thread, as if its scope were
     entered and left open; ``None`` clears it (back to the default strategy). As in
     TensorFlow, a plain function (it returns None) that must not be called inside a
@@ -210,17 +210,22 @@ class ReplicaContext:
     same order), and ``merge_call`` to run code once in cross-replica context.
     """
 
-    __slots__ = ("_strategy", "_replica_id", "_num_replicas", "_in_run", "_entry", "_ext")
+    __slots__ = ("_entry", "_ext", "_in_run", "_num_replicas", "_replica_id", "_strategy")
 
-    def __init__(self, strategy: "Strategy", replica_id_in_sync_group: int, *, _in_run: bool = True,
-                 _num_replicas: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        strategy: Strategy,
+        replica_id_in_sync_group: int,
+        *,
+        _in_run: bool = True,
+        _num_replicas: Optional[int] = None,
+    ) -> None:
         self._strategy = strategy
         self._replica_id = int(replica_id_in_sync_group)
         self._num_replicas = strategy.num_replicas_in_sync if _num_replicas is None else _num_replicas
         if not 0 <= self._replica_id < self._num_replicas:
             raise ValueError(
-                f"replica_id_in_sync_group {replica_id_in_sync_group} is out of range for "
-                f"{self._num_replicas} replicas"
+                f"replica_id_in_sync_group {replica_id_in_sync_group} is out of range for {self._num_replicas} replicas"
             )
         self._in_run = _in_run
         self._entry = (strategy, self)
@@ -236,7 +241,7 @@ class ReplicaContext:
         return self._num_replicas
 
     @property
-    def strategy(self) -> "Strategy":
+    def strategy(self) -> Strategy:
         return self._strategy
 
     @property
@@ -291,7 +296,7 @@ class ReplicaContext:
             raise ValueError(f"merge_call: kwargs must be a dict, got {type(kwargs).__name__}")
         return self._strategy.extended._merge_call(self, merge_fn, tuple(args), kwargs)
 
-    def __enter__(self) -> "ReplicaContext":
+    def __enter__(self) -> ReplicaContext:
         _local.stack.append(self._entry)
         return self
 
@@ -302,5 +307,4 @@ class ReplicaContext:
         s.pop()
 
     def __repr__(self) -> str:
-        return (f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, "
-                f"num_replicas_in_sync={self._num_replicas})")
+        return f"ReplicaContext(replica_id_in_sync_group={self._replica_id}, num_replicas_in_sync={self._num_replicas})"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .options import CollectiveAllReduce
 
-__all__ = ["NcclAllReduce", "HierarchicalCopyAllReduce"]
+__all__ = ["HierarchicalCopyAllReduce", "NcclAllReduce"]
 
 
 def _num_packs(num_packs: int, what: str) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from . import _core, config
 
 __all__ = [
-    "CudaReplicaGroup",
+    "CudaReplicaGroup",  # noqa: F822 - made on first use by __getattr__ (it loads the GPU group)
     "DeviceArray",
     "OutputCache",
     "as_device_array",
@@ -142,7 +142,7 @@ class DeviceArray:
     are mapped with ``distvals.config``). ``.numpy()`` copies the data to the host.
     """
 
-    __slots__ = ("_ptr", "_shape", "_dtype", "_device", "_owner", "_readonly", "_stream", "__weakref__")
+    __slots__ = ("__weakref__", "_device", "_dtype", "_owner", "_ptr", "_readonly", "_shape", "_stream")
 
     def __init__(self, shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0):
         b = _require_backend()
@@ -156,8 +156,16 @@ class DeviceArray:
         self._stream = None
 
     @classmethod
-    def _view(cls, ptr: int, shape: Tuple[int, ...], dtype: np.dtype, device: int, owner: Any,
-              readonly: bool = False, stream: Optional[Tuple[int, int]] = None) -> "DeviceArray":
+    def _view(
+        cls,
+        ptr: int,
+        shape: Tuple[int, ...],
+        dtype: np.dtype,
+        device: int,
+        owner: Any,
+        readonly: bool = False,
+        stream: Optional[Tuple[int, int]] = None,
+    ) -> DeviceArray:
         """A view of memory someone else owns; ``owner`` is kept alive with the view.
         ``stream``: (cudaStream_t, device) where the producer may still be writing it."""
         self = cls.__new__(cls)
@@ -247,7 +255,7 @@ class DeviceArray:
         if self.nbytes:
             _require_backend().copy_to_device(self._ptr, self._device, a.reshape(-1).view(np.uint8))
 
-    def copy(self) -> "DeviceArray":
+    def copy(self) -> DeviceArray:
         """A new DeviceArray with the same data, on the same device."""
         out = DeviceArray(self._shape, self._dtype, self._device)
         if self.nbytes:
@@ -276,8 +284,9 @@ class DeviceArray:
     def __dlpack_device__(self) -> Tuple[int, int]:
         return (_DL_CUDA, self._device)
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Optional[bool] = None) -> Any:
+    def __dlpack__(
+        self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Optional[bool] = None
+    ) -> Any:
         """A DLPack capsule over this memory (no copy unless ``copy=True``).
 
         ``stream`` needs no handling: the data is complete whenever distvals returns
@@ -301,7 +310,7 @@ class OutputCache:
 
     def __init__(self) -> None:
         self._free: Dict[Tuple[Any, ...], List[Any]] = {}
-        self._lent: List[Tuple[Tuple[Any, ...], Any, "weakref.ref[DeviceArray]"]] = []
+        self._lent: List[Tuple[Tuple[Any, ...], Any, weakref.ref[DeviceArray]]] = []
         self._lock = threading.Lock()  # per-replica callers ask from their own threads
 
     def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
@@ -353,8 +362,14 @@ def to_device(host: Any, device: Union[int, str] = 0) -> DeviceArray:
 
 
 _DL_DTYPES = {
-    (0, 8): "int8", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8",
-    (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16",
+    (0, 8): "int8",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (1, 8): "uint8",
+    (2, 16): "float16",
+    (2, 32): "float32",
+    (2, 64): "float64",
+    (4, 16): "bfloat16",
 }
 
 
@@ -376,7 +391,9 @@ def _from_cai(obj: Any, cai: dict, device: Optional[int], stream: Optional[int])
         raise TypeError("masked CUDA arrays are not supported")
     strides = cai.get("strides")
     if not _is_c_contiguous(shape, strides, dtype.itemsize):
-        raise ValueError(f"a CUDA array with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first")
+        raise ValueError(
+            f"a CUDA array with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first"
+        )
     ptr, readonly = cai["data"]
     if device is None:
         device = _require_backend().pointer_device(int(ptr)) if ptr else 0
@@ -396,7 +413,7 @@ def _from_cai(obj: Any, cai: dict, device: Optional[int], stream: Optional[int])
 
 
 def _from_dlpack(obj: Any, device: Optional[int], stream: Optional[int]) -> DeviceArray:
-    dev_type, dev_id = obj.__dlpack_device__()
+    dev_type, _ = obj.__dlpack_device__()
     if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
         raise TypeError(
             f"{type(obj).__name__} lives on DLPack device type {int(dev_type)}, not a CUDA device; "
@@ -415,7 +432,9 @@ def _from_dlpack(obj: Any, device: Optional[int], stream: Optional[int]) -> Devi
     strides = info["strides"]
     byte_strides = None if strides is None else [int(s) * dtype.itemsize for s in strides]
     if not _is_c_contiguous(shape, byte_strides, dtype.itemsize):
-        raise ValueError(f"a DLPack tensor with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first")
+        raise ValueError(
+            f"a DLPack tensor with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first"
+        )
     gpu = int(info["device"][1]) if device is None else device
     return DeviceArray._view(int(info["ptr"]), shape, dtype, gpu, (obj, info["keeper"]))
 

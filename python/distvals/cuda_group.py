@@ -91,15 +91,29 @@ def _index(value: Any, n: int, name: str) -> int:
     return v
 
 
-_ALL_REDUCE = _Signature("replica_all_reduce", ("replica", _REQUIRED), ("array", _REQUIRED), ("op", "sum"),
-                         ("algorithm", "auto"), ("timeout_seconds", None))
-_REDUCE = _Signature("replica_reduce", ("replica", _REQUIRED), ("array", _REQUIRED), ("root", 0), ("op", "sum"),
-                     ("timeout_seconds", None))
-_BROADCAST = _Signature("replica_broadcast", ("replica", _REQUIRED), ("array", _REQUIRED), ("root", 0),
-                        ("timeout_seconds", None))
+_ALL_REDUCE = _Signature(
+    "replica_all_reduce",
+    ("replica", _REQUIRED),
+    ("array", _REQUIRED),
+    ("op", "sum"),
+    ("algorithm", "auto"),
+    ("timeout_seconds", None),
+)
+_REDUCE = _Signature(
+    "replica_reduce",
+    ("replica", _REQUIRED),
+    ("array", _REQUIRED),
+    ("root", 0),
+    ("op", "sum"),
+    ("timeout_seconds", None),
+)
+_BROADCAST = _Signature(
+    "replica_broadcast", ("replica", _REQUIRED), ("array", _REQUIRED), ("root", 0), ("timeout_seconds", None)
+)
 _ALL_GATHER = _Signature("replica_all_gather", ("replica", _REQUIRED), ("array", _REQUIRED), ("timeout_seconds", None))
-_REDUCE_SCATTER = _Signature("replica_reduce_scatter", ("replica", _REQUIRED), ("array", _REQUIRED), ("op", "sum"),
-                             ("timeout_seconds", None))
+_REDUCE_SCATTER = _Signature(
+    "replica_reduce_scatter", ("replica", _REQUIRED), ("array", _REQUIRED), ("op", "sum"), ("timeout_seconds", None)
+)
 
 
 class CudaReplicaGroup:
@@ -111,8 +125,14 @@ class CudaReplicaGroup:
     ``reduce_scatter`` return DeviceArrays (reused once dropped, see ``OutputCache``).
     """
 
-    def __init__(self, devices: Sequence[str], *, timeout_seconds: Optional[float] = None,
-                 chunk_bytes: int = 0, peer_access: bool = True):
+    def __init__(
+        self,
+        devices: Sequence[str],
+        *,
+        timeout_seconds: Optional[float] = None,
+        chunk_bytes: int = 0,
+        peer_access: bool = True,
+    ):
         backend = getattr(_core, "cuda", None)
         if backend is None:
             raise RuntimeError(f"GPU replicas need the CUDA backend: {unavailable_reason()}")
@@ -187,8 +207,7 @@ class CudaReplicaGroup:
                 )
             if a.shape != a0.shape:
                 raise ValueError(
-                    f"replica {r} has shape {a.shape}, replica 0 has shape {a0.shape}; "
-                    "all replicas need the same shape"
+                    f"replica {r} has shape {a.shape}, replica 0 has shape {a0.shape}; all replicas need the same shape"
                 )
         return out
 
@@ -196,20 +215,44 @@ class CudaReplicaGroup:
     def _raw(a: DeviceArray) -> Tuple[int, int, int]:
         return (a.ptr, a.size, a.device)
 
-    def _run(self, kind: str, arrays: Sequence[DeviceArray], outs: Sequence[DeviceArray], op: str,
-             algorithm: str, root: int, stream: Tuple[Optional[int], int]) -> None:
+    def _run(
+        self,
+        kind: str,
+        arrays: Sequence[DeviceArray],
+        outs: Sequence[DeviceArray],
+        op: str,
+        algorithm: str,
+        root: int,
+        stream: Tuple[Optional[int], int],
+    ) -> None:
         handle, dev = stream
         # Inputs still being written on their producers' streams: ordered on the device.
         waits = sorted({a.producer_stream for a in list(arrays) + list(outs) if a.producer_stream is not None})
-        self._group.run(kind, arrays[0].dtype.name, op, algorithm, root, [self._raw(a) for a in arrays],
-                        [self._raw(a) for a in outs], handle, dev, waits)
+        self._group.run(
+            kind,
+            arrays[0].dtype.name,
+            op,
+            algorithm,
+            root,
+            [self._raw(a) for a in arrays],
+            [self._raw(a) for a in outs],
+            handle,
+            dev,
+            waits,
+        )
 
     def _check_root(self, root: Any) -> int:
         return _index(root, self.size, "root")
 
     # ---- collectives -------------------------------------------------------------------
-    def all_reduce(self, buffers: Sequence[Any], op: str = "sum", algorithm: str = "auto",
-                   out: Optional[Sequence[Any]] = None, stream: Any = None) -> None:
+    def all_reduce(
+        self,
+        buffers: Sequence[Any],
+        op: str = "sum",
+        algorithm: str = "auto",
+        out: Optional[Sequence[Any]] = None,
+        stream: Any = None,
+    ) -> None:
         """All-reduce in place (or into ``out``); op: sum, mean, min, max, prod."""
         s = _stream_arg(stream)
         ins = self._arrays(buffers, "all_reduce", out is None, s[0])
@@ -272,8 +315,13 @@ class CudaReplicaGroup:
         return (shape[0] // self.size,) + shape[1:]
 
     # ---- per-replica style: N threads, one per replica ---------------------------------
-    def _per_replica(self, sig: _Signature, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-                     prepare: Callable[[int, Dict[str, Any]], Tuple[Any, ...]]) -> Any:
+    def _per_replica(
+        self,
+        sig: _Signature,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        prepare: Callable[[int, Dict[str, Any]], Tuple[Any, ...]],
+    ) -> Any:
         # Step 1: which replica calls. A call that names no valid replica cannot take part
         # in the meeting, so it aborts the collective: the others are released at once.
         try:
@@ -299,55 +347,77 @@ class CudaReplicaGroup:
             raise
         # Step 3: meet the others in the engine; replica 0 launches for all.
         wait = a.producer_stream or (None, -1)
-        self._group.replica_run(replica, kind, a.dtype.name, op, algorithm, root, self._raw(a), self._raw(out),
-                                list(a.shape), timeout, wait[0], wait[1])
+        self._group.replica_run(
+            replica,
+            kind,
+            a.dtype.name,
+            op,
+            algorithm,
+            root,
+            self._raw(a),
+            self._raw(out),
+            list(a.shape),
+            timeout,
+            wait[0],
+            wait[1],
+        )
         return result
 
     def replica_all_reduce(self, *args: Any, **kwargs: Any) -> None:
         """replica_all_reduce(replica, array, op="sum", algorithm="auto", timeout_seconds=None):
         replica ``replica``'s part of an in-place all-reduce; every replica calls it from its
         own thread."""
+
         def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
             op, algorithm = _text(b["op"], "op"), _text(b["algorithm"], "algorithm")
             a = self._array(r, b["array"], True, "all_reduce", None)
             return "all_reduce", a, a, op, algorithm, 0, None
+
         return self._per_replica(_ALL_REDUCE, args, kwargs, prepare)
 
     def replica_reduce(self, *args: Any, **kwargs: Any) -> None:
         """replica_reduce(replica, array, root=0, op="sum", timeout_seconds=None)."""
+
         def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
             root = self._check_root(b["root"])
             op = _text(b["op"], "op")
             a = self._array(r, b["array"], r == root, "reduce", None)
             return "reduce", a, a, op, "direct", root, None
+
         return self._per_replica(_REDUCE, args, kwargs, prepare)
 
     def replica_broadcast(self, *args: Any, **kwargs: Any) -> None:
         """replica_broadcast(replica, array, root=0, timeout_seconds=None)."""
+
         def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
             root = self._check_root(b["root"])
             a = self._array(r, b["array"], True, "broadcast", None)
             return "broadcast", a, a, "sum", "direct", root, None
+
         return self._per_replica(_BROADCAST, args, kwargs, prepare)
 
     def replica_all_gather(self, *args: Any, **kwargs: Any) -> DeviceArray:
         """replica_all_gather(replica, array, timeout_seconds=None): a new array, every
         replica's array concatenated along axis 0."""
+
         def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
             a = self._array(r, b["array"], False, "all_gather", None)
             shape = (self.size,) if not a.shape else (a.shape[0] * self.size,) + a.shape[1:]
             out = self._outputs.get(shape, a.dtype, self._gpus[r])
             return "all_gather", a, out, "sum", "direct", 0, out
+
         return self._per_replica(_ALL_GATHER, args, kwargs, prepare)
 
     def replica_reduce_scatter(self, *args: Any, **kwargs: Any) -> DeviceArray:
         """replica_reduce_scatter(replica, array, op="sum", timeout_seconds=None): a new
         array, block ``replica`` of the reduction."""
+
         def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
             op = _text(b["op"], "op")
             a = self._array(r, b["array"], False, "reduce_scatter", None)
             out = self._outputs.get(self._scattered(a.shape, r), a.dtype, self._gpus[r])
             return "reduce_scatter", a, out, op, "direct", 0, out
+
         return self._per_replica(_REDUCE_SCATTER, args, kwargs, prepare)
 
     # ---- failure handling ----------------------------------------------------------------
@@ -372,10 +442,10 @@ class CudaReplicaGroup:
         self._outputs.clear()
         self._group.close()
 
-    def __enter__(self) -> "CudaReplicaGroup":
+    def __enter__(self) -> CudaReplicaGroup:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -16,14 +16,14 @@ rows is a view of the arrays (no copy), a shuffled batch one vectorized gather.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import nest, specs
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
-__all__ = ["Dataset", "Optional", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY"]
+__all__ = ["INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
 
 #: What ``cardinality()`` says of a dataset that never ends / whose length is unknown.
 INFINITE_CARDINALITY = -1
@@ -80,9 +80,12 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype == np.float64:
         return a.astype(np.float32)
-    if a.dtype.kind == "i" and a.dtype.itemsize > 4:
-        if a.size == 0 or (a.min() >= _INT32.min and a.max() <= _INT32.max):
-            return a.astype(np.int32)
+    if (
+        a.dtype.kind == "i"
+        and a.dtype.itemsize > 4
+        and (a.size == 0 or (a.min() >= _INT32.min and a.max() <= _INT32.max))
+    ):
+        return a.astype(np.int32)
     if a.dtype == object:
         raise TypeError(f"{what}: cannot make an array of {x!r}; nested lists must be rectangular")
     return a
@@ -93,14 +96,14 @@ class _Rows:
     for each pass, a stream of row selections (``range``s, or index arrays once
     shuffled); elements are those rows in order."""
 
-    __slots__ = ("template", "arrays", "selections")
+    __slots__ = ("arrays", "selections", "template")
 
     def __init__(self, template: Any, arrays: list, selections: Callable[[], Iterator[Any]]) -> None:
         self.template = template
         self.arrays = arrays
         self.selections = selections
 
-    def derive(self, selections: Callable[[], Iterator[Any]]) -> "_Rows":
+    def derive(self, selections: Callable[[], Iterator[Any]]) -> _Rows:
         return _Rows(self.template, self.arrays, selections)
 
     def element(self, i: int) -> Any:
@@ -111,7 +114,7 @@ class _Rows:
         """The element holding ``rows`` (a range of step 1: views; an index array: one
         gather per array)."""
         if isinstance(rows, range):
-            parts = [a[rows.start:rows.stop] for a in self.arrays]
+            parts = [a[rows.start : rows.stop] for a in self.arrays]
         else:
             parts = [a[rows] for a in self.arrays]
         return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
@@ -139,7 +142,7 @@ def _batches(selections: Iterator[Any], size: int, drop_remainder: bool) -> Iter
         pos, n = 0, len(sel)
         while pos < n:
             take = min(size - have, n - pos)
-            piece = sel[pos:pos + take]
+            piece = sel[pos : pos + take]
             pos += take
             if not pending and take == size:
                 yield piece
@@ -188,9 +191,17 @@ def _card_batch(card: int, size: int, drop_remainder: bool) -> int:
 class Dataset:
     """A re-iterable sequence of elements (arrays or nested structures of arrays)."""
 
-    def __init__(self, make_iterator: Callable[[], Iterator[Any]], *, batched: bool = False,
-                 finite: bool = True, description: str = "Dataset", spec: Any = None,
-                 cardinality: int = UNKNOWN_CARDINALITY, rows: Optional[_Rows] = None) -> None:
+    def __init__(
+        self,
+        make_iterator: Callable[[], Iterator[Any]],
+        *,
+        batched: bool = False,
+        finite: bool = True,
+        description: str = "Dataset",
+        spec: Any = None,
+        cardinality: int = UNKNOWN_CARDINALITY,
+        rows: Optional[_Rows] = None,
+    ) -> None:
         self._make_iterator = make_iterator
         self._batched = batched
         self._finite = finite
@@ -199,17 +210,30 @@ class Dataset:
         self._cardinality = cardinality
         self._rows = rows
 
-    def _derived(self, make: Callable[[], Iterator[Any]], description: str, *, batched: Optional[bool] = None,
-                 finite: Optional[bool] = None, spec: Any = None, cardinality: Optional[int] = None,
-                 rows: Optional[_Rows] = None) -> "Dataset":
-        return Dataset(make, batched=self._batched if batched is None else batched,
-                       finite=self._finite if finite is None else finite, description=description,
-                       spec=self._spec if spec is None else spec,
-                       cardinality=self._cardinality if cardinality is None else cardinality, rows=rows)
+    def _derived(
+        self,
+        make: Callable[[], Iterator[Any]],
+        description: str,
+        *,
+        batched: Optional[bool] = None,
+        finite: Optional[bool] = None,
+        spec: Any = None,
+        cardinality: Optional[int] = None,
+        rows: Optional[_Rows] = None,
+    ) -> Dataset:
+        return Dataset(
+            make,
+            batched=self._batched if batched is None else batched,
+            finite=self._finite if finite is None else finite,
+            description=description,
+            spec=self._spec if spec is None else spec,
+            cardinality=self._cardinality if cardinality is None else cardinality,
+            rows=rows,
+        )
 
     # ---- sources ------------------------------------------------------------------------
     @staticmethod
-    def from_tensor_slices(tensors: Any) -> "Dataset":
+    def from_tensor_slices(tensors: Any) -> Dataset:
         """One element per index along the first axis of every component of ``tensors``
         (an array-like or a nested structure of them, all with the same first size)."""
         leaves = _flatten(tensors)
@@ -232,11 +256,16 @@ class Dataset:
         rows = _Rows(tensors, arrays, lambda: iter((range(size),)))
         leaf_specs = [specs.TensorSpec(a.shape[1:], a.dtype) for a in arrays]
         spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
-        return Dataset(_rows_maker(rows), description=f"TensorSliceDataset({size} elements)", spec=spec,
-                       cardinality=size, rows=rows)
+        return Dataset(
+            _rows_maker(rows),
+            description=f"TensorSliceDataset({size} elements)",
+            spec=spec,
+            cardinality=size,
+            rows=rows,
+        )
 
     @staticmethod
-    def from_tensors(tensors: Any) -> "Dataset":
+    def from_tensors(tensors: Any) -> Dataset:
         """A dataset of one element, ``tensors``."""
         leaves = [convert_leaf(x, "from_tensors") for x in _flatten(tensors)]
         element = _pack(tensors, leaves) if _is_structure(tensors) else leaves[0]
@@ -245,14 +274,18 @@ class Dataset:
         return Dataset(lambda: iter((element,)), description="TensorDataset(1 element)", spec=spec, cardinality=1)
 
     @staticmethod
-    def range(*args: int) -> "Dataset":
+    def range(*args: int) -> Dataset:
         """Like Python's ``range``: elements are 0-d int64 arrays."""
         r = range(*args)
-        return Dataset(lambda: (np.array(i, dtype=np.int64) for i in r), description=f"RangeDataset({r})",
-                       spec=specs.TensorSpec((), np.int64), cardinality=len(r))
+        return Dataset(
+            lambda: (np.array(i, dtype=np.int64) for i in r),
+            description=f"RangeDataset({r})",
+            spec=specs.TensorSpec((), np.int64),
+            cardinality=len(r),
+        )
 
     # ---- transformations ----------------------------------------------------------------------
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
         """Stacks ``batch_size`` consecutive elements into one (a new first axis); the last
         batch may be smaller unless ``drop_remainder``."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -261,10 +294,12 @@ class Dataset:
         source = self
         rows = self._rows
         if rows is not None:
+
             def make() -> Iterator[Any]:
                 for sel in _batches(rows.selections(), batch_size, drop_remainder):
                     yield rows.batch(sel)
         else:
+
             def make() -> Iterator[Any]:
                 it = iter(source)
                 while True:
@@ -274,10 +309,16 @@ class Dataset:
                     yield _stack(chunk)
 
         spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
-        return Dataset(make, batched=True, finite=self._finite, description=f"BatchDataset({batch_size})",
-                       spec=spec, cardinality=_card_batch(self._cardinality, batch_size, drop_remainder))
+        return Dataset(
+            make,
+            batched=True,
+            finite=self._finite,
+            description=f"BatchDataset({batch_size})",
+            spec=spec,
+            cardinality=_card_batch(self._cardinality, batch_size, drop_remainder),
+        )
 
-    def shuffle(self, buffer_size: int, seed: Optional[int] = None, reshuffle_each_iteration: bool = True) -> "Dataset":
+    def shuffle(self, buffer_size: int, seed: Optional[int] = None, reshuffle_each_iteration: bool = True) -> Dataset:
         """Shuffles with a buffer of ``buffer_size`` elements (uniform when it holds the
         whole dataset). A seed makes the order reproducible; with
         ``reshuffle_each_iteration`` each pass still gets a different order."""
@@ -300,8 +341,10 @@ class Dataset:
             src_rows = self._rows
 
             def selections() -> Iterator[Any]:
-                order = np.concatenate([np.arange(s.start, s.stop) if isinstance(s, range) else s
-                                        for s in src_rows.selections()] or [np.empty(0, np.int64)])
+                order = np.concatenate(
+                    [np.arange(s.start, s.stop) if isinstance(s, range) else s for s in src_rows.selections()]
+                    or [np.empty(0, np.int64)]
+                )
                 yield order[_shuffled_order(len(order), buffer_size, generator())]
 
             rows = src_rows.derive(selections)
@@ -324,7 +367,7 @@ class Dataset:
 
         return self._derived(make, description)
 
-    def repeat(self, count: Optional[int] = None) -> "Dataset":
+    def repeat(self, count: Optional[int] = None) -> Dataset:
         """The dataset ``count`` times over (forever for None or -1)."""
         if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < -1):
             raise ValueError(f"repeat: count must be None, -1 or a non-negative int, got {count!r}")
@@ -369,7 +412,7 @@ class Dataset:
 
         return self._derived(make, description, finite=finite, cardinality=new_card)
 
-    def take(self, count: int) -> "Dataset":
+    def take(self, count: int) -> Dataset:
         """The first ``count`` elements (all of them for -1)."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < -1:
             raise ValueError(f"take: count must be -1 or a non-negative int, got {count!r}")
@@ -378,16 +421,19 @@ class Dataset:
             return self._derived(lambda: iter(source), "TakeDataset(-1)", rows=self._rows)
         count = int(count)
         card = self._cardinality
-        new_card = count if card == INFINITE_CARDINALITY else (card if card == UNKNOWN_CARDINALITY else min(card, count))
+        new_card = (
+            count if card == INFINITE_CARDINALITY else (card if card == UNKNOWN_CARDINALITY else min(card, count))
+        )
         description = f"TakeDataset({count})"
         if self._rows is not None:
             src_rows = self._rows
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), 0, count))
             return self._derived(_rows_maker(rows), description, finite=True, cardinality=new_card, rows=rows)
-        return self._derived(lambda: itertools.islice(iter(source), count), description, finite=True,
-                             cardinality=new_card)
+        return self._derived(
+            lambda: itertools.islice(iter(source), count), description, finite=True, cardinality=new_card
+        )
 
-    def skip(self, count: int) -> "Dataset":
+    def skip(self, count: int) -> Dataset:
         """All but the first ``count`` elements."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ValueError(f"skip: count must be a non-negative int, got {count!r}")
@@ -402,7 +448,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
         return self._derived(lambda: itertools.islice(iter(source), count, None), description, cardinality=new_card)
 
-    def map(self, fn: Callable) -> "Dataset":
+    def map(self, fn: Callable) -> Dataset:
         """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
         if not callable(fn):
             raise TypeError(f"map: fn must be callable, got {type(fn).__name__}")
@@ -415,10 +461,11 @@ class Dataset:
                 yield _pack(y, leaves) if _is_structure(y) else leaves[0]
 
         # What fn makes is known once it has run (see element_spec).
-        return Dataset(make, batched=self._batched, finite=self._finite, description="MapDataset",
-                       cardinality=self._cardinality)
+        return Dataset(
+            make, batched=self._batched, finite=self._finite, description="MapDataset", cardinality=self._cardinality
+        )
 
-    def prefetch(self, buffer_size: Any = None) -> "Dataset":
+    def prefetch(self, buffer_size: Any = None) -> Dataset:
         """Accepted for compatibility; elements are produced on demand."""
         return self
 

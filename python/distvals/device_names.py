@@ -6,7 +6,7 @@ from typing import Any, List
 
 from ._core import parse_device
 
-__all__ = ["canonical_devices", "full_name", "gpu_count", "no_gpu_hint", "LOCAL_PREFIX"]
+__all__ = ["LOCAL_PREFIX", "canonical_devices", "full_name", "gpu_count", "no_gpu_hint"]
 
 LOCAL_PREFIX = "/job:localhost/replica:0/task:0/device:"
 
@@ -26,8 +26,10 @@ def gpu_count() -> int:
 
 def no_gpu_hint(have: int) -> str:
     if have:
-        return ("several replicas can share one GPU: distvals.config.set_logical_gpus(k) makes each GPU "
-                "appear as k logical GPUs")
+        return (
+            "several replicas can share one GPU: distvals.config.set_logical_gpus(k) makes each GPU "
+            "appear as k logical GPUs"
+        )
     from . import cuda
 
     try:
@@ -76,8 +78,7 @@ def canonical_devices(devices: Any, what: str) -> List[str]:
     if gpus:
         if len(gpus) != len(out):
             raise ValueError(
-                f"{what}: {out} mixes CPU and GPU devices; a strategy's replicas are either all CPUs "
-                "or all GPUs"
+                f"{what}: {out} mixes CPU and GPU devices; a strategy's replicas are either all CPUs or all GPUs"
             )
         have = gpu_count()
         missing = [c for c in gpus if int(c.split(":")[1]) >= have]

@@ -60,12 +60,11 @@ Place = Optional[int]
 
 _DL_CUDA_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 _HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex, str, bytes, list, tuple, dict, type(None))
-_DEVICE_DTYPES = frozenset(
-    np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
-)
+_DEVICE_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"))
 
 
 # ---- devices ----------------------------------------------------------------------------
+
 
 def gpu_count() -> int:
     """How many GPU replicas this process can run: the logical GPUs (physical GPUs times
@@ -101,6 +100,7 @@ def can_place(dtype: Any) -> bool:
 
 
 # ---- telling values apart -----------------------------------------------------------------
+
 
 def is_device_array(x: Any) -> bool:
     """True for a DeviceArray and for any array in CUDA memory (``__cuda_array_interface__``
@@ -151,6 +151,7 @@ def _host_array(x: Any) -> np.ndarray:
 
 
 # ---- moving values ---------------------------------------------------------------------------
+
 
 def to_host(x: Any) -> np.ndarray:
     """``x`` as a numpy array: device arrays are copied to the host; host array-likes are
@@ -219,6 +220,7 @@ def _view(buf: Any, offset: int, shape: Tuple[int, ...], readonly: bool = False)
 
 
 # ---- making and shaping arrays ---------------------------------------------------------------
+
 
 def empty(shape: Any, dtype: Any, device: Union[str, int, None]) -> Any:
     """An uninitialized array on ``device``."""
@@ -307,6 +309,7 @@ def concat_rows(parts: Sequence[Any], device: Union[str, int, None]) -> Any:
 
 # ---- packing leaves into one buffer ---------------------------------------------------------
 
+
 def pack(values: Sequence[Any], dtype: Any, device: Union[str, int, None]) -> Any:
     """A new buffer of ``dtype`` on ``device`` holding the values one after another (flat;
     a single value keeps its shape). Host values are cast on the host and copied up;
@@ -323,7 +326,7 @@ def pack(values: Sequence[Any], dtype: Any, device: Union[str, int, None]) -> An
         o = 0
         for v in values:
             a = to_host(v)
-            flat[o: o + a.size] = a.reshape(-1)
+            flat[o : o + a.size] = a.reshape(-1)
             o += a.size
         return out
     out = _cuda.DeviceArray(shape, dt, place)
@@ -344,7 +347,7 @@ def unpack(buf: Any, shapes: Sequence[Tuple[int, ...]]) -> List[Any]:
     for s in shapes:
         size = math.prod(s)
         if isinstance(buf, np.ndarray):
-            out.append(buf.reshape(-1)[o: o + size].reshape(s))
+            out.append(buf.reshape(-1)[o : o + size].reshape(s))
         else:
             out.append(_view(buf, o, tuple(s)))
         o += size
@@ -396,8 +399,9 @@ def _pair_reduce(a: Any, b: Any, op: str) -> Any:
     out = _results.get(a.shape, a.dtype, a.device)
     if not a.size:
         return out
-    _pair_group(a.device).run("reduce", a.dtype.name, op, "direct", 0, [_raw(a), _raw(b)],
-                              [_raw(out), _raw(b)], None, -1)
+    _pair_group(a.device).run(
+        "reduce", a.dtype.name, op, "direct", 0, [_raw(a), _raw(b)], [_raw(out), _raw(b)], None, -1
+    )
     return out
 
 
@@ -406,8 +410,7 @@ def _operands(a: Any, b: Any, what: str) -> Tuple[Any, Any]:
     b = to_replica_device(b, a.device)
     if b.shape != a.shape or b.dtype != a.dtype:
         raise ValueError(
-            f"{what}: operands need the same shape and dtype, got {a.shape} {a.dtype.name} and "
-            f"{b.shape} {b.dtype.name}"
+            f"{what}: operands need the same shape and dtype, got {a.shape} {a.dtype.name} and {b.shape} {b.dtype.name}"
         )
     return a, b
 

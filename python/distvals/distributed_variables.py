@@ -15,8 +15,15 @@ import numpy as np
 from . import context, devices, nest, sparse
 from .reduce_op import ReduceOp
 from .values import DistributedValues, Mirrored, PerReplica
-from .variables import Variable, VariableAggregation, VariableSynchronization, coerce_sparse, coerce_value, \
-    _equal, _unwrap
+from .variables import (
+    Variable,
+    VariableAggregation,
+    VariableSynchronization,
+    _equal,
+    _unwrap,
+    coerce_sparse,
+    coerce_value,
+)
 
 __all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable"]
 
@@ -26,8 +33,15 @@ class DistributedVariable(DistributedValues, Variable):
 
     _select_whole = True
 
-    def __init__(self, strategy: Any, copies: Tuple[Variable, ...], name: str,
-                 synchronization: VariableSynchronization, aggregation: VariableAggregation, trainable: bool) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        copies: Tuple[Variable, ...],
+        name: str,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
+        trainable: bool,
+    ) -> None:
         DistributedValues.__init__(self, copies)
         self._strategy = strategy
         self._name = name
@@ -104,8 +118,7 @@ class DistributedVariable(DistributedValues, Variable):
         return DistributedValues.__str__(self)
 
 
-def _merge_sparse_update(strategy: Any, var: "MirroredVariable", kind: str, delta: Any,
-                         raw: Any) -> "MirroredVariable":
+def _merge_sparse_update(strategy: Any, var: MirroredVariable, kind: str, delta: Any, raw: Any) -> MirroredVariable:
     """merge_fn of a sparse update made inside ``run``: the replicas' updates, combined by
     the variable's aggregation, go to every copy. ``raw`` (the caller's argument) is the
     same object on every replica only when each replica passed that very object."""
@@ -114,7 +127,8 @@ def _merge_sparse_update(strategy: Any, var: "MirroredVariable", kind: str, delt
         raise ValueError(
             f"a SUM update ({kind}) of variable '{var.name}' got the same plain value on every replica, which "
             f"would count it {var._n} times; pass each replica's own value, or use aggregation MEAN or "
-            "ONLY_FIRST_REPLICA")
+            "ONLY_FIRST_REPLICA"
+        )
     if not isinstance(delta, PerReplica):
         delta = PerReplica((delta,) * var._n)
     var._update_cross_replica(kind, delta)
@@ -155,7 +169,9 @@ class MirroredVariable(DistributedVariable, Mirrored):
         return self if read_value else None
 
     def _update_cross_replica(self, kind: str, value: Any) -> None:
-        if isinstance(value, PerReplica) or (isinstance(value, DistributedVariable) and isinstance(value, SyncOnReadVariable)):
+        if isinstance(value, PerReplica) or (
+            isinstance(value, DistributedVariable) and isinstance(value, SyncOnReadVariable)
+        ):
             if isinstance(value, PerReplica):
                 value = self._aggregate(value, kind)
             else:
@@ -212,12 +228,15 @@ class SyncOnReadVariable(DistributedVariable):
         if kind in sparse.SCATTER_KINDS:
             raise NotImplementedError(
                 f"SyncOnReadVariable '{self.name}' does not support {kind} in cross-replica context (as in "
-                "TensorFlow): update its copies inside strategy.run, or assign a dense value")
+                "TensorFlow): update its copies inside strategy.run, or assign a dense value"
+            )
         agg = self._aggregation
         if isinstance(value, PerReplica):
             if len(value.values) != self._n:
-                raise ValueError(f"{kind} of variable '{self.name}': a PerReplica with {len(value.values)} values "
-                                 f"for {self._n} copies")
+                raise ValueError(
+                    f"{kind} of variable '{self.name}': a PerReplica with {len(value.values)} values "
+                    f"for {self._n} copies"
+                )
             parts = [self._coerce_parts(v, kind) for v in value.values]
             for c, p in zip(self._values, parts):
                 c._apply(kind, p)
@@ -233,7 +252,7 @@ class SyncOnReadVariable(DistributedVariable):
             # are replicas offset .. offset + n - 1 of them).
             total = self._strategy.num_replicas_in_sync
             offset = getattr(self._strategy.extended, "_offset", 0)
-            parts = _split_sum(devices.to_host(coerced), total)[offset:offset + self._n]
+            parts = _split_sum(devices.to_host(coerced), total)[offset : offset + self._n]
             for c, part in zip(self._values, parts):
                 c._apply(kind, part)
             return self if read_value else None
@@ -246,7 +265,8 @@ class SyncOnReadVariable(DistributedVariable):
             raise ValueError(
                 f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support count_up_to in "
                 "cross-replica context (the change could not be split across the copies); call it inside "
-                "strategy.run")
+                "strategy.run"
+            )
         return Variable.count_up_to(self, limit)
 
 
@@ -258,4 +278,3 @@ def _split_sum(value: np.ndarray, n: int) -> list:
         return [np.asarray(value / n).astype(value.dtype)] * n
     q, rem = np.divmod(value, value.dtype.type(n))
     return [np.asarray(q + (rem > k), dtype=value.dtype) for k in range(n)]
-

@@ -19,7 +19,7 @@ import numpy as np
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .reduce_op import ReduceOp
 
-__all__ = ["EngineCollectives", "FUSE_LEAF_BYTES"]
+__all__ = ["FUSE_LEAF_BYTES", "EngineCollectives"]
 
 # Leaves up to this size are packed with the other small leaves of their dtype, one
 # engine call per pack: below it an engine call costs more than copying the leaf.
@@ -79,8 +79,16 @@ class EngineCollectives(Collectives):
         raise NotImplementedError
 
     # ---- all-reduce ----------------------------------------------------------------------
-    def all_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], *, algorithm: str = "auto",
-                   bytes_per_pack: int = 0, timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def all_reduce(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        *,
+        algorithm: str = "auto",
+        bytes_per_pack: int = 0,
+        timeout: Optional[float] = None,
+        value: Any = None,
+    ) -> List[List[Any]]:
         n = self.num_local
         count = len(leaves[0])
         out: List[List[Any]] = [[None] * count for _ in range(n)]
@@ -154,8 +162,14 @@ class EngineCollectives(Collectives):
                 out[r][i] = piece
 
     # ---- all-gather --------------------------------------------------------------------------
-    def all_gather(self, leaves: Sequence[Sequence[Any]], axes: Sequence[int], *,
-                   timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def all_gather(
+        self,
+        leaves: Sequence[Sequence[Any]],
+        axes: Sequence[int],
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+    ) -> List[List[Any]]:
         n = self.num_local
         count = len(leaves[0])
         out: List[List[Any]] = [[None] * count for _ in range(n)]
@@ -166,8 +180,14 @@ class EngineCollectives(Collectives):
             ax = axes[i]
             dtype = parts[0].dtype
             even = all(p.shape[ax] == parts[0].shape[ax] for p in parts)
-            if n > 1 and self.group is not None and ax == 0 and even and engine_supports(dtype) \
-                    and self._can_place(dtype):
+            if (
+                n > 1
+                and self.group is not None
+                and ax == 0
+                and even
+                and engine_supports(dtype)
+                and self._can_place(dtype)
+            ):
                 ins = [self._engine_input(p, r) for r, p in enumerate(parts)]
                 gathered = self.group.all_gather(ins)
             else:
@@ -181,8 +201,9 @@ class EngineCollectives(Collectives):
         return x.reshape(shape)
 
     # ---- broadcast ------------------------------------------------------------------------------
-    def broadcast(self, leaves: Sequence[Sequence[Any]], root: int, *,
-                  timeout: Optional[float] = None, value: Any = None) -> List[List[Any]]:
+    def broadcast(
+        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+    ) -> List[List[Any]]:
         n = self.num_local
         count = len(leaves[0])
         out: List[List[Any]] = [[None] * count for _ in range(n)]
@@ -190,8 +211,7 @@ class EngineCollectives(Collectives):
             src = leaves[root][i]
             dtype = src.dtype
             if n > 1 and self.group is not None and engine_supports(dtype) and self._can_place(dtype):
-                bufs = [self._copy(src, r) if r == root else self._empty(tuple(src.shape), dtype, r)
-                        for r in range(n)]
+                bufs = [self._copy(src, r) if r == root else self._empty(tuple(src.shape), dtype, r) for r in range(n)]
                 self.group.broadcast(bufs, root=root)
             else:
                 bufs = [self._copy(src, r) for r in range(n)]
@@ -210,8 +230,9 @@ class EngineCollectives(Collectives):
         engine_op = _engine_op(op, dtype, work)
         # The engine reduces into the root's buffer: a copy of replica 0's part.
         root = self._copy(parts[0], 0, work)
-        bufs = [root] + [self._engine_input(p, r) if p.dtype == work else self._copy(p, r, work)
-                         for r, p in enumerate(parts) if r]
+        bufs = [root] + [
+            self._engine_input(p, r) if p.dtype == work else self._copy(p, r, work) for r, p in enumerate(parts) if r
+        ]
         self.group.reduce(bufs, root=0, op=engine_op)
         if engine_op != op.engine_name:
             root = self._divide(root, self.num_replicas, 0)

@@ -2,8 +2,16 @@
 
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
 
-__all__ = ["AbortedError", "ClosedError", "CollectiveTimeoutError", "CudaError", "MismatchError",
-           "InvalidArgumentError", "OutOfRangeError", "replica_error"]
+__all__ = [
+    "AbortedError",
+    "ClosedError",
+    "CollectiveTimeoutError",
+    "CudaError",
+    "InvalidArgumentError",
+    "MismatchError",
+    "OutOfRangeError",
+    "replica_error",
+]
 
 
 class InvalidArgumentError(ValueError):

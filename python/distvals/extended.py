@@ -147,8 +147,10 @@ class StrategyExtended:
     # ---- variables ---------------------------------------------------------------------------
     def variable_created_in_scope(self, v: Any) -> bool:
         """True when ``v`` was created under this strategy's scope."""
-        return getattr(v, "_strategy", None) is self._container or getattr(
-            getattr(v, "distribute_strategy", None), "extended", None) is self
+        return (
+            getattr(v, "_strategy", None) is self._container
+            or getattr(getattr(v, "distribute_strategy", None), "extended", None) is self
+        )
 
     def value_container(self, value: Any) -> Any:
         """The distributed variable holding ``value`` (one of its per-replica copies), or
@@ -157,8 +159,9 @@ class StrategyExtended:
         container = ref() if callable(ref) else None
         return container if container is not None else value
 
-    def update(self, var: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
-               group: bool = True) -> Any:
+    def update(
+        self, var: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+    ) -> Any:
         """Runs ``fn(copy, *args, **kwargs)`` on each of ``var``'s per-replica copies (each
         getting its replica's part of distributed arguments) and returns the results,
         regrouped as a Mirrored (or as is, when every copy returned the same object).
@@ -173,8 +176,7 @@ class StrategyExtended:
         ctx = context.current_run_context()
         if ctx is not None:
             if ctx._strategy is not self._container:
-                raise RuntimeError(f"extended.update of {self._container!r} called inside the run of "
-                                   f"{ctx._strategy!r}")
+                raise RuntimeError(f"extended.update of {self._container!r} called inside the run of {ctx._strategy!r}")
 
             def merge_fn(strategy: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
                 return self.update(var, fn, merged_args, merged_kwargs, group)
@@ -190,8 +192,9 @@ class StrategyExtended:
         contains_distributed(args, n, "extended.update")
         contains_distributed(kwargs, n, "extended.update")
         with context.CrossReplica(self._container):
-            results = [fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs))
-                       for i, c in enumerate(copies)]
+            results = [
+                fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs)) for i, c in enumerate(copies)
+            ]
         if not group:
             return tuple(results)
         return regroup(results, wrap=Mirrored, what="extended.update")
@@ -204,8 +207,9 @@ class StrategyExtended:
 
         return contextlib.nullcontext()
 
-    def update_non_slot(self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None,
-                        group: bool = True) -> Any:
+    def update_non_slot(
+        self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+    ) -> Any:
         """Runs ``fn(*args, **kwargs)`` once in cross-replica context (state that is not
         a variable's slot, such as an optimizer's step counter)."""
         self._require_cross_replica("extended.update_non_slot")
@@ -225,8 +229,9 @@ class StrategyExtended:
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
         raise NotImplementedError
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
-                        options: Any = None) -> List[Any]:
+    def batch_reduce_to(
+        self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]], options: Any = None
+    ) -> List[Any]:
         raise NotImplementedError
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:

@@ -38,36 +38,53 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _checked_by_the_engine(prototype: _F) -> Callable[[Callable[..., Any]], _F]:
     """Give a loosely-typed forwarding method the signature and documentation of
     ``prototype`` (for ``help()``, ``inspect`` and type checkers)."""
+
     def give(method: Callable[..., Any]) -> _F:
         method.__signature__ = inspect.signature(prototype)  # type: ignore[attr-defined]
         method.__doc__ = prototype.__doc__
         return method  # type: ignore[return-value]
+
     return give
 
 
-def _proto_all_reduce(self: "ReplicaGroup", replica: int, array: Any, op: str = "sum", algorithm: str = "auto",
-                      timeout_seconds: Optional[float] = None, out: Any = None) -> None:
+def _proto_all_reduce(
+    self: ReplicaGroup,
+    replica: int,
+    array: Any,
+    op: str = "sum",
+    algorithm: str = "auto",
+    timeout_seconds: Optional[float] = None,
+    out: Any = None,
+) -> None:
     """Replica ``replica``'s part of an all-reduce, in place (or into ``out``, CPU replicas);
     every replica calls it from its own thread."""
 
 
-def _proto_reduce(self: "ReplicaGroup", replica: int, array: Any, root: int = 0, op: str = "sum",
-                  timeout_seconds: Optional[float] = None) -> None:
+def _proto_reduce(
+    self: ReplicaGroup,
+    replica: int,
+    array: Any,
+    root: int = 0,
+    op: str = "sum",
+    timeout_seconds: Optional[float] = None,
+) -> None:
     """Replica ``replica``'s part of a reduce: the root's array receives the reduction, in place."""
 
 
-def _proto_broadcast(self: "ReplicaGroup", replica: int, array: Any, root: int = 0,
-                     timeout_seconds: Optional[float] = None) -> None:
+def _proto_broadcast(
+    self: ReplicaGroup, replica: int, array: Any, root: int = 0, timeout_seconds: Optional[float] = None
+) -> None:
     """Replica ``replica``'s part of a broadcast: ``array`` receives the root's array, in place."""
 
 
-def _proto_all_gather(self: "ReplicaGroup", replica: int, array: Any, timeout_seconds: Optional[float] = None) -> Any:
+def _proto_all_gather(self: ReplicaGroup, replica: int, array: Any, timeout_seconds: Optional[float] = None) -> Any:
     """Replica ``replica``'s part of an all-gather: a new array, every replica's array
     concatenated along axis 0."""
 
 
-def _proto_reduce_scatter(self: "ReplicaGroup", replica: int, array: Any, op: str = "sum",
-                          timeout_seconds: Optional[float] = None) -> Any:
+def _proto_reduce_scatter(
+    self: ReplicaGroup, replica: int, array: Any, op: str = "sum", timeout_seconds: Optional[float] = None
+) -> Any:
     """Replica ``replica``'s part of a reduce-scatter: a new array, block ``replica`` of the
     reduction."""
 
@@ -90,8 +107,15 @@ class ReplicaGroup:
     each pass their own array and meet inside the engine.
     """
 
-    def __init__(self, devices: Union[int, Sequence[str]], *, timeout_seconds: Optional[float] = None,
-                 threads: int = 0, chunk_bytes: int = 0, spin_us: int = -1):
+    def __init__(
+        self,
+        devices: Union[int, Sequence[str]],
+        *,
+        timeout_seconds: Optional[float] = None,
+        threads: int = 0,
+        chunk_bytes: int = 0,
+        spin_us: int = -1,
+    ):
         devs = _devices(devices)
         self._group: Any
         timeout_seconds = options.effective_timeout_seconds(timeout_seconds)
@@ -105,8 +129,15 @@ class ReplicaGroup:
         self._gpu = not isinstance(self._group, _core.Group)
 
     # ---- single-call style: one call with every replica's array -------------------------
-    def all_reduce(self, buffers: Sequence[Any], op: str = "sum", algorithm: str = "auto",
-                   out: Optional[Sequence[Any]] = None, *, stream: Any = None) -> None:
+    def all_reduce(
+        self,
+        buffers: Sequence[Any],
+        op: str = "sum",
+        algorithm: str = "auto",
+        out: Optional[Sequence[Any]] = None,
+        *,
+        stream: Any = None,
+    ) -> None:
         """All-reduce in place, or into ``out`` (one array per replica, same dtype and shape).
 
         ``op``: sum, mean, min, max, prod. ``algorithm``: auto, ring, tree or direct.
@@ -211,7 +242,7 @@ class ReplicaGroup:
         """Stop the worker threads; later calls raise ClosedError. Idempotent."""
         self._group.close()
 
-    def __enter__(self) -> "ReplicaGroup":
+    def __enter__(self) -> ReplicaGroup:
         return self
 
     def __exit__(self, *exc) -> None:

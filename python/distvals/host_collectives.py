@@ -65,7 +65,7 @@ class HostCollectives(EngineCollectives):
         for x in xs:
             s = x.size
             # ravel() is a view for contiguous arrays; copyto casts where needed.
-            np.copyto(buf[o: o + s], np.ravel(x), casting="unsafe")
+            np.copyto(buf[o : o + s], np.ravel(x), casting="unsafe")
             o += s
         return buf
 
@@ -76,7 +76,7 @@ class HostCollectives(EngineCollectives):
             size = 1
             for d in s:
                 size *= d
-            out.append(buf[o: o + size].reshape(s))
+            out.append(buf[o : o + size].reshape(s))
             o += size
         return out
 

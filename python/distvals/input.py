@@ -36,18 +36,18 @@ from .optional import Optional as _Optional
 from .values import PerReplica, regroup
 
 __all__ = [
-    "InputContext",
-    "ValueContext",
-    "InputOptions",
-    "InputReplicationMode",
+    "INFINITE_CARDINALITY",
+    "UNKNOWN_CARDINALITY",
+    "Cardinality",
     "DistributedDataset",
     "DistributedDatasetsFromFunction",
     "DistributedIterator",
-    "Cardinality",
-    "INFINITE_CARDINALITY",
-    "UNKNOWN_CARDINALITY",
-    "split_batch_sizes",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
+    "ValueContext",
     "place_element",
+    "split_batch_sizes",
 ]
 
 #: ``cardinality`` of a dataset that never ends, and of one whose length is unknown
@@ -61,7 +61,7 @@ class Cardinality(int):
     ``DistributedDataset.cardinality`` a property while ``tf.data.Dataset.cardinality``
     is a method: this int works both ways (``ds.cardinality`` and ``ds.cardinality()``)."""
 
-    def __call__(self) -> "Cardinality":
+    def __call__(self) -> Cardinality:
         return self
 
     def __repr__(self) -> str:
@@ -91,7 +91,7 @@ def to_numpy(x: Any) -> np.ndarray:
     if callable(numpy_fn):
         try:
             return np.asarray(numpy_fn())
-        except Exception:  # noqa: BLE001 - e.g. a torch tensor that requires grad
+        except Exception:
             detach = getattr(x, "detach", None)
             if callable(detach):
                 return np.asarray(detach().cpu().numpy())
@@ -130,8 +130,11 @@ def place_element(element: Any, place: Optional[int]) -> Any:
 def _gpu_places(strategy: Any, n: int, options: Any = None) -> Optional[tuple]:
     """Each replica's CUDA device when the strategy runs GPU replicas and ``options`` let
     elements go there (fetched to the device, or made on it), else None."""
-    if options is not None and getattr(options, "experimental_fetch_to_device", None) is False \
-            and not getattr(options, "experimental_place_dataset_on_device", False):
+    if (
+        options is not None
+        and getattr(options, "experimental_fetch_to_device", None) is False
+        and not getattr(options, "experimental_place_dataset_on_device", False)
+    ):
         return None
     ext = getattr(strategy, "extended", None)
     places = tuple(getattr(ext, "_places", ()))
@@ -150,11 +153,14 @@ def _iterable(dataset: Any, what: str) -> Any:
 
 
 def _no_batch_dim(what: str) -> ValueError:
-    return ValueError(f"{what} needs batched data, but an element has shape (); batch the dataset first, "
-                      "e.g. dataset.batch(global_batch_size)")
+    return ValueError(
+        f"{what} needs batched data, but an element has shape (); batch the dataset first, "
+        "e.g. dataset.batch(global_batch_size)"
+    )
 
 
 # ---- what a dataset says about itself, without reading it --------------------------------------
+
 
 class _Source:
     """A dataset with what distributing it needs to know: its element_spec and
@@ -232,6 +238,7 @@ def _per_replica_spec(spec: Any, n: int, split: Optional[int]) -> Any:
     global replica count) the batch dimension is divided (known only when it divides
     evenly), otherwise every replica gets a whole element. One replica gets the plain
     spec, as in TensorFlow."""
+
     def one(s: specs.TensorSpec) -> Any:
         if split is not None and s.shape:
             b = s.shape[0]
@@ -248,20 +255,26 @@ def _per_replica_spec(spec: Any, n: int, split: Optional[int]) -> Any:
 
 # ---- experimental_distribute_dataset ----------------------------------------------------------
 
+
 class DistributedIterator:
     """Iterator over a distributed dataset: each ``next`` gives one global batch as
     PerReplica values (nested like the dataset's elements). The end is StopIteration,
     from ``next`` and ``get_next`` alike."""
 
-    def __init__(self, strategy: Any, iterator: Iterator[Any], options: Any = None,
-                 element_spec: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        iterator: Iterator[Any],
+        options: Any = None,
+        element_spec: Optional[Callable[[], Any]] = None,
+    ) -> None:
         self._strategy = strategy
         self._iterator = iterator
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec  # asked only when wanted: it may read the dataset
 
-    def __iter__(self) -> "DistributedIterator":
+    def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
@@ -370,8 +383,9 @@ class DistributedDataset:
             )
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._strategy, self._source_of().iterator(), self._options,
-                                   lambda: self.element_spec)
+        return DistributedIterator(
+            self._strategy, self._source_of().iterator(), self._options, lambda: self.element_spec
+        )
 
     def _source_of(self) -> _Source:
         # A subclass may have replaced _dataset after construction.
@@ -409,14 +423,20 @@ class DistributedDataset:
 
 # ---- distribute_datasets_from_function -----------------------------------------------------------
 
+
 class _FromFunctionIterator(DistributedIterator):
     """Replica r of each step takes the r-th of N consecutive elements of one dataset
     (PER_WORKER), or the next element of its own dataset (PER_REPLICA, ``iterators``).
     A last round that does not reach every replica gives the others empty batches."""
 
-    def __init__(self, strategy: Any, iterator: Optional[Iterator[Any]], options: Any = None,
-                 iterators: Optional[List[Iterator[Any]]] = None,
-                 element_spec: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        iterator: Optional[Iterator[Any]],
+        options: Any = None,
+        iterators: Optional[List[Iterator[Any]]] = None,
+        element_spec: Optional[Callable[[], Any]] = None,
+    ) -> None:
         self._strategy = strategy
         self._iterator = iterator
         self._iterators = iterators
@@ -424,7 +444,7 @@ class _FromFunctionIterator(DistributedIterator):
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec
 
-    def __iter__(self) -> "_FromFunctionIterator":
+    def __iter__(self) -> _FromFunctionIterator:
         return self
 
     def _take(self) -> List[Any]:

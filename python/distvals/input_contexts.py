@@ -53,9 +53,11 @@ class InputContext:
         return global_batch_size // self._num_replicas_in_sync
 
     def __repr__(self) -> str:
-        return (f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
-                f"input_pipeline_id={self._input_pipeline_id}, "
-                f"num_replicas_in_sync={self._num_replicas_in_sync})")
+        return (
+            f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
+            f"input_pipeline_id={self._input_pipeline_id}, "
+            f"num_replicas_in_sync={self._num_replicas_in_sync})"
+        )
 
 
 class ValueContext:
@@ -79,5 +81,4 @@ class ValueContext:
         return self._num_replicas
 
     def __repr__(self) -> str:
-        return (f"ValueContext(replica_id_in_sync_group={self._replica_id}, "
-                f"num_replicas_in_sync={self._num_replicas})")
+        return f"ValueContext(replica_id_in_sync_group={self._replica_id}, num_replicas_in_sync={self._num_replicas})"

@@ -22,7 +22,7 @@ import collections
 import enum
 from typing import Any, Optional
 
-__all__ = ["InputReplicationMode", "InputOptions", "check_options"]
+__all__ = ["InputOptions", "InputReplicationMode", "check_options"]
 
 
 class InputReplicationMode(enum.Enum):
@@ -33,12 +33,15 @@ class InputReplicationMode(enum.Enum):
     PER_REPLICA = "PER_REPLICA"
 
 
-_Fields = collections.namedtuple("InputOptions", [
-    "experimental_fetch_to_device",
-    "experimental_replication_mode",
-    "experimental_place_dataset_on_device",
-    "experimental_per_replica_buffer_size",
-])
+_Fields = collections.namedtuple(
+    "InputOptions",
+    [
+        "experimental_fetch_to_device",
+        "experimental_replication_mode",
+        "experimental_place_dataset_on_device",
+        "experimental_per_replica_buffer_size",
+    ],
+)
 
 
 class InputOptions(_Fields):
@@ -48,14 +51,22 @@ class InputOptions(_Fields):
 
     __slots__ = ()
 
-    def __new__(cls, experimental_fetch_to_device: Optional[bool] = None,
-                experimental_replication_mode: Any = InputReplicationMode.PER_WORKER,
-                experimental_place_dataset_on_device: bool = False,
-                experimental_per_replica_buffer_size: int = 1) -> "InputOptions":
+    def __new__(
+        cls,
+        experimental_fetch_to_device: Optional[bool] = None,
+        experimental_replication_mode: Any = InputReplicationMode.PER_WORKER,
+        experimental_place_dataset_on_device: bool = False,
+        experimental_per_replica_buffer_size: int = 1,
+    ) -> InputOptions:
         if experimental_fetch_to_device is None:
             experimental_fetch_to_device = True
-        return super().__new__(cls, experimental_fetch_to_device, experimental_replication_mode,
-                               experimental_place_dataset_on_device, experimental_per_replica_buffer_size)
+        return super().__new__(
+            cls,
+            experimental_fetch_to_device,
+            experimental_replication_mode,
+            experimental_place_dataset_on_device,
+            experimental_per_replica_buffer_size,
+        )
 
 
 def _mode(options: Any) -> InputReplicationMode:
@@ -65,8 +76,10 @@ def _mode(options: Any) -> InputReplicationMode:
     name = getattr(mode, "name", getattr(mode, "value", mode))  # TensorFlow's enum, or a string
     if isinstance(name, str) and name.upper() in InputReplicationMode.__members__:
         return InputReplicationMode[name.upper()]
-    raise ValueError(f"InputOptions.experimental_replication_mode must be InputReplicationMode.PER_WORKER or "
-                     f"PER_REPLICA, got {mode!r}")
+    raise ValueError(
+        f"InputOptions.experimental_replication_mode must be InputReplicationMode.PER_WORKER or "
+        f"PER_REPLICA, got {mode!r}"
+    )
 
 
 def check_options(options: Any, what: str, per_replica_allowed: bool = False) -> InputReplicationMode:
@@ -79,19 +92,25 @@ def check_options(options: Any, what: str, per_replica_allowed: bool = False) ->
     mode = _mode(options)
     buffer = getattr(options, "experimental_per_replica_buffer_size", 1)
     if isinstance(buffer, bool) or not isinstance(buffer, int):
-        raise TypeError(f"{what}: InputOptions.experimental_per_replica_buffer_size must be an int, got "
-                        f"{type(buffer).__name__}")
+        raise TypeError(
+            f"{what}: InputOptions.experimental_per_replica_buffer_size must be an int, got {type(buffer).__name__}"
+        )
     place = bool(getattr(options, "experimental_place_dataset_on_device", False))
     fetch = getattr(options, "experimental_fetch_to_device", True)
     if mode is InputReplicationMode.PER_REPLICA:
         if not per_replica_allowed:
             raise NotImplementedError(
                 f"{what}: InputOptions(experimental_replication_mode=InputReplicationMode.PER_REPLICA) is only "
-                "supported by MirroredStrategy's distribute_datasets_from_function")
+                "supported by MirroredStrategy's distribute_datasets_from_function"
+            )
         if place and fetch is not False:
-            raise ValueError(f"{what}: InputOptions.experimental_place_dataset_on_device cannot be True when "
-                             "experimental_fetch_to_device is True and the replication mode is PER_REPLICA")
+            raise ValueError(
+                f"{what}: InputOptions.experimental_place_dataset_on_device cannot be True when "
+                "experimental_fetch_to_device is True and the replication mode is PER_REPLICA"
+            )
     elif place and per_replica_allowed:
-        raise ValueError(f"{what}: InputOptions.experimental_place_dataset_on_device needs "
-                         "experimental_replication_mode=InputReplicationMode.PER_REPLICA")
+        raise ValueError(
+            f"{what}: InputOptions.experimental_place_dataset_on_device needs "
+            "experimental_replication_mode=InputReplicationMode.PER_REPLICA"
+        )
     return mode

@@ -25,11 +25,11 @@ import numpy as np
 
 from . import devices
 
-__all__ = ["framework_of", "to_numpy", "to_engine_value", "restore"]
+__all__ = ["framework_of", "restore", "to_engine_value", "to_numpy"]
 
 
 def framework_of(x: Any) -> str:
-    """"numpy" for numpy and Python values, else the array's framework: "torch", "cupy",
+    """ "numpy" for numpy and Python values, else the array's framework: "torch", "cupy",
     "jax", or "other" (DeviceArray, numba, anything with DLPack)."""
     if isinstance(x, (np.ndarray, np.generic, int, float, complex, bool)):
         return "numpy"

@@ -19,19 +19,31 @@ import numpy as np
 
 from . import _core, context, kinds, nest
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, MismatchError
-from .collectives import REDUCIBLE_KINDS, Collectives, engine_supports, normalize_axis, numpy_reduce, \
-    type_name, work_dtype
+from .collectives import (
+    REDUCIBLE_KINDS,
+    Collectives,
+    engine_supports,
+    normalize_axis,
+    numpy_reduce,
+    type_name,
+    work_dtype,
+)
 from .errors import replica_error
 from .extended import StrategyExtended
 from .meeting import check_calls, check_leaves, check_structures
-from .options import DEFAULT_TIMEOUT_SECONDS, CollectiveAllReduce, CommunicationOptions, CrossDeviceOps, \
-    ReductionToOneDevice
+from .options import (
+    DEFAULT_TIMEOUT_SECONDS,
+    CollectiveAllReduce,
+    CommunicationOptions,
+    CrossDeviceOps,
+    ReductionToOneDevice,
+)
 from .reduce_op import ReduceOp, as_reduce_op
-from .replicas import QUICK, QUICK_ALL_REDUCE, Failure, Raise, Request, StepTimeout, as_request, \
-    fork_counter as _forks, fork_generation, names
+from .replicas import QUICK, QUICK_ALL_REDUCE, Failure, Raise, Request, StepTimeout, as_request, fork_generation, names
+from .replicas import fork_counter as _forks
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
 
-__all__ = ["LocalExtended", "EXECUTION_MODES"]
+__all__ = ["EXECUTION_MODES", "LocalExtended"]
 
 EXECUTION_MODES = ("auto", "inline", "threads")
 _EMPTY: dict = {}
@@ -54,8 +66,9 @@ class _SingleRunner:
             raise o.error
         return o
 
-    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
-             timeout: float) -> List[Any]:
+    def step(
+        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+    ) -> List[Any]:
         self.failures = []
         local = context._local
         saved = local.stack
@@ -63,7 +76,7 @@ class _SingleRunner:
         args, kwargs = per_replica[0]
         try:
             return [fn(*args, **(kwargs or _EMPTY))]
-        except BaseException as e:  # noqa: BLE001 - reported like any replica's failure
+        except BaseException as e:
             self.failures = [Failure(0, 0, e)]
             if not isinstance(e, Exception):
                 raise
@@ -115,30 +128,42 @@ def _unwrap(x: Any) -> Any:
     return x
 
 
-def _first_difference(shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[Any], what: str,
-                      axis: Optional[int] = None) -> None:
+def _first_difference(
+    shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[Any], what: str, axis: Optional[int] = None
+) -> None:
     """Cross-replica checks of the parts of one value (TypeError for dtypes, ValueError
     for shapes), naming the first replica that differs."""
     s0, d0 = shapes[0], dtypes[0]
     for r, (s, d) in enumerate(zip(shapes, dtypes)):
         if d != d0:
-            raise TypeError(f"{what}: replica {r} has dtype {d}, replica 0 has {d0}; every replica's value "
-                            "needs the same dtype")
+            raise TypeError(
+                f"{what}: replica {r} has dtype {d}, replica 0 has {d0}; every replica's value needs the same dtype"
+            )
         if axis is None:
             if s != s0:
-                raise ValueError(f"{what}: replica {r} has shape {s}, replica 0 has {s0}; every replica's "
-                                 "value needs the same shape")
+                raise ValueError(
+                    f"{what}: replica {r} has shape {s}, replica 0 has {s0}; every replica's value needs the same shape"
+                )
         elif len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
-            raise ValueError(f"{what}: replica {r} has shape {tuple(s)}, replica 0 has shape {tuple(s0)}; "
-                             f"shapes may differ only along axis {axis}")
+            raise ValueError(
+                f"{what}: replica {r} has shape {tuple(s)}, replica 0 has shape {tuple(s0)}; "
+                f"shapes may differ only along axis {axis}"
+            )
 
 
 class LocalExtended(StrategyExtended):
     """N replicas in this process; ``collectives`` runs their collectives."""
 
-    def __init__(self, container_strategy: Any, devices: Sequence[str], cross_device_ops: Optional[CrossDeviceOps],
-                 options: Optional[CommunicationOptions], what: str, execution: str = "auto",
-                 make_group: bool = True) -> None:
+    def __init__(
+        self,
+        container_strategy: Any,
+        devices: Sequence[str],
+        cross_device_ops: Optional[CrossDeviceOps],
+        options: Optional[CommunicationOptions],
+        what: str,
+        execution: str = "auto",
+        make_group: bool = True,
+    ) -> None:
         super().__init__(container_strategy, devices)
         if cross_device_ops is None:
             cross_device_ops = CollectiveAllReduce()
@@ -150,10 +175,13 @@ class LocalExtended(StrategyExtended):
         if options is None:
             options = CommunicationOptions()
         if not isinstance(options, CommunicationOptions):
-            raise TypeError(f"{what}: communication_options must be a CommunicationOptions, got {type(options).__name__}")
+            raise TypeError(
+                f"{what}: communication_options must be a CommunicationOptions, got {type(options).__name__}"
+            )
         if execution not in EXECUTION_MODES:
-            raise ValueError(f"{what}: execution must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
-                             f"got {execution!r}")
+            raise ValueError(
+                f"{what}: execution must be one of {', '.join(map(repr, EXECUTION_MODES))}, got {execution!r}"
+            )
         self._what = what
         self._cross_device_ops = cross_device_ops
         self._options = options
@@ -177,8 +205,9 @@ class LocalExtended(StrategyExtended):
         self._execution = self._choose_execution(execution, what)
         self._coll: Collectives = self._make_collectives()
         self._quick = self._quick_group()
-        self._contexts = tuple(context.ReplicaContext(container_strategy, r, _num_replicas=self._n)
-                               for r in range(self._n))
+        self._contexts = tuple(
+            context.ReplicaContext(container_strategy, r, _num_replicas=self._n) for r in range(self._n)
+        )
         self._entries = tuple(c._entry for c in self._contexts)
         for c in self._contexts:
             c._ext = self
@@ -247,8 +276,10 @@ class LocalExtended(StrategyExtended):
 
         if self._on_gpu:
             if execution == "threads":
-                raise ValueError(f"{what}: GPU replicas always run inline (one thread enqueues every replica's "
-                                 "work); execution='threads' is for CPU replicas")
+                raise ValueError(
+                    f"{what}: GPU replicas always run inline (one thread enqueues every replica's "
+                    "work); execution='threads' is for CPU replicas"
+                )
             execution = "inline"
         if execution == "auto":
             execution = "inline" if replicas_inline.available() else "threads"
@@ -344,7 +375,8 @@ class LocalExtended(StrategyExtended):
             except Exception:  # noqa: BLE001 - still in flight; this step's collectives report it
                 pass
         if (args and contains_distributed(args, n, "strategy.run")) or (
-                kwargs and contains_distributed(kwargs, n, "strategy.run")):
+            kwargs and contains_distributed(kwargs, n, "strategy.run")
+        ):
             per = [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
         else:
             per = [(args, kwargs)] * n
@@ -387,7 +419,8 @@ class LocalExtended(StrategyExtended):
         if self._on_gpu:
             raise RuntimeError(
                 f"{self._container!r} was created before os.fork(); CUDA cannot be used in a forked child: "
-                "create the strategy in the child (or use the 'spawn' start method)")
+                "create the strategy in the child (or use the 'spawn' start method)"
+            )
         self._fork = fork_generation()
         old = self._coll
         self._coll = self._make_collectives()
@@ -413,7 +446,7 @@ class LocalExtended(StrategyExtended):
             check_calls(requests)
             with self._lock:
                 return _RESOLVERS[requests[0].kind](self, requests)
-        except BaseException as e:  # noqa: BLE001 - every replica raises it
+        except BaseException as e:
             if not isinstance(e, Exception):
                 raise
             if isinstance(e, MismatchError):
@@ -463,15 +496,15 @@ class LocalExtended(StrategyExtended):
         return kinds.to_numpy(x)
 
     # ---- replica context collectives -----------------------------------------------------------
-    def _replica_all_reduce(self, ctx: context.ReplicaContext, reduce_op: Any, value: Any,
-                            options: Optional[CommunicationOptions]) -> Any:
+    def _replica_all_reduce(
+        self, ctx: context.ReplicaContext, reduce_op: Any, value: Any, options: Optional[CommunicationOptions]
+    ) -> Any:
         op = _OPS.get(reduce_op) if isinstance(reduce_op, str) else None
         if op is None:
             op = as_reduce_op(reduce_op)
         if options is not None and not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
-        if options is None and type(value) is np.ndarray and self._quick is not None \
-                and value.dtype.num in _QUICK_NUMS:
+        if options is None and type(value) is np.ndarray and self._quick is not None and value.dtype.num in _QUICK_NUMS:
             # The common case: one numpy array of a number dtype, no options. Its outcome
             # is the result array itself (see _resolve_quick); inline, the request goes
             # to the scheduler in its quick tuple form, straight from here.
@@ -488,8 +521,9 @@ class LocalExtended(StrategyExtended):
             return kinds.restore(out[0], _unwrap(value))
         return nest.pack_sequence_as(value, [kinds.restore(o, _unwrap(x)) for o, x in zip(out, leaves)])
 
-    def _replica_all_gather(self, ctx: context.ReplicaContext, value: Any, axis: int,
-                            options: Optional[CommunicationOptions]) -> Any:
+    def _replica_all_gather(
+        self, ctx: context.ReplicaContext, value: Any, axis: int, options: Optional[CommunicationOptions]
+    ) -> Any:
         if options is not None and not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
         single = not nest.is_nested(value)
@@ -497,8 +531,10 @@ class LocalExtended(StrategyExtended):
         arrays = [self._convert(x) for x in leaves]
         for leaf, a in zip(leaves, arrays):
             if a.dtype.hasobject:
-                raise TypeError(f"replica {ctx._replica_id}: all_gather cannot send a value of type "
-                                f"{type_name(leaf, a)}; pass numbers, strings or arrays of them")
+                raise TypeError(
+                    f"replica {ctx._replica_id}: all_gather cannot send a value of type "
+                    f"{type_name(leaf, a)}; pass numbers, strings or arrays of them"
+                )
             normalize_axis(axis, a.ndim, "all_gather", ctx._replica_id)
         timeout = None if options is None else options.timeout_seconds
         out = self._meet(ctx, Request("all_gather", (axis,), value, (arrays, options), timeout))
@@ -512,8 +548,9 @@ class LocalExtended(StrategyExtended):
         out = self._meet(ctx, Request("broadcast", (root,), value, (arrays, None)))
         return kinds.restore(out[0], _unwrap(value))
 
-    def _replica_update_all_reduce(self, ctx: context.ReplicaContext, name: str, kind: str, op: ReduceOp,
-                                   local: Any, original: Any) -> Any:
+    def _replica_update_all_reduce(
+        self, ctx: context.ReplicaContext, name: str, kind: str, op: ReduceOp, local: Any, original: Any
+    ) -> Any:
         """The all-reduce of an aggregated variable update (``kind``: assign, assign_add,
         ...); a SUM update that got the very same plain object on every replica is refused
         (it would count it N times)."""
@@ -542,8 +579,9 @@ class LocalExtended(StrategyExtended):
             # Requests of the quick path that it could not take (they differ, say): the
             # general path, whose outcome for a quick request is its single result.
             quick = [q.extra is _QUICK for q in requests]
-            requests = [Request(q.kind, q.params, q.value, ([q.value], None)) if k else q
-                        for q, k in zip(requests, quick)]
+            requests = [
+                Request(q.kind, q.params, q.value, ([q.value], None)) if k else q for q, k in zip(requests, quick)
+            ]
             out = self._resolve_all_reduce(requests)
             return [o[0] if k else o for o, k in zip(out, quick)]
         q0 = requests[0]
@@ -555,8 +593,9 @@ class LocalExtended(StrategyExtended):
         algorithm, bytes_per_pack = self._options_of(q0)
         return self._all_reduce_leaves(op, leaves, algorithm, bytes_per_pack, q0.value)
 
-    def _all_reduce_leaves(self, op: ReduceOp, leaves: List[List[Any]], algorithm: str,
-                           bytes_per_pack: int, value: Any = None) -> List[List[Any]]:
+    def _all_reduce_leaves(
+        self, op: ReduceOp, leaves: List[List[Any]], algorithm: str, bytes_per_pack: int, value: Any = None
+    ) -> List[List[Any]]:
         if self._via_root is not None:
             return self._all_reduce_via_root(op, leaves)
         return self._coll.all_reduce(op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, value=value)
@@ -577,8 +616,10 @@ class LocalExtended(StrategyExtended):
         for r, row in enumerate(leaves):
             for i, a in enumerate(row):
                 if a.ndim != leaves[0][i].ndim:
-                    raise MismatchError(f"all_gather: replica 0 passed rank {leaves[0][i].ndim}, replica {r} "
-                                        f"passed rank {a.ndim}; shapes may differ only along axis {axis}")
+                    raise MismatchError(
+                        f"all_gather: replica 0 passed rank {leaves[0][i].ndim}, replica {r} "
+                        f"passed rank {a.ndim}; shapes may differ only along axis {axis}"
+                    )
         axes = [normalize_axis(axis, a.ndim, "all_gather", 0) for a in leaves[0]]
         check_leaves(q0.value, leaves, "all_gather", axes)
         for row in leaves:
@@ -603,7 +644,8 @@ class LocalExtended(StrategyExtended):
             raise ValueError(
                 f"a SUM update ({kind}) of variable '{name}' got the same plain value on every replica, which would "
                 f"count it {self._total_replicas()} times; pass each replica's own value, or use aggregation "
-                "MEAN or ONLY_FIRST_REPLICA")
+                "MEAN or ONLY_FIRST_REPLICA"
+            )
         return self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value)
 
     def _count_twice(self, original: Any, requests: List[Request]) -> bool:
@@ -671,12 +713,17 @@ class LocalExtended(StrategyExtended):
         keys or nestings are told so. None when some leaf is not distributed (or is a
         Mirrored under MEAN, which needs no collective): then leaf by leaf."""
         leaves = nest.flatten(value)
-        if not leaves or not all(isinstance(x, DistributedValues) and not (isinstance(x, Mirrored) and
-                                                                             op is ReduceOp.MEAN)
-                                 for x in leaves) or self._via_root is not None:
+        if (
+            not leaves
+            or not all(
+                isinstance(x, DistributedValues) and not (isinstance(x, Mirrored) and op is ReduceOp.MEAN)
+                for x in leaves
+            )
+            or self._via_root is not None
+        ):
             return None
         parts = [self._as_parts(x, what) for x in leaves]
-        for i, ps in enumerate(parts):
+        for ps in parts:
             _first_difference([tuple(p.shape) for p in ps], [p.dtype for p in ps], what)
             dt = ps[0].dtype
             if dt.hasobject or dt.kind not in REDUCIBLE_KINDS:
@@ -684,8 +731,9 @@ class LocalExtended(StrategyExtended):
         n = len(parts[0])
         rows = [[ps[r] for ps in parts] for r in range(n)]
         with self._lock:
-            results = self._all_reduce_leaves(op, rows, self._algorithm, 0,
-                                              nest.pack_sequence_as(value, [ps[0] for ps in parts]))
+            results = self._all_reduce_leaves(
+                op, rows, self._algorithm, 0, nest.pack_sequence_as(value, [ps[0] for ps in parts])
+            )
         firsts = [_unwrap_part(x.values[0]) for x in leaves]
         return nest.pack_sequence_as(value, [kinds.restore(o, f) for o, f in zip(results[0], firsts)])
 
@@ -724,8 +772,9 @@ class LocalExtended(StrategyExtended):
 
         if not self._on_gpu:
             return hosts
-        return [devices.to_replica_device(h, p) if devices.can_place(h.dtype) else h
-                for h, p in zip(hosts, self._places)]
+        return [
+            devices.to_replica_device(h, p) if devices.can_place(h.dtype) else h for h, p in zip(hosts, self._places)
+        ]
 
     def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
         if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._total_replicas() > 1:
@@ -843,8 +892,9 @@ class LocalExtended(StrategyExtended):
             outs = local.broadcast([[v]] * self._n, 0)
         return [self._placed(o[0], _unwrap_part(value)) for o in outs]
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
-                        options: Any = None) -> List[Any]:
+    def batch_reduce_to(
+        self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]], options: Any = None
+    ) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
         self._require_cross_replica("extended.batch_reduce_to")
         if not isinstance(value_destination_pairs, (list, tuple)):
@@ -861,8 +911,11 @@ class LocalExtended(StrategyExtended):
             # Which items travel together depends on the values alone (never on local
             # replica counts or destinations), so that every process of a multi-worker
             # strategy makes the same collective calls.
-            if (isinstance(value, DistributedValues) and self._via_root is None
-                    and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)):
+            if (
+                isinstance(value, DistributedValues)
+                and self._via_root is None
+                and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)
+            ):
                 fused.append(i)
             else:
                 out[i] = self.reduce_to(op, value, dests, options)
@@ -872,13 +925,15 @@ class LocalExtended(StrategyExtended):
             values = [value_destination_pairs[i][0] for i in fused]
             parts = [self._part_values(v, "batch_reduce_to") for v in values]
             for k, ps in enumerate(parts):
-                _first_difference([tuple(p.shape) for p in ps], [p.dtype for p in ps],
-                                  f"batch_reduce_to (item {fused[k]})")
+                _first_difference(
+                    [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
+                )
             leaves = [[ps[r] for ps in parts] for r in range(self._n)]
             opts = self._options if options is None else self._options.merge(options)
             with self._lock:
-                results = self._all_reduce_leaves(op, leaves, self._algorithm, opts.bytes_per_pack,
-                                                  [v.values[0] for v in values])
+                results = self._all_reduce_leaves(
+                    op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
+                )
             for k, i in enumerate(fused):
                 original = _unwrap_part(values[k].values[0])
                 dests = self._destinations(value_destination_pairs[i][1], "batch_reduce_to")
@@ -931,8 +986,10 @@ def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], w
     for leaf, a in zip(leaves, arrays):
         dt = a.dtype
         if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
-            raise TypeError(f"replica {replica}: {what} cannot {verb} a value of type {type_name(leaf, a)}; "
-                            "pass numbers or arrays of numbers")
+            raise TypeError(
+                f"replica {replica}: {what} cannot {verb} a value of type {type_name(leaf, a)}; "
+                "pass numbers or arrays of numbers"
+            )
 
 
 # What marks a request of the quick path (one numpy array, no options).
@@ -941,12 +998,33 @@ _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
 # (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).
 # Keyed by the op's name: hashing an enum member calls Python code.
-_ENGINE_NAMES = {op._name_: {np.dtype(t).num: op.engine_name
-                             for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
-                             if op is not ReduceOp.MEAN or t.startswith("float")} for op in ReduceOp}
-_QUICK_NUMS = frozenset(np.dtype(t).num for t in ("float16", "float32", "float64", "int8", "uint8", "int16",
-                                                 "uint16", "int32", "uint32", "int64", "uint64", "bool",
-                                                 "complex64", "complex128"))
+_ENGINE_NAMES = {
+    op._name_: {
+        np.dtype(t).num: op.engine_name
+        for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+        if op is not ReduceOp.MEAN or t.startswith("float")
+    }
+    for op in ReduceOp
+}
+_QUICK_NUMS = frozenset(
+    np.dtype(t).num
+    for t in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "bool",
+        "complex64",
+        "complex128",
+    )
+)
 
 
 def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
@@ -954,13 +1032,17 @@ def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.
     (Fraction, Decimal) are reduced by numpy; anything else is a TypeError naming it."""
     a = parts[0]
     if not a.dtype.hasobject:
-        raise TypeError(f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name}; "
-                        "pass numbers or arrays of numbers")
+        raise TypeError(
+            f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name}; "
+            "pass numbers or arrays of numbers"
+        )
     try:
         return numpy_reduce(np.stack(parts), op, a.dtype)
     except TypeError as e:
-        raise TypeError(f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name} "
-                        f"({e}); pass numbers or arrays of numbers") from None
+        raise TypeError(
+            f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name} "
+            f"({e}); pass numbers or arrays of numbers"
+        ) from None
 
 
 def _for_replica(e: MismatchError, r: int) -> MismatchError:

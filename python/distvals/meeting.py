@@ -18,7 +18,7 @@ from ._core import MismatchError
 from .collectives import REDUCIBLE_KINDS, engine_supports, type_name
 from .replicas import Request
 
-__all__ = ["check_calls", "check_structures", "split_leaves", "check_leaves", "mismatch"]
+__all__ = ["check_calls", "check_leaves", "check_structures", "mismatch", "split_leaves"]
 
 
 def mismatch(message: str) -> MismatchError:
@@ -34,11 +34,13 @@ def check_calls(requests: Sequence[Request]) -> None:
             raise mismatch(
                 f"replicas called different collectives: replica 0 called {q0.describe()}, replica {r} "
                 f"called {q.describe()}; every replica must make the same collective, merge_call and "
-                "variable-update calls in the same order")
+                "variable-update calls in the same order"
+            )
         if q.params != q0.params:
             raise mismatch(
                 f"{q0.kind}: replica 0 called {q0.describe()}, replica {r} called {q.describe()}; every "
-                "replica must pass the same arguments")
+                "replica must pass the same arguments"
+            )
 
 
 def check_structures(requests: Sequence[Request], what: str) -> None:
@@ -48,12 +50,15 @@ def check_structures(requests: Sequence[Request], what: str) -> None:
     for r in range(1, len(requests)):
         why = nest.structure_mismatch(v0, requests[r].value)
         if why is not None:
-            raise mismatch(f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
-                           "replica must pass the same nesting of lists, tuples and dicts, with the same keys")
+            raise mismatch(
+                f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
+                "replica must pass the same nesting of lists, tuples and dicts, with the same keys"
+            )
 
 
-def split_leaves(requests: Sequence[Request], convert: Callable[[Any], Any], what: str,
-                 reducible: bool) -> Tuple[List[List[Any]], bool]:
+def split_leaves(
+    requests: Sequence[Request], convert: Callable[[Any], Any], what: str, reducible: bool
+) -> Tuple[List[List[Any]], bool]:
     """Every replica's value as a list of leaf arrays (``convert`` makes an array of a
     leaf), after checking that the nestings agree; returns (leaves per replica, whether
     the value is a single leaf). With ``reducible``, leaves that are not numbers are a
@@ -64,8 +69,10 @@ def split_leaves(requests: Sequence[Request], convert: Callable[[Any], Any], wha
     for r in range(1, len(values)):
         why = nest.structure_mismatch(v0, values[r])
         if why is not None:
-            raise mismatch(f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
-                           "replica must pass the same nesting of lists, tuples and dicts, with the same keys")
+            raise mismatch(
+                f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
+                "replica must pass the same nesting of lists, tuples and dicts, with the same keys"
+            )
     out = []
     for r, v in enumerate(values):
         leaves = [v] if single else nest.flatten(v)
@@ -76,7 +83,8 @@ def split_leaves(requests: Sequence[Request], convert: Callable[[Any], Any], wha
             if dt.hasobject or (reducible and dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
                 raise TypeError(
                     f"replica {r}: {what} cannot {'reduce' if reducible else 'send'} a value of type "
-                    f"{type_name(leaf, a)}; pass numbers or arrays of numbers")
+                    f"{type_name(leaf, a)}; pass numbers or arrays of numbers"
+                )
             arrays.append(a)
         out.append(arrays)
     return out, single
@@ -98,8 +106,10 @@ def check_leaves(value0: Any, leaves: Sequence[Sequence[Any]], what: str, axes: 
             d0, d = a0.dtype, a.dtype
             if d is not d0 and d != d0:
                 paths = nest.paths(value0) if nest.is_nested(value0) else None
-                raise mismatch(f"{what}: replica 0 passed dtype {_dtype_name(d0)}, replica {r} passed dtype "
-                               f"{_dtype_name(d)}{_where(paths, i)}; every replica's value needs the same dtype")
+                raise mismatch(
+                    f"{what}: replica 0 passed dtype {_dtype_name(d0)}, replica {r} passed dtype "
+                    f"{_dtype_name(d)}{_where(paths, i)}; every replica's value needs the same dtype"
+                )
             s0, s = tuple(a0.shape), tuple(a.shape)
             if s == s0:
                 continue
@@ -108,11 +118,15 @@ def check_leaves(value0: Any, leaves: Sequence[Sequence[Any]], what: str, axes: 
                 if len(s) == len(s0) and all(x == y for k, (x, y) in enumerate(zip(s, s0)) if k != ax):
                     continue
                 paths = nest.paths(value0) if nest.is_nested(value0) else None
-                raise mismatch(f"{what}: replica 0 passed shape {s0}, replica {r} passed shape {s}"
-                               f"{_where(paths, i)}; shapes may differ only along axis {ax}")
+                raise mismatch(
+                    f"{what}: replica 0 passed shape {s0}, replica {r} passed shape {s}"
+                    f"{_where(paths, i)}; shapes may differ only along axis {ax}"
+                )
             paths = nest.paths(value0) if nest.is_nested(value0) else None
-            raise mismatch(f"{what}: replica 0 passed shape {s0}, replica {r} passed shape {s}{_where(paths, i)}; "
-                           "every replica's value needs the same shape")
+            raise mismatch(
+                f"{what}: replica 0 passed shape {s0}, replica {r} passed shape {s}{_where(paths, i)}; "
+                "every replica's value needs the same shape"
+            )
 
 
 def _dtype_name(dt: np.dtype) -> str:

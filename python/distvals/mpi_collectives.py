@@ -66,7 +66,7 @@ from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll
 from .reduce_op import ReduceOp
 
-__all__ = ["HierarchicalCollectives", "DEFAULT_CHUNK_BYTES", "SMALL_BYTES", "describe_call"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives", "describe_call"]
 
 #: Chunk size of the pipelined hierarchical all-reduce of large buffers.
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -78,8 +78,13 @@ BLOCKING_MIN_BYTES = 64 << 10
 
 _monotonic = time.monotonic
 _F32 = np.dtype(np.float32)
-_LOCAL_OP = {ReduceOp.SUM: ReduceOp.SUM, ReduceOp.MEAN: ReduceOp.SUM, ReduceOp.MIN: ReduceOp.MIN,
-             ReduceOp.MAX: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.PRODUCT}
+_LOCAL_OP = {
+    ReduceOp.SUM: ReduceOp.SUM,
+    ReduceOp.MEAN: ReduceOp.SUM,
+    ReduceOp.MIN: ReduceOp.MIN,
+    ReduceOp.MAX: ReduceOp.MAX,
+    ReduceOp.PRODUCT: ReduceOp.PRODUCT,
+}
 # The agreement flag: the value meaning "my call is the expected one", per op, chosen so
 # that the reduction of every worker's flag equals it only when every worker agrees.
 _AGREE = {ReduceOp.SUM: 0, ReduceOp.MAX: 0, ReduceOp.MIN: 1, ReduceOp.PRODUCT: 1}
@@ -100,8 +105,9 @@ def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
         if text is None:
             if len(_SINGLE_DESCRIPTIONS) > 4096:
                 _SINGLE_DESCRIPTIONS.clear()
-            text = _SINGLE_DESCRIPTIONS[key] = (f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} "
-                                                f"shape {key[3]}")
+            text = _SINGLE_DESCRIPTIONS[key] = (
+                f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} shape {key[3]}"
+            )
         return text
     paths = nest.paths(value)
     parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
@@ -136,15 +142,19 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
-    return _F32 if dtype.kind == "f" and dtype.itemsize == 2 or dtype.kind == "V" and dtype.itemsize == 2 and \
-        dtype.name == "bfloat16" else dtype
+    return (
+        _F32
+        if (dtype.kind == "f" and dtype.itemsize == 2)
+        or (dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16")
+        else dtype
+    )
 
 
 class _Expected:
     """The call that followed a given call last time, as the MPI layer saw it: its
     signature and the size (flag included), dtype and op of its MPI buffer."""
 
-    __slots__ = ("signature", "count", "dtype", "op", "flagged")
+    __slots__ = ("count", "dtype", "flagged", "op", "signature")
 
     def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
         self.signature = signature
@@ -162,8 +172,16 @@ class HierarchicalCollectives(Collectives):
     ``local_counts``: every worker's number of replicas, in rank order.
     """
 
-    def __init__(self, local: Any, comm: Any, local_counts: Sequence[int], timeout: float, *,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, on_fatal: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self,
+        local: Any,
+        comm: Any,
+        local_counts: Sequence[int],
+        timeout: float,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        on_fatal: Optional[Callable[[str], None]] = None,
+    ) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -207,9 +225,11 @@ class HierarchicalCollectives(Collectives):
             self._timed_out(what, t)
 
     def _timed_out(self, what: str, timeout: float) -> None:
-        msg = (f"worker {self.rank}: {what} waited {timeout:g} s for the other workers, which did not "
-               "all arrive; an MPI collective cannot be cancelled, so the job must end (the timeout is "
-               "CommunicationOptions.timeout_seconds)")
+        msg = (
+            f"worker {self.rank}: {what} waited {timeout:g} s for the other workers, which did not "
+            "all arrive; an MPI collective cannot be cancelled, so the job must end (the timeout is "
+            "CommunicationOptions.timeout_seconds)"
+        )
         if self._on_fatal is not None:
             self._on_fatal(msg)
         raise CollectiveTimeoutError(msg)
@@ -237,14 +257,16 @@ class HierarchicalCollectives(Collectives):
         data = np.frombuffer(description.encode(), dtype=np.uint8)
         out = np.empty(sum(lengths), dtype=np.uint8)
         displs = [int(x) for x in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
-        self._wait(self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]),
-                   what, timeout)
-        texts = [bytes(out[d: d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
+        self._wait(
+            self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]), what, timeout
+        )
+        texts = [bytes(out[d : d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
         w = next(k for k in range(1, self.num_workers) if texts[k] != texts[0])
         raise MismatchError(
             f"{what}: worker {self.rank}: the workers disagree: worker 0 calls {texts[0]}, worker {w} calls "
             f"{texts[w]}; every worker must make the same collective calls, in the same order, with values "
-            "of the same structure, dtypes and shapes")
+            "of the same structure, dtypes and shapes"
+        )
 
     def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
         """An agreement exchange for a collective that carries no flag (gathers,
@@ -254,8 +276,9 @@ class HierarchicalCollectives(Collectives):
         self._last = sig
 
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
-    def _mpi_all_reduce(self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float],
-                        send: Optional[np.ndarray] = None) -> None:
+    def _mpi_all_reduce(
+        self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
+    ) -> None:
         """``buf`` all-reduced with ``op`` between the workers: in place, or from ``send``
         (same size) into ``buf``. float16/bfloat16 travel as float32."""
         t, deadline = self._deadline(timeout)
@@ -290,8 +313,16 @@ class HierarchicalCollectives(Collectives):
                 self._on_fatal(msg)
             raise RuntimeError(msg) from job.error
 
-    def _reduce_flat(self, flat: np.ndarray, op: ReduceOp, description: str, what: str,
-                     timeout: Optional[float], flagged: bool, send: Optional[np.ndarray] = None) -> None:
+    def _reduce_flat(
+        self,
+        flat: np.ndarray,
+        op: ReduceOp,
+        description: str,
+        what: str,
+        timeout: Optional[float],
+        flagged: bool,
+        send: Optional[np.ndarray] = None,
+    ) -> None:
         """The worker-level all-reduce of ``flat`` (this worker's local result, or the
         result buffer of ``send``), with the agreement of the module doc. ``flagged``:
         ``flat`` ends with one extra element, the agreement flag's place."""
@@ -323,12 +354,21 @@ class HierarchicalCollectives(Collectives):
         self._last = sig
 
     # ---- all-reduce --------------------------------------------------------------------------------
-    def all_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], *, algorithm: str = "auto",
-                   bytes_per_pack: int = 0, timeout: Optional[float] = None, value: Any = None,
-                   what: str = "all_reduce") -> List[List[Any]]:
+    def all_reduce(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        *,
+        algorithm: str = "auto",
+        bytes_per_pack: int = 0,
+        timeout: Optional[float] = None,
+        value: Any = None,
+        what: str = "all_reduce",
+    ) -> List[List[Any]]:
         if self.num_workers == 1:
-            return self.local.all_reduce(op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack,
-                                         timeout=timeout)
+            return self.local.all_reduce(
+                op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, timeout=timeout
+            )
         n = self.num_local
         self._what = what
         # reduce and all_reduce are the same call between workers (a worker with one
@@ -341,7 +381,7 @@ class HierarchicalCollectives(Collectives):
             return self._all_reduce_packed(op, leaves, work, description, timeout)
         # Several dtypes, or one MPI cannot reduce: leaf by leaf (each its own call).
         out: List[List[Any]] = [[None] * len(first) for _ in range(n)]
-        for i, a in enumerate(first):
+        for i in range(len(first)):
             column = [[leaves[r][i]] for r in range(n)]
             res = self._all_reduce_one_dtype(op, column, f"{description} [leaf {i}]", timeout)
             for r in range(n):
@@ -354,8 +394,9 @@ class HierarchicalCollectives(Collectives):
             return self._all_reduce_packed(op, leaves, work, description, timeout)
         return self._all_reduce_numpy(op, leaves, description, timeout)
 
-    def _all_reduce_packed(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype,
-                           description: str, timeout: Optional[float]) -> List[List[Any]]:
+    def _all_reduce_packed(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, description: str, timeout: Optional[float]
+    ) -> List[List[Any]]:
         """Every leaf of one dtype through one worker-level all-reduce: the local replicas'
         leaves are reduced into one flat host buffer (with room for the agreement flag
         when small), MPI reduces it across workers, and every local replica gets its
@@ -406,8 +447,16 @@ class HierarchicalCollectives(Collectives):
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
 
-    def _pipeline(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int,
-                  chunks: List[Tuple[int, int]], what: str, timeout: Optional[float]) -> List[np.ndarray]:
+    def _pipeline(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        work: np.dtype,
+        total: int,
+        chunks: List[Tuple[int, int]],
+        what: str,
+        timeout: Optional[float],
+    ) -> List[np.ndarray]:
         """The three steps on host memory, chunk by chunk, so that they overlap: while MPI
         carries chunk i (a blocking call on the MPI thread), the engine reduces chunk i+1
         into the buffer MPI sends; chunk i is broadcast from it to the other local
@@ -471,8 +520,9 @@ class HierarchicalCollectives(Collectives):
             for b in bufs:
                 b /= self.num_replicas
 
-    def _local_reduce(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int,
-                      extra: int) -> np.ndarray:
+    def _local_reduce(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int, extra: int
+    ) -> np.ndarray:
         """This worker's replicas' leaves (``total`` elements each) reduced with ``op`` into
         one new flat host buffer, with ``extra`` more elements after the data."""
         size = total + extra
@@ -491,7 +541,7 @@ class HierarchicalCollectives(Collectives):
         if n == 1:
             o = 0
             for a in leaves[0]:
-                np.copyto(data[o: o + a.size], np.ravel(a), casting="unsafe")
+                np.copyto(data[o : o + a.size], np.ravel(a), casting="unsafe")
                 o += a.size
             return flat
         if len(leaves[0]) == 1:
@@ -524,8 +574,9 @@ class HierarchicalCollectives(Collectives):
             rows = [data] + [data.copy() for _ in range(n - 1)]
         return [self.local._unpack(rows[r], shapes) for r in range(n)]
 
-    def _all_reduce_numpy(self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str,
-                          timeout: Optional[float]) -> List[List[Any]]:
+    def _all_reduce_numpy(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str, timeout: Optional[float]
+    ) -> List[List[Any]]:
         """Dtypes MPI cannot reduce: every worker's local parts gathered, reduced with numpy
         in global replica order on every worker."""
         n = self.num_local
@@ -535,8 +586,9 @@ class HierarchicalCollectives(Collectives):
         return [[self.local._copy(result, r) if r else self.local._place_host(result, 0)] for r in range(n)]
 
     # ---- gathers and broadcasts ---------------------------------------------------------------------
-    def _gather_rows(self, local: np.ndarray, description: str, what: str, timeout: Optional[float],
-                     axis_sizes: Optional[int] = None) -> np.ndarray:
+    def _gather_rows(
+        self, local: np.ndarray, description: str, what: str, timeout: Optional[float], axis_sizes: Optional[int] = None
+    ) -> np.ndarray:
         """Every worker's ``local`` (of one dtype; sizes may differ along axis 0)
         concatenated along axis 0 in worker order."""
         self._sync_point(description, what, timeout)
@@ -547,13 +599,23 @@ class HierarchicalCollectives(Collectives):
         counts = [int(s) * row for s in sizes]
         displs = [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]
         raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
-        self._wait(self._comm.Iallgatherv([raw, self._MPI.BYTE],
-                                          [out.reshape(-1).view(np.uint8), counts, displs, self._MPI.BYTE]),
-                   what, timeout)
+        self._wait(
+            self._comm.Iallgatherv(
+                [raw, self._MPI.BYTE], [out.reshape(-1).view(np.uint8), counts, displs, self._MPI.BYTE]
+            ),
+            what,
+            timeout,
+        )
         return out
 
-    def all_gather(self, leaves: Sequence[Sequence[Any]], axes: Sequence[int], *, timeout: Optional[float] = None,
-                   value: Any = None) -> List[List[Any]]:
+    def all_gather(
+        self,
+        leaves: Sequence[Sequence[Any]],
+        axes: Sequence[int],
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+    ) -> List[List[Any]]:
         if self.num_workers == 1:
             return self.local.all_gather(leaves, axes, timeout=timeout)
         n = self.num_local
@@ -570,11 +632,14 @@ class HierarchicalCollectives(Collectives):
             full = self._gather_rows(moved, desc, "all_gather", timeout)
             result = np.moveaxis(full, 0, ax) if ax else full
             for r in range(n):
-                out[r][i] = self.local._copy(result, r) if r else self.local._place_host(np.ascontiguousarray(result), 0)
+                out[r][i] = (
+                    self.local._copy(result, r) if r else self.local._place_host(np.ascontiguousarray(result), 0)
+                )
         return out
 
-    def broadcast(self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None,
-                  value: Any = None) -> List[List[Any]]:
+    def broadcast(
+        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+    ) -> List[List[Any]]:
         if self.num_workers == 1:
             return self.local.broadcast(leaves, root, timeout=timeout)
         if not 0 <= root < self.num_replicas:
@@ -589,8 +654,11 @@ class HierarchicalCollectives(Collectives):
             desc = f"broadcast(root={root}) leaf {i} of dtype {host.dtype.name} shape {host.shape}"
             self._sync_point(desc, "broadcast", timeout)
             if host.size:
-                self._wait(self._comm.Ibcast([host.reshape(-1).view(np.uint8), self._MPI.BYTE], root=w_root),
-                           "broadcast", timeout)
+                self._wait(
+                    self._comm.Ibcast([host.reshape(-1).view(np.uint8), self._MPI.BYTE], root=w_root),
+                    "broadcast",
+                    timeout,
+                )
             for r in range(n):
                 out[r][i] = self.local._copy(host, r) if r else self.local._place_host(host, 0)
         return out
@@ -609,8 +677,9 @@ class HierarchicalCollectives(Collectives):
         host = devices.to_host(local)
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         rest = tuple(d for k, d in enumerate(host.shape) if k != axis)
-        full = self._gather_rows(moved, f"gather(axis={axis}) of dtype {host.dtype.name} shape (*, {rest})",
-                                 "gather", timeout)
+        full = self._gather_rows(
+            moved, f"gather(axis={axis}) of dtype {host.dtype.name} shape (*, {rest})", "gather", timeout
+        )
         result = np.moveaxis(full, 0, axis) if axis else full
         return self.local._place_host(np.ascontiguousarray(result), 0)
 
@@ -647,5 +716,7 @@ class HierarchicalCollectives(Collectives):
         self.local.close()
 
     def __repr__(self) -> str:
-        return (f"HierarchicalCollectives(worker={self.rank}, num_workers={self.num_workers}, "
-                f"local_counts={list(self.local_counts)})")
+        return (
+            f"HierarchicalCollectives(worker={self.rank}, num_workers={self.num_workers}, "
+            f"local_counts={list(self.local_counts)})"
+        )

@@ -16,7 +16,7 @@ import numpy as np
 
 from ._core import AbortedError
 
-__all__ = ["load_mpi", "poll", "MpiJob", "MpiThread", "LocalMeeting", "report_and_abort", "WAIT_SLICE"]
+__all__ = ["WAIT_SLICE", "LocalMeeting", "MpiJob", "MpiThread", "load_mpi", "poll", "report_and_abort"]
 
 _monotonic = time.monotonic
 # A polling wait first spins this long without pause, then yields the core between
@@ -44,7 +44,7 @@ class MpiJob:
     """One MPI all-reduce of a buffer (a chunk): posted nonblocking by the calling thread
     (``req``), or run blocking by the MPI thread (``done`` is set when it returns)."""
 
-    __slots__ = ("buf", "target", "req", "done", "error")
+    __slots__ = ("buf", "done", "error", "req", "target")
 
     def __init__(self, buf: np.ndarray, target: Optional[np.ndarray]) -> None:
         # float16/bfloat16 chunks travel as float32 in `buf`, copied back into `target`.
@@ -67,7 +67,7 @@ class MpiThread:
     """
 
     def __init__(self) -> None:
-        self._items: "collections.deque[Tuple[MpiJob, Callable[[], None]]]" = collections.deque()
+        self._items: collections.deque[Tuple[MpiJob, Callable[[], None]]] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stop = False
         self._thread: Optional[threading.Thread] = None
@@ -117,8 +117,13 @@ class LocalMeeting:
         self._generation = 0
         self._error: Optional[BaseException] = None
 
-    def run(self, replica: int, buf: np.ndarray, collective: Callable[[List[np.ndarray]], None],
-            check: Callable[[List[int]], None]) -> None:
+    def run(
+        self,
+        replica: int,
+        buf: np.ndarray,
+        collective: Callable[[List[np.ndarray]], None],
+        check: Callable[[List[int]], None],
+    ) -> None:
         """Leaves ``buf``; replica 0 runs ``collective(bufs)`` once all are there, the
         others wait for it. ``check(missing)`` is called while waiting (it raises to stop:
         a failed replica, a passed deadline)."""
@@ -134,8 +139,10 @@ class LocalMeeting:
                     check([0])
                     cond.wait(WAIT_SLICE)
                 if self._error is not None:
-                    raise AbortedError(f"released because local replica 0 failed in the all-reduce: "
-                                       f"{type(self._error).__name__}: {self._error}")
+                    raise AbortedError(
+                        f"released because local replica 0 failed in the all-reduce: "
+                        f"{type(self._error).__name__}: {self._error}"
+                    )
                 return
             while self._count < self._n:
                 check([r for r, b in enumerate(self._bufs) if b is None])

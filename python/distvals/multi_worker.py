@@ -32,11 +32,11 @@ import numpy as np
 from . import context, nest
 from .local_extended import LocalExtended
 from .options import CommunicationOptions
-from .reduce_op import ReduceOp, as_reduce_op
+from .reduce_op import ReduceOp
 from .strategy import Strategy
 from .values import DistributedValues, PerReplica, regroup, select_replica
 
-__all__ = ["MultiWorkerMirroredStrategy", "MPIClusterResolver"]
+__all__ = ["MPIClusterResolver", "MultiWorkerMirroredStrategy"]
 
 _NAME_BYTES = 256
 
@@ -67,8 +67,10 @@ class MPIClusterResolver:
         return {"CPU": self._local_counts[self.task_id]}
 
     def __repr__(self) -> str:
-        return (f"MPIClusterResolver(task_type='worker', task_id={self.task_id}, "
-                f"num_workers={self.num_workers}, is_chief={self.is_chief})")
+        return (
+            f"MPIClusterResolver(task_type='worker', task_id={self.task_id}, "
+            f"num_workers={self.num_workers}, is_chief={self.is_chief})"
+        )
 
 
 class _WorkerReplicaContext(context.ReplicaContext):
@@ -92,8 +94,7 @@ class _WorkerReplicaContext(context.ReplicaContext):
         return self._total
 
     def __repr__(self) -> str:
-        return (f"ReplicaContext(replica_id_in_sync_group={self._global_id}, "
-                f"num_replicas_in_sync={self._total})")
+        return f"ReplicaContext(replica_id_in_sync_group={self._global_id}, num_replicas_in_sync={self._total})"
 
 
 def _chunk_bytes() -> int:
@@ -134,8 +135,14 @@ class _MultiWorkerExtended(LocalExtended):
     """The local replicas of one worker (as MirroredStrategy's) plus the workers' MPI
     communicator; every collective goes through ``HierarchicalCollectives``."""
 
-    def __init__(self, container_strategy: Strategy, devices: Sequence[str],
-                 options: Optional[CommunicationOptions], communicator: Any, execution: str) -> None:
+    def __init__(
+        self,
+        container_strategy: Strategy,
+        devices: Sequence[str],
+        options: Optional[CommunicationOptions],
+        communicator: Any,
+        execution: str,
+    ) -> None:
         from .mpi_runtime import load_mpi
 
         mpi = load_mpi()
@@ -147,8 +154,7 @@ class _MultiWorkerExtended(LocalExtended):
             )
         self._mpi = mpi
         self._user_comm = comm
-        super().__init__(container_strategy, devices, None, options, "MultiWorkerMirroredStrategy",
-                         execution=execution)
+        super().__init__(container_strategy, devices, None, options, "MultiWorkerMirroredStrategy", execution=execution)
         self._distributed_variables = True
         hier = self._coll
         self._rank = hier.rank
@@ -163,8 +169,9 @@ class _MultiWorkerExtended(LocalExtended):
         self._plain_is_local = self._num_workers > 1 and max(counts) == 1
         self._wrap_results = self._n == 1 and self._total > 1 and not self._plain_is_local
         self._resolver = MPIClusterResolver(self._rank, self._num_workers, self._hosts, counts)
-        self._contexts = tuple(_WorkerReplicaContext(container_strategy, r, self._offset + r, self._total, self._n)
-                               for r in range(self._n))
+        self._contexts = tuple(
+            _WorkerReplicaContext(container_strategy, r, self._offset + r, self._total, self._n) for r in range(self._n)
+        )
         self._entries = tuple(c._entry for c in self._contexts)
         for c in self._contexts:
             c._ext = self
@@ -175,7 +182,10 @@ class _MultiWorkerExtended(LocalExtended):
             warnings.warn(
                 f"MultiWorkerMirroredStrategy: worker {self._rank} may run on 1 core only, for "
                 f"{self._n} replicas; launch with `mpirun --bind-to none` (or bind each process to enough "
-                "cores) so that its replicas run in parallel", RuntimeWarning, stacklevel=3)
+                "cores) so that its replicas run in parallel",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _make_collectives(self) -> Any:
         from .mpi_collectives import HierarchicalCollectives
@@ -194,8 +204,9 @@ class _MultiWorkerExtended(LocalExtended):
         self._wait_setup(comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
         self._hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
         self._comm = comm
-        return HierarchicalCollectives(local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(),
-                                       on_fatal=self._fatal)
+        return HierarchicalCollectives(
+            local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
+        )
 
     def _wait_setup(self, req: Any, timeout: float) -> None:
         """Waits for a request of the strategy's set-up (every worker constructs the
@@ -207,9 +218,13 @@ class _MultiWorkerExtended(LocalExtended):
             if req.Test():
                 return
             if time.monotonic() > deadline:
-                report_and_abort(self._mpi.COMM_WORLD, (
-                    f"MPI rank {self._mpi.COMM_WORLD.Get_rank()}: MultiWorkerMirroredStrategy waited "
-                    f"{timeout:g} s for the other workers to create it too"))
+                report_and_abort(
+                    self._mpi.COMM_WORLD,
+                    (
+                        f"MPI rank {self._mpi.COMM_WORLD.Get_rank()}: MultiWorkerMirroredStrategy waited "
+                        f"{timeout:g} s for the other workers to create it too"
+                    ),
+                )
             time.sleep(1e-4)
 
     # ---- where this worker stands ----------------------------------------------------------
@@ -248,8 +263,9 @@ class _MultiWorkerExtended(LocalExtended):
         from .mpi_runtime import report_and_abort
 
         world = self._mpi.COMM_WORLD
-        report_and_abort(world, f"worker {self._rank} (MPI rank {world.Get_rank()} of {world.Get_size()}) "
-                                f"failed: {message}")
+        report_and_abort(
+            world, f"worker {self._rank} (MPI rank {world.Get_rank()} of {world.Get_size()}) failed: {message}"
+        )
 
     def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
         try:
@@ -257,8 +273,11 @@ class _MultiWorkerExtended(LocalExtended):
         except BaseException as e:
             if self._num_workers > 1:
                 r = getattr(e, "replica", None)
-                where = (f" in replica {self._offset + r} (local replica {r} of this worker)"
-                         if isinstance(r, int) and 0 <= r < self._n else "")
+                where = (
+                    f" in replica {self._offset + r} (local replica {r} of this worker)"
+                    if isinstance(r, int) and 0 <= r < self._n
+                    else ""
+                )
                 self._fatal(f"strategy.run raised {type(e).__name__}{where}: {e}")
             raise
         if self._wrap_results:
@@ -291,8 +310,12 @@ class _MultiWorkerExtended(LocalExtended):
     def _local_destinations(self, destinations: Any, what: str) -> List[str]:
         # With one local replica a plain value is that replica's value, so as destinations
         # it means the replica's device (numpy arrays have a `device` of their own, "cpu").
-        if (self._n == 1 and self._num_workers > 1 and destinations is not None
-                and not isinstance(destinations, (str, list, tuple, DistributedValues))):
+        if (
+            self._n == 1
+            and self._num_workers > 1
+            and destinations is not None
+            and not isinstance(destinations, (str, list, tuple, DistributedValues))
+        ):
             return list(self._devices)
         return self._destinations(destinations, what)
 
@@ -307,15 +330,22 @@ class _MultiWorkerExtended(LocalExtended):
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
         return super()._gather_one(self._as_local_parts(value), axis, what)
 
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None) -> Any:
+    def reduce_to(
+        self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None
+    ) -> Any:
         """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
         worker's devices): a Mirrored, or the value itself for one destination."""
         self._require_cross_replica("extended.reduce_to")
-        return super().reduce_to(reduce_op, self._as_local_parts(value),
-                                 self._local_destinations(destinations, "reduce_to"), options)
+        return super().reduce_to(
+            reduce_op, self._as_local_parts(value), self._local_destinations(destinations, "reduce_to"), options
+        )
 
-    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]],
-                        options: Optional[CommunicationOptions] = None) -> List[Any]:
+    def batch_reduce_to(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[Tuple[Any, Any]],
+        options: Optional[CommunicationOptions] = None,
+    ) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
         self._require_cross_replica("extended.batch_reduce_to")
         if not isinstance(value_destination_pairs, (list, tuple)):
@@ -352,9 +382,10 @@ class _MultiWorkerExtended(LocalExtended):
         if error is not None:
             raise error
         if not ok:
-            raise OSError(f"save_variables: worker {self._rank}: the chief (worker 0) failed to write the "
-                          "checkpoint; its error is in its output")
-
+            raise OSError(
+                f"save_variables: worker {self._rank}: the chief (worker 0) failed to write the "
+                "checkpoint; its error is in its output"
+            )
 
 
 class MultiWorkerMirroredStrategy(Strategy):
@@ -371,9 +402,14 @@ class MultiWorkerMirroredStrategy(Strategy):
     ``mpirun -n 2 python train.py``.
     """
 
-    def __init__(self, devices: Optional[Sequence[str]] = None,
-                 communication_options: Optional[CommunicationOptions] = None, *, communicator: Any = None,
-                 execution: str = "auto") -> None:
+    def __init__(
+        self,
+        devices: Optional[Sequence[str]] = None,
+        communication_options: Optional[CommunicationOptions] = None,
+        *,
+        communicator: Any = None,
+        execution: str = "auto",
+    ) -> None:
         devs = _local_devices(devices)
         super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator, execution))
 
@@ -432,5 +468,7 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def __repr__(self) -> str:
         ext = self._extended
-        return (f"MultiWorkerMirroredStrategy(devices={list(ext._devices)!r}, task_id={ext._rank}, "
-                f"num_workers={ext._num_workers})")
+        return (
+            f"MultiWorkerMirroredStrategy(devices={list(ext._devices)!r}, task_id={ext._rank}, "
+            f"num_workers={ext._num_workers})"
+        )

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from . import nest
-from .values import DistributedValues, PerReplica
 from .input import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
@@ -30,8 +29,9 @@ from .input import (
     split_batch_sizes,
     to_numpy,
 )
+from .values import DistributedValues, PerReplica
 
-__all__ = ["WorkerDistributedDataset", "WorkerDatasetsFromFunction", "worker_rows", "wrap_single"]
+__all__ = ["WorkerDatasetsFromFunction", "WorkerDistributedDataset", "worker_rows", "wrap_single"]
 
 
 class _LocalReplicas:
@@ -49,7 +49,7 @@ def worker_rows(batch: int, total: int, offset: int, count: int) -> slice:
     ``offset`` .. ``offset + count - 1`` of ``total``."""
     sizes = split_batch_sizes(batch, total)
     start = sum(sizes[:offset])
-    return slice(start, start + sum(sizes[offset: offset + count]))
+    return slice(start, start + sum(sizes[offset : offset + count]))
 
 
 def _shard(iterator: Iterator[Any], total: int, offset: int, count: int) -> Iterator[Any]:
@@ -70,6 +70,7 @@ def wrap_single(value: Any) -> Any:
     """``value`` (one replica's) with its leaves as PerReplica values of one part: a
     worker with one replica among workers with several hands out distributed values
     like them, so that every worker treats them alike."""
+
     def one(x: Any) -> Any:
         return x if isinstance(x, DistributedValues) else PerReplica((x,))
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = [
-    "is_nested",
-    "flatten",
-    "pack_sequence_as",
-    "map_structure",
-    "structure_mismatch",
     "assert_same_structure",
     "describe",
+    "flatten",
+    "is_nested",
+    "map_structure",
+    "pack_sequence_as",
     "paths",
+    "structure_mismatch",
 ]
 
 
@@ -125,9 +125,7 @@ def structure_mismatch(a, b, path: str = "") -> Optional[str]:
     a_nested, b_nested = is_nested(a), is_nested(b)
     if not a_nested and not b_nested:
         return None
-    if a_nested != b_nested or type(a) is not type(b) and not (
-        isinstance(a, list) and isinstance(b, list)
-    ):
+    if a_nested != b_nested or (type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list))):
         return f"at {where}: {describe(a)} vs {describe(b)}"
     if isinstance(a, dict):
         if set(a) != set(b):

@@ -20,14 +20,14 @@ class Optional:
     """A value or nothing; build one with ``Optional.from_value(v)`` or
     ``Optional.empty(element_spec)``."""
 
-    __slots__ = ("_value", "_element_spec")
+    __slots__ = ("_element_spec", "_value")
 
     def __init__(self, value: Any = _NOTHING, element_spec: Any = None) -> None:
         self._value = value
         self._element_spec = element_spec
 
     @staticmethod
-    def from_value(value: Any, element_spec: Any = None) -> "Optional":
+    def from_value(value: Any, element_spec: Any = None) -> Optional:
         """An Optional holding ``value``."""
         if element_spec is None:
             from .specs import spec_of
@@ -39,7 +39,7 @@ class Optional:
         return Optional(value, element_spec)
 
     @staticmethod
-    def empty(element_spec: Any = None) -> "Optional":
+    def empty(element_spec: Any = None) -> Optional:
         """An Optional holding nothing (of the given element_spec)."""
         return Optional(_NOTHING, element_spec)
 

@@ -12,12 +12,12 @@ from typing import Optional, Union
 from . import _core
 
 __all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "CollectiveAllReduce",
     "CommunicationImplementation",
     "CommunicationOptions",
     "CrossDeviceOps",
-    "CollectiveAllReduce",
     "ReductionToOneDevice",
-    "DEFAULT_TIMEOUT_SECONDS",
 ]
 
 #: Longest wait of any collective, and of ``strategy.run`` for its replicas, when
@@ -57,8 +57,12 @@ def env_timeout_seconds() -> Optional[float]:
     except ValueError:
         seconds = math.nan
     if math.isnan(seconds) or seconds <= 0:
-        warnings.warn(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; "
-                      f"using the default timeout of {DEFAULT_TIMEOUT_SECONDS:g} s", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; "
+            f"using the default timeout of {DEFAULT_TIMEOUT_SECONDS:g} s",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return DEFAULT_TIMEOUT_SECONDS
     return seconds
 
@@ -103,8 +107,12 @@ class CommunicationOptions:
     ``implementation``: the all-reduce algorithm, "auto", "ring", "tree" or "direct".
     """
 
-    def __init__(self, bytes_per_pack: int = 0, timeout_seconds: Optional[float] = None,
-                 implementation: Union[str, CommunicationImplementation] = "auto"):
+    def __init__(
+        self,
+        bytes_per_pack: int = 0,
+        timeout_seconds: Optional[float] = None,
+        implementation: Union[str, CommunicationImplementation] = "auto",
+    ):
         if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int):
             raise TypeError(f"bytes_per_pack must be an int, got {type(bytes_per_pack).__name__}")
         if bytes_per_pack < 0:
@@ -113,7 +121,7 @@ class CommunicationOptions:
         self.timeout_seconds = parse_timeout_seconds(timeout_seconds)
         self.implementation = _algorithm(implementation, "implementation")
 
-    def merge(self, other: Optional["CommunicationOptions"]) -> "CommunicationOptions":
+    def merge(self, other: Optional[CommunicationOptions]) -> CommunicationOptions:
         """These options with the fields ``other`` sets (non-default) taking precedence."""
         if other is None:
             return self
@@ -126,8 +134,10 @@ class CommunicationOptions:
         )
 
     def __repr__(self) -> str:
-        return (f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
-                f"timeout_seconds={self.timeout_seconds}, implementation={self.implementation!r})")
+        return (
+            f"CommunicationOptions(bytes_per_pack={self.bytes_per_pack}, "
+            f"timeout_seconds={self.timeout_seconds}, implementation={self.implementation!r})"
+        )
 
 
 class CrossDeviceOps:

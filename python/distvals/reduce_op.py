@@ -23,7 +23,7 @@ class ReduceOp(enum.Enum):
     PRODUCT = "PRODUCT"
 
     @staticmethod
-    def from_variable_aggregation(aggregation) -> "ReduceOp":
+    def from_variable_aggregation(aggregation) -> ReduceOp:
         """The reduce op of a ``VariableAggregation`` (SUM or MEAN); ValueError otherwise."""
         name = getattr(aggregation, "name", aggregation)
         if name == "SUM":
@@ -31,8 +31,7 @@ class ReduceOp(enum.Enum):
         if name == "MEAN":
             return ReduceOp.MEAN
         raise ValueError(
-            f"could not convert VariableAggregation {aggregation!r} to a ReduceOp; "
-            "only SUM and MEAN have one"
+            f"could not convert VariableAggregation {aggregation!r} to a ReduceOp; only SUM and MEAN have one"
         )
 
     @property
@@ -68,9 +67,7 @@ def as_reduce_op(op: Union[ReduceOp, str]) -> ReduceOp:
             return ReduceOp[key]
         if key in _ALIASES:
             return _ALIASES[key]
-        raise ValueError(
-            f"unknown reduce op {op!r}; expected one of SUM, MEAN, MIN, MAX, PRODUCT (any case)"
-        )
+        raise ValueError(f"unknown reduce op {op!r}; expected one of SUM, MEAN, MIN, MAX, PRODUCT (any case)")
     # A ReduceOp from another copy of this module, or tf.distribute.ReduceOp.
     name = getattr(op, "name", None)
     if isinstance(name, str) and name.upper() in ReduceOp.__members__:

@@ -27,16 +27,16 @@ import threading
 from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = [
-    "Request",
-    "QUICK_ALL_REDUCE",
     "QUICK",
-    "as_request",
+    "QUICK_ALL_REDUCE",
     "Failure",
+    "Request",
     "Resolve",
     "StepTimeout",
+    "as_request",
     "fork_generation",
-    "set_async_exception",
     "names",
+    "set_async_exception",
 ]
 
 
@@ -50,10 +50,11 @@ class Request:
     needs beside them (options, the original object of a variable update).
     """
 
-    __slots__ = ("kind", "params", "value", "extra", "timeout")
+    __slots__ = ("extra", "kind", "params", "timeout", "value")
 
-    def __init__(self, kind: str, params: tuple, value: Any, extra: Any = None,
-                 timeout: Optional[float] = None) -> None:
+    def __init__(
+        self, kind: str, params: tuple, value: Any, extra: Any = None, timeout: Optional[float] = None
+    ) -> None:
         self.kind = kind
         self.params = params
         self.value = value
@@ -80,7 +81,7 @@ QUICK_ALL_REDUCE = object()
 QUICK = ("quick",)  # the ``extra`` of a Request made from the quick form
 
 
-def as_request(m: Any) -> "Request":
+def as_request(m: Any) -> Request:
     """``m`` (a Request, or the quick tuple form) as a Request."""
     if type(m) is tuple and m[0] is QUICK_ALL_REDUCE:
         return Request("all_reduce", (m[1],), m[2], QUICK)
@@ -100,7 +101,7 @@ outcome that is a ``Raise`` raises its error in its replica; anything else is re
 class Failure:
     """An exception raised by one replica during a step, with its order of arrival."""
 
-    __slots__ = ("order", "replica", "error")
+    __slots__ = ("error", "order", "replica")
 
     def __init__(self, order: int, replica: int, error: BaseException) -> None:
         self.order = order

@@ -40,8 +40,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
-from .replicas import Failure, Raise, Request, StepTimeout, as_request, fork_counter as _forks, main_thread_id, \
-    names, set_async_exception
+from .replicas import Failure, Raise, Request, StepTimeout, as_request, main_thread_id, names, set_async_exception
+from .replicas import fork_counter as _forks
 
 try:
     import greenlet as _greenlet_module
@@ -166,8 +166,9 @@ class InlineRunner:
         self._parent = parent
         return gls
 
-    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
-             timeout: float) -> List[Any]:
+    def step(
+        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+    ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results (None for a failed one).
         Exceptions of the replicas land in ``failures``; a replica still running after
         ``timeout`` seconds raises StepTimeout here."""
@@ -277,9 +278,15 @@ class InlineRunner:
         e = first.error
         for r in waiting:
             req = as_request(msgs[r])
-            self._resume(r, gls[r], None, AbortedError(
-                f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
-                f"{type(e).__name__}: {e}"))
+            self._resume(
+                r,
+                gls[r],
+                None,
+                AbortedError(
+                    f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
+                    f"{type(e).__name__}: {e}"
+                ),
+            )
 
     def _release_early_return(self, waiting: List[int], msgs: List[Any], gls: List[Any]) -> None:
         """Some replicas returned while others wait: they can never meet."""
@@ -289,7 +296,8 @@ class InlineRunner:
             err = MismatchError(
                 f"replica {r}: {calls}, but replica(s) {names(done)} returned from the replica function "
                 "without making that call; every replica must make the same collective, merge_call and "
-                "variable-update calls in the same order")
+                "variable-update calls in the same order"
+            )
             err.replica = r
             self._resume(r, gls[r], None, err)
 
@@ -299,11 +307,16 @@ class InlineRunner:
         for f in failures:
             e = f.error
             if isinstance(e, InlineTimeout) or (fired == 2 and isinstance(e, KeyboardInterrupt)):
-                raise StepTimeout(timeout, [f.replica], (
-                    f"replica {f.replica} did not reach a meeting or return within {timeout:g} s; inline "
-                    "replicas take turns on one thread, so a replica that waits for another one outside "
-                    "the strategy's collectives (an Event, a queue) cannot go on: use "
-                    "execution='threads' for such code"))
+                raise StepTimeout(
+                    timeout,
+                    [f.replica],
+                    (
+                        f"replica {f.replica} did not reach a meeting or return within {timeout:g} s; inline "
+                        "replicas take turns on one thread, so a replica that waits for another one outside "
+                        "the strategy's collectives (an Event, a queue) cannot go on: use "
+                        "execution='threads' for such code"
+                    ),
+                )
 
     # ---- watchdog ------------------------------------------------------------------------
     def _arm(self, timeout: float) -> None:
@@ -371,7 +384,7 @@ def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:
     return runs_in(runner, sys._current_frames().get(thread_id))  # type: ignore[arg-type]
 
 
-def runs_in(runner: "InlineRunner", frame: Any) -> bool:
+def runs_in(runner: InlineRunner, frame: Any) -> bool:
     """True when ``frame`` (a thread's current frame) or a frame below it belongs to a
     step of ``runner``: its scheduler, or one of its replica greenlets."""
     while frame is not None:
@@ -399,7 +412,7 @@ class _Watchdog:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._runners: "weakref.WeakSet[InlineRunner]" = weakref.WeakSet()
+        self._runners: weakref.WeakSet[InlineRunner] = weakref.WeakSet()
         self._wake_at = math.inf
         self._thread: Optional[threading.Thread] = None
         self._pid = 0

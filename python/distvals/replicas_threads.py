@@ -64,8 +64,18 @@ class _Meeting:
     the caller's thread (replica 0) must never leave a lock held.
     """
 
-    __slots__ = ("n", "mu", "requests", "count", "generation", "outcomes", "failed", "finished", "resolve",
-                 "wake")
+    __slots__ = (
+        "count",
+        "failed",
+        "finished",
+        "generation",
+        "mu",
+        "n",
+        "outcomes",
+        "requests",
+        "resolve",
+        "wake",
+    )
 
     def __init__(self, n: int, resolve: Callable[[List[Request]], List[Any]]) -> None:
         self.n = n
@@ -107,16 +117,18 @@ class _Meeting:
 
     def _check(self, replica: int, request: Request) -> None:
         if self.failed is not None:
-            by, why = self.failed
+            _, why = self.failed
             raise AbortedError(f"replica {replica}: released from {request.describe()} because {why}")
         gone = [r for r in range(self.n) if self.finished[r] and self.requests[r] is None]
         if gone:
-            calls = "; ".join(f"replica {r} waits in {q.describe()}" for r, q in enumerate(self.requests)
-                              if q is not None)
+            calls = "; ".join(
+                f"replica {r} waits in {q.describe()}" for r, q in enumerate(self.requests) if q is not None
+            )
             err = MismatchError(
                 f"replica {replica}: {calls}, but replica(s) {names(gone)} returned from the replica "
                 "function without making that call; every replica must make the same collective, "
-                "merge_call and variable-update calls in the same order")
+                "merge_call and variable-update calls in the same order"
+            )
             err.replica = replica
             raise err
 
@@ -163,7 +175,8 @@ class _Meeting:
                     self.count -= 1
                     raise CollectiveTimeoutError(
                         f"replica {replica}: {request.describe()} timed out after {timeout:g} s: "
-                        f"replica(s) {names(missing)} never arrived")
+                        f"replica(s) {names(missing)} never arrived"
+                    )
 
     def _mine(self, replica: int) -> Any:
         o = self.outcomes[replica]  # type: ignore[index]
@@ -175,8 +188,21 @@ class _Meeting:
 class _Step:
     """One run of the replica function on every replica."""
 
-    __slots__ = ("fn", "meeting", "results", "failures", "pending", "done", "lock", "order", "deadline",
-                 "timeout", "abandoned", "on_fail", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "abandoned",
+        "deadline",
+        "done",
+        "failures",
+        "fn",
+        "lock",
+        "meeting",
+        "on_fail",
+        "order",
+        "pending",
+        "results",
+        "timeout",
+    )
 
     def __init__(self, n: int, fn: Callable, resolve, order, timeout: float, on_fail) -> None:
         self.fn = fn
@@ -211,11 +237,11 @@ class _Step:
 class _Worker:
     """One replica thread and its task queue."""
 
-    __slots__ = ("replica", "tasks", "thread", "current", "retired")
+    __slots__ = ("current", "replica", "retired", "tasks", "thread")
 
     def __init__(self, replica: int, name: str) -> None:
         self.replica = replica
-        self.tasks: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.current: Optional[_Step] = None
         self.retired = False
         self.thread = threading.Thread(target=_worker_main, args=(self,), name=f"{name}-{replica}", daemon=True)
@@ -256,7 +282,7 @@ def _worker_main(w: _Worker) -> None:
                 step = None
             if w.retired:
                 return
-    except BaseException:  # noqa: BLE001 - an asynchronous exception sent to a retired thread
+    except BaseException:
         if not w.retired:
             raise
 
@@ -274,8 +300,13 @@ class ThreadRunner:
 
     mode = "threads"
 
-    def __init__(self, num_replicas: int, resolve: Callable[[List[Request]], List[Any]],
-                 on_fail: Callable[[int, str], None], name: str = "distvals-replica") -> None:
+    def __init__(
+        self,
+        num_replicas: int,
+        resolve: Callable[[List[Request]], List[Any]],
+        on_fail: Callable[[int, str], None],
+        name: str = "distvals-replica",
+    ) -> None:
         self.n = num_replicas
         self._resolve = resolve
         self._on_fail = on_fail
@@ -341,8 +372,9 @@ class ThreadRunner:
         w.tasks.put(_STOP)
         set_async_exception(w.thread.ident, AbortedError)
 
-    def step(self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple],
-             timeout: float) -> List[Any]:
+    def step(
+        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+    ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results. Failures land in
         ``failures``; replicas still running ``timeout`` seconds after the start (or a
         Ctrl-C while waiting) abandon the step: StepTimeout / KeyboardInterrupt."""
@@ -361,7 +393,7 @@ class ThreadRunner:
             _current.step = step
             try:
                 step.results[0] = fn(*args, **(kwargs or _EMPTY))
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 step.fail(0, e)
                 if not isinstance(e, Exception):
                     raise  # Ctrl-C, SystemExit: return at once, the step is abandoned

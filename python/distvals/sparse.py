@@ -17,13 +17,23 @@ import numpy as np
 from . import kinds
 from .errors import InvalidArgumentError
 
-__all__ = ["IndexedSlices", "SparseDelta", "SCATTER_KINDS", "sparse_delta", "nd_delta", "apply_sparse",
-           "take_rows", "gather_nd", "concat_deltas"]
+__all__ = [
+    "SCATTER_KINDS",
+    "IndexedSlices",
+    "SparseDelta",
+    "apply_sparse",
+    "concat_deltas",
+    "gather_nd",
+    "nd_delta",
+    "sparse_delta",
+    "take_rows",
+]
 
 #: Update kinds that carry a SparseDelta (the rest carry a dense value).
 SCATTER_KINDS = frozenset(
     [f"scatter_{op}" for op in ("update", "add", "sub", "mul", "div", "min", "max")]
-    + [f"scatter_nd_{op}" for op in ("update", "add", "sub", "min", "max")])
+    + [f"scatter_nd_{op}" for op in ("update", "add", "sub", "min", "max")]
+)
 
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
 
@@ -34,7 +44,7 @@ class IndexedSlices:
     a variable take; a ``tf.IndexedSlices`` (or any object with ``indices`` and
     ``values``) works as well."""
 
-    __slots__ = ("values", "indices", "dense_shape")
+    __slots__ = ("dense_shape", "indices", "values")
 
     def __init__(self, values: Any, indices: Any, dense_shape: Any = None) -> None:
         self.values = values
@@ -42,8 +52,9 @@ class IndexedSlices:
         self.dense_shape = dense_shape
 
     def __repr__(self) -> str:
-        return (f"IndexedSlices(indices={self.indices!r}, values={self.values!r}"
-                + (f", dense_shape={self.dense_shape!r})" if self.dense_shape is not None else ")"))
+        return f"IndexedSlices(indices={self.indices!r}, values={self.values!r}" + (
+            f", dense_shape={self.dense_shape!r})" if self.dense_shape is not None else ")"
+        )
 
 
 class SparseDelta:
@@ -51,7 +62,7 @@ class SparseDelta:
     variable's dtype; ``nd`` for the ``scatter_nd_*`` addressing. A plain object (not a
     tuple) so that nested-structure code treats it as one value."""
 
-    __slots__ = ("indices", "values", "nd")
+    __slots__ = ("indices", "nd", "values")
 
     def __init__(self, indices: np.ndarray, values: Any, nd: bool) -> None:
         self.indices = indices
@@ -87,9 +98,9 @@ def sparse_delta(sparse: Any, shape: Tuple[int, ...], coerce: Any, what: str) ->
     """The (indices, values) of an IndexedSlices-like ``sparse`` for a variable of
     ``shape``; ``coerce(values, what)`` converts the values to the variable's dtype."""
     if isinstance(sparse, (tuple, list, dict, np.ndarray)) or not (
-            hasattr(sparse, "indices") and hasattr(sparse, "values")):
-        raise TypeError(f"{what}: sparse_delta must be an IndexedSlices(values, indices), got "
-                        f"{type(sparse).__name__}")
+        hasattr(sparse, "indices") and hasattr(sparse, "values")
+    ):
+        raise TypeError(f"{what}: sparse_delta must be an IndexedSlices(values, indices), got {type(sparse).__name__}")
     if not shape:
         raise ValueError(f"{what}: a scalar variable has no rows to scatter into")
     idx = _indices(sparse.indices, what)
@@ -98,8 +109,9 @@ def sparse_delta(sparse: Any, shape: Tuple[int, ...], coerce: Any, what: str) ->
     values = coerce(sparse.values, what)
     want = idx.shape + tuple(shape[1:])
     if tuple(values.shape) != want:
-        raise ValueError(f"{what}: values have shape {tuple(values.shape)}, {len(idx)} rows of the variable need "
-                         f"{want}")
+        raise ValueError(
+            f"{what}: values have shape {tuple(values.shape)}, {len(idx)} rows of the variable need {want}"
+        )
     _check_bounds(idx[:, None], shape[:1], what)
     return SparseDelta(idx, values, nd=False)
 
@@ -109,14 +121,18 @@ def nd_delta(indices: Any, updates: Any, shape: Tuple[int, ...], coerce: Any, wh
     ``shape``: ``indices[..., :K]`` addresses the first K axes."""
     idx = _indices(indices, what)
     if idx.ndim == 0 or not 1 <= idx.shape[-1] <= len(shape):
-        raise ValueError(f"{what}: indices of shape {idx.shape} cannot address a variable of shape {tuple(shape)}; "
-                         "the last axis of indices must be between 1 and the variable's rank")
+        raise ValueError(
+            f"{what}: indices of shape {idx.shape} cannot address a variable of shape {tuple(shape)}; "
+            "the last axis of indices must be between 1 and the variable's rank"
+        )
     k = idx.shape[-1]
     values = coerce(updates, what)
     want = idx.shape[:-1] + tuple(shape[k:])
     if tuple(values.shape) != want:
-        raise ValueError(f"{what}: updates have shape {tuple(values.shape)}, indices of shape {idx.shape} into a "
-                         f"variable of shape {tuple(shape)} need {want}")
+        raise ValueError(
+            f"{what}: updates have shape {tuple(values.shape)}, indices of shape {idx.shape} into a "
+            f"variable of shape {tuple(shape)} need {want}"
+        )
     _check_bounds(idx, tuple(shape[:k]), what)
     return SparseDelta(idx, values, nd=True)
 
@@ -189,5 +205,5 @@ def gather_nd(value: np.ndarray, indices: Any, what: str) -> np.ndarray:
     idx = _indices(indices, what)
     if idx.ndim == 0 or not 1 <= idx.shape[-1] <= value.ndim:
         raise ValueError(f"{what}: indices of shape {idx.shape} cannot address a value of shape {value.shape}")
-    _check_bounds(idx, value.shape[:idx.shape[-1]], what)
+    _check_bounds(idx, value.shape[: idx.shape[-1]], what)
     return np.asarray(value[tuple(np.moveaxis(idx, -1, 0))])

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import nest
 
-__all__ = ["TensorSpec", "PerReplicaSpec", "spec_of", "unbatched", "with_batch", "from_tensorflow"]
+__all__ = ["PerReplicaSpec", "TensorSpec", "from_tensorflow", "spec_of", "unbatched", "with_batch"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -25,7 +25,7 @@ class TensorSpec:
     """The shape (None for unknown dimensions, or for an unknown rank) and numpy dtype of
     an array, as ``tf.TensorSpec``."""
 
-    __slots__ = ("_shape", "_dtype", "_name")
+    __slots__ = ("_dtype", "_name", "_shape")
 
     def __init__(self, shape: Any, dtype: Any = np.float32, name: Optional[str] = None) -> None:
         self._shape: Shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
@@ -46,20 +46,25 @@ class TensorSpec:
 
     def is_compatible_with(self, value: Any) -> bool:
         """True when ``value`` (an array, or another spec) fits this spec."""
-        shape = value.shape if not isinstance(value, TensorSpec) else value.shape
+        shape = value.shape
         dtype = value.dtype
         if np.dtype(dtype) != self._dtype:
             return False
         if self._shape is None or shape is None:
             return True
-        return len(shape) == len(self._shape) and all(a is None or b is None or a == b
-                                                      for a, b in zip(self._shape, shape))
+        return len(shape) == len(self._shape) and all(
+            a is None or b is None or a == b for a, b in zip(self._shape, shape)
+        )
 
-    def __eq__(self, other: Any) -> bool:
-        return (isinstance(other, TensorSpec) and other._shape == self._shape and other._dtype == self._dtype
-                and other._name == self._name)
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TensorSpec)
+            and other._shape == self._shape
+            and other._dtype == self._dtype
+            and other._name == self._name
+        )
 
-    def __ne__(self, other: Any) -> bool:
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
@@ -81,10 +86,10 @@ class PerReplicaSpec:
     def value_specs(self) -> Tuple[Any, ...]:
         return self._value_specs
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, PerReplicaSpec) and other._value_specs == self._value_specs
 
-    def __ne__(self, other: Any) -> bool:
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
@@ -140,6 +145,7 @@ def with_batch(spec: Any, size: Optional[int]) -> Any:
 
 def from_tensorflow(spec: Any) -> Any:
     """A ``tf.data`` element_spec as distvals specs (TensorSpec leaves)."""
+
     def one(s: Any) -> Any:
         shape = getattr(s, "shape", None)
         dims = None if shape is None or getattr(shape, "rank", 0) is None else tuple(shape.as_list())

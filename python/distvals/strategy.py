@@ -19,7 +19,7 @@ from .options import CommunicationOptions, CrossDeviceOps
 from .reduce_op import as_reduce_op
 from .values import DistributedValues, contains_distributed, regroup
 
-__all__ = ["Strategy", "StrategyExtended", "MirroredStrategy", "OneDeviceStrategy", "RunOptions"]
+__all__ = ["MirroredStrategy", "OneDeviceStrategy", "RunOptions", "Strategy", "StrategyExtended"]
 
 
 class RunOptions:
@@ -29,16 +29,21 @@ class RunOptions:
     are accepted and change nothing (there is no graph to compile); ``experimental_xla_options``
     and ``experimental_xla_sharding`` are refused by ``run`` with NotImplementedError."""
 
-    def __init__(self, experimental_enable_dynamic_batch_size: bool = True,
-                 experimental_bucketizing_dynamic_shape: bool = False,
-                 experimental_xla_options: Any = None) -> None:
+    def __init__(
+        self,
+        experimental_enable_dynamic_batch_size: bool = True,
+        experimental_bucketizing_dynamic_shape: bool = False,
+        experimental_xla_options: Any = None,
+    ) -> None:
         self.experimental_enable_dynamic_batch_size = experimental_enable_dynamic_batch_size
         self.experimental_bucketizing_dynamic_shape = experimental_bucketizing_dynamic_shape
         self.experimental_xla_options = experimental_xla_options
 
     def __repr__(self) -> str:
-        return (f"RunOptions(experimental_enable_dynamic_batch_size={self.experimental_enable_dynamic_batch_size}, "
-                f"experimental_bucketizing_dynamic_shape={self.experimental_bucketizing_dynamic_shape})")
+        return (
+            f"RunOptions(experimental_enable_dynamic_batch_size={self.experimental_enable_dynamic_batch_size}, "
+            f"experimental_bucketizing_dynamic_shape={self.experimental_bucketizing_dynamic_shape})"
+        )
 
 
 def _check_run_options(options: Any) -> None:
@@ -169,7 +174,7 @@ class Strategy:
         strategy is garbage collected). Idempotent; a closed strategy refuses to run."""
         self._extended.close()
 
-    def __enter__(self) -> "Strategy":
+    def __enter__(self) -> Strategy:
         """``with MirroredStrategy(...) as s:`` closes ``s`` at the end of the block (it does
         not enter the strategy's scope: use ``s.scope()`` for that)."""
         return self
@@ -226,16 +231,22 @@ class MirroredStrategy(Strategy):
     (``cupy.asarray(x)`` views it without a copy) or copy it with ``.numpy()``.
     """
 
-    def __init__(self, devices: Optional[Sequence[str]] = None, cross_device_ops: Optional[CrossDeviceOps] = None,
-                 communication_options: Optional[CommunicationOptions] = None, execution: str = "auto") -> None:
+    def __init__(
+        self,
+        devices: Optional[Sequence[str]] = None,
+        cross_device_ops: Optional[CrossDeviceOps] = None,
+        communication_options: Optional[CommunicationOptions] = None,
+        execution: str = "auto",
+    ) -> None:
         devs = canonical_devices(devices, "MirroredStrategy")
-        super().__init__(LocalExtended(self, devs, cross_device_ops, communication_options, "MirroredStrategy",
-                                       execution=execution))
+        super().__init__(
+            LocalExtended(self, devs, cross_device_ops, communication_options, "MirroredStrategy", execution=execution)
+        )
         self._extended._distributed_variables = True
 
     @property
     def execution(self) -> str:
-        """"inline" or "threads": how this strategy runs its replicas."""
+        """ "inline" or "threads": how this strategy runs its replicas."""
         return self._extended.execution
 
 

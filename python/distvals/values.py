@@ -15,7 +15,7 @@ import numpy as np
 
 from . import context, nest
 
-__all__ = ["DistributedValues", "PerReplica", "Mirrored", "select_replica", "contains_distributed", "regroup"]
+__all__ = ["DistributedValues", "Mirrored", "PerReplica", "contains_distributed", "regroup", "select_replica"]
 
 
 class DistributedValues:
@@ -40,7 +40,7 @@ class DistributedValues:
         self._values = tuple(values)
 
     @classmethod
-    def _of(cls, values: Tuple[Any, ...]) -> "DistributedValues":
+    def _of(cls, values: Tuple[Any, ...]) -> DistributedValues:
         """An instance over a non-empty tuple made by distvals itself (skips the checks of
         the public constructor, for hot paths such as splitting every batch)."""
         self = cls.__new__(cls)
@@ -85,41 +85,110 @@ class DistributedValues:
         return getattr(ufunc, method)(*inputs, **kwargs)
 
     # ---- operators ------------------------------------------------------------------
-    def __add__(self, o): return self._current() + _unwrap(o)
-    def __radd__(self, o): return _unwrap(o) + self._current()
-    def __sub__(self, o): return self._current() - _unwrap(o)
-    def __rsub__(self, o): return _unwrap(o) - self._current()
-    def __mul__(self, o): return self._current() * _unwrap(o)
-    def __rmul__(self, o): return _unwrap(o) * self._current()
-    def __truediv__(self, o): return self._current() / _unwrap(o)
-    def __rtruediv__(self, o): return _unwrap(o) / self._current()
-    def __floordiv__(self, o): return self._current() // _unwrap(o)
-    def __rfloordiv__(self, o): return _unwrap(o) // self._current()
-    def __mod__(self, o): return self._current() % _unwrap(o)
-    def __rmod__(self, o): return _unwrap(o) % self._current()
-    def __pow__(self, o): return self._current() ** _unwrap(o)
-    def __rpow__(self, o): return _unwrap(o) ** self._current()
-    def __matmul__(self, o): return self._current() @ _unwrap(o)
-    def __rmatmul__(self, o): return _unwrap(o) @ self._current()
-    def __and__(self, o): return self._current() & _unwrap(o)
-    def __rand__(self, o): return _unwrap(o) & self._current()
-    def __or__(self, o): return self._current() | _unwrap(o)
-    def __ror__(self, o): return _unwrap(o) | self._current()
-    def __xor__(self, o): return self._current() ^ _unwrap(o)
-    def __rxor__(self, o): return _unwrap(o) ^ self._current()
-    def __lt__(self, o): return self._current() < _unwrap(o)
-    def __le__(self, o): return self._current() <= _unwrap(o)
-    def __gt__(self, o): return self._current() > _unwrap(o)
-    def __ge__(self, o): return self._current() >= _unwrap(o)
-    def __neg__(self): return -self._current()
-    def __pos__(self): return +self._current()
-    def __abs__(self): return abs(self._current())
-    def __invert__(self): return ~self._current()
-    def __getitem__(self, key): return self._current()[key]
-    def __float__(self): return float(self._current())
-    def __int__(self): return int(self._current())
-    def __complex__(self): return complex(self._current())
-    def __index__(self): return self._current().__index__()
+    def __add__(self, o):
+        return self._current() + _unwrap(o)
+
+    def __radd__(self, o):
+        return _unwrap(o) + self._current()
+
+    def __sub__(self, o):
+        return self._current() - _unwrap(o)
+
+    def __rsub__(self, o):
+        return _unwrap(o) - self._current()
+
+    def __mul__(self, o):
+        return self._current() * _unwrap(o)
+
+    def __rmul__(self, o):
+        return _unwrap(o) * self._current()
+
+    def __truediv__(self, o):
+        return self._current() / _unwrap(o)
+
+    def __rtruediv__(self, o):
+        return _unwrap(o) / self._current()
+
+    def __floordiv__(self, o):
+        return self._current() // _unwrap(o)
+
+    def __rfloordiv__(self, o):
+        return _unwrap(o) // self._current()
+
+    def __mod__(self, o):
+        return self._current() % _unwrap(o)
+
+    def __rmod__(self, o):
+        return _unwrap(o) % self._current()
+
+    def __pow__(self, o):
+        return self._current() ** _unwrap(o)
+
+    def __rpow__(self, o):
+        return _unwrap(o) ** self._current()
+
+    def __matmul__(self, o):
+        return self._current() @ _unwrap(o)
+
+    def __rmatmul__(self, o):
+        return _unwrap(o) @ self._current()
+
+    def __and__(self, o):
+        return self._current() & _unwrap(o)
+
+    def __rand__(self, o):
+        return _unwrap(o) & self._current()
+
+    def __or__(self, o):
+        return self._current() | _unwrap(o)
+
+    def __ror__(self, o):
+        return _unwrap(o) | self._current()
+
+    def __xor__(self, o):
+        return self._current() ^ _unwrap(o)
+
+    def __rxor__(self, o):
+        return _unwrap(o) ^ self._current()
+
+    def __lt__(self, o):
+        return self._current() < _unwrap(o)
+
+    def __le__(self, o):
+        return self._current() <= _unwrap(o)
+
+    def __gt__(self, o):
+        return self._current() > _unwrap(o)
+
+    def __ge__(self, o):
+        return self._current() >= _unwrap(o)
+
+    def __neg__(self):
+        return -self._current()
+
+    def __pos__(self):
+        return +self._current()
+
+    def __abs__(self):
+        return abs(self._current())
+
+    def __invert__(self):
+        return ~self._current()
+
+    def __getitem__(self, key):
+        return self._current()[key]
+
+    def __float__(self):
+        return float(self._current())
+
+    def __int__(self):
+        return int(self._current())
+
+    def __complex__(self):
+        return complex(self._current())
+
+    def __index__(self):
+        return self._current().__index__()
 
     # Equality and hashing stay by identity, as for TensorFlow's distributed values, so
     # these objects can be dict keys and set members.
@@ -170,6 +239,7 @@ class Mirrored(DistributedValues):
 
 # ---- between per-replica and distributed structures -----------------------------------
 
+
 def select_replica(replica: int, structure: Any) -> Any:
     """``structure`` as replica ``replica`` sees it: every DistributedValues replaced by
     that replica's part (variables stay whole)."""
@@ -203,8 +273,13 @@ def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
     return found
 
 
-def regroup(per_replica: Sequence[Any], wrap=None, what: str = "strategy.run", scalars_by_identity: bool = True,
-            always_wrap: bool = False) -> Any:
+def regroup(
+    per_replica: Sequence[Any],
+    wrap=None,
+    what: str = "strategy.run",
+    scalars_by_identity: bool = True,
+    always_wrap: bool = False,
+) -> Any:
     """N per-replica structures as one structure of PerReplica leaves (or ``wrap``).
 
     As in TensorFlow, a leaf that is the very same object on every replica stays as it

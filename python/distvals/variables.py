@@ -50,13 +50,13 @@ from .errors import OutOfRangeError
 from .values import DistributedValues
 
 __all__ = [
-    "Variable",
-    "VariableRef",
     "DistributedVariable",
     "MirroredVariable",
     "SyncOnReadVariable",
-    "VariableSynchronization",
+    "Variable",
     "VariableAggregation",
+    "VariableRef",
+    "VariableSynchronization",
 ]
 
 
@@ -120,8 +120,7 @@ def _static_shape(shape: Any, what: str) -> Optional[Tuple[Optional[int], ...]]:
     if isinstance(dims, (int, np.integer)):
         dims = (dims,)
     try:
-        return tuple(None if d is None or getattr(d, "value", d) is None else int(getattr(d, "value", d))
-                     for d in dims)
+        return tuple(None if d is None or getattr(d, "value", d) is None else int(getattr(d, "value", d)) for d in dims)
     except TypeError:
         raise TypeError(f"{what}: shape must be a sequence of ints (None for unknown), got {shape!r}") from None
 
@@ -141,16 +140,27 @@ class _VariableMeta(type):
         return super().__call__(*args, **kwargs)
 
 
-def _create_variable(initial_value: Any = None, trainable: Optional[bool] = None, validate_shape: bool = True,
-                     caching_device: Any = None, name: Optional[str] = None, variable_def: Any = None,
-                     dtype: Any = None, import_scope: Any = None, constraint: Optional[Callable] = None,
-                     synchronization: Any = VariableSynchronization.AUTO,
-                     aggregation: Any = VariableAggregation.NONE, shape: Any = None,
-                     experimental_enable_variable_lifting: bool = True) -> "Variable":
+def _create_variable(
+    initial_value: Any = None,
+    trainable: Optional[bool] = None,
+    validate_shape: bool = True,
+    caching_device: Any = None,
+    name: Optional[str] = None,
+    variable_def: Any = None,
+    dtype: Any = None,
+    import_scope: Any = None,
+    constraint: Optional[Callable] = None,
+    synchronization: Any = VariableSynchronization.AUTO,
+    aggregation: Any = VariableAggregation.NONE,
+    shape: Any = None,
+    experimental_enable_variable_lifting: bool = True,
+) -> Variable:
     # The signature is TensorFlow's, positions included, so that ported calls bind alike.
     if variable_def is not None or import_scope is not None:
-        raise NotImplementedError("Variable: variable_def and import_scope belong to TensorFlow graphs; "
-                                  "create the variable from an initial_value")
+        raise NotImplementedError(
+            "Variable: variable_def and import_scope belong to TensorFlow graphs; "
+            "create the variable from an initial_value"
+        )
     if initial_value is None:
         raise ValueError("Variable: initial_value must be given")
     if constraint is not None and not callable(constraint):
@@ -164,15 +174,23 @@ def _create_variable(initial_value: Any = None, trainable: Optional[bool] = None
     if base.endswith(":0"):
         base = base[:-2]
     static = _static_shape(shape, f"Variable '{base}'")
-    spec = dict(trainable=bool(trainable), validate_shape=bool(validate_shape), name=base, dtype=dtype,
-                constraint=constraint, synchronization=sync, aggregation=agg, static=static)
+    spec = dict(
+        trainable=bool(trainable),
+        validate_shape=bool(validate_shape),
+        name=base,
+        dtype=dtype,
+        constraint=constraint,
+        synchronization=sync,
+        aggregation=agg,
+        static=static,
+    )
     ctx = context.current_run_context()
     if ctx is not None:
         return _create_in_replica(ctx, initial_value, spec)
     return _create(_initial_array(initial_value, dtype), spec)
 
 
-def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> "Variable":
+def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> Variable:
     """Inside ``strategy.run``: every replica computes its initial value, then one
     variable is made (in cross-replica context, from the first replica's value) and every
     replica gets that same object, as TensorFlow's MirroredStrategy does."""
@@ -180,7 +198,7 @@ def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> "Variable":
 
     value = _initial_array(initial_value, spec["dtype"])
 
-    def create(strategy: Any, first: Any) -> "Variable":
+    def create(strategy: Any, first: Any) -> Variable:
         if isinstance(first, PerReplica):
             first = first.values[0]
         return _create(first, spec)
@@ -188,25 +206,26 @@ def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> "Variable":
     return ctx.merge_call(create, args=(value,))
 
 
-def _create(value: np.ndarray, spec: dict) -> "Variable":
+def _create(value: np.ndarray, spec: dict) -> Variable:
     from .distributed_variables import MirroredVariable, SyncOnReadVariable
 
     base, sync, agg = spec["name"], spec["synchronization"], spec["aggregation"]
     static = spec["static"]
     if not _compatible(static, value.shape):
-        raise ValueError(f"Variable '{base}': initial value has shape {value.shape}, not the given shape "
-                         f"{static}")
+        raise ValueError(f"Variable '{base}': initial value has shape {value.shape}, not the given shape {static}")
     strategy = context.get_strategy()
     ext = strategy.extended
     places = tuple(getattr(ext, "_places", ()))
     if len(places) != len(ext._devices):
         places = (None,) * len(ext._devices)
     fixed = spec["validate_shape"] and (static is None or None not in static)
-    common = dict(trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value,
-                  fixed_shape=fixed)
+    common = dict(
+        trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value, fixed_shape=fixed
+    )
     if not context.has_strategy() or not getattr(ext, "_distributed_variables", False):
-        return type.__call__(Variable, _placed(value, places[0]), name=base, synchronization=sync,
-                             device=ext._devices[0], **common)
+        return type.__call__(
+            Variable, _placed(value, places[0]), name=base, synchronization=sync, device=ext._devices[0], **common
+        )
     if sync is VariableSynchronization.NONE:
         raise ValueError(
             f"Variable '{base}': synchronization NONE is not supported under a distribution strategy; "
@@ -265,19 +284,19 @@ class VariableRef:
 
     __slots__ = ("_variable",)
 
-    def __init__(self, variable: "Variable") -> None:
+    def __init__(self, variable: Variable) -> None:
         self._variable = variable
 
-    def deref(self) -> "Variable":
+    def deref(self) -> Variable:
         return self._variable
 
     def __hash__(self) -> int:
         return id(self._variable)
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, VariableRef) and other._variable is self._variable
 
-    def __ne__(self, other: Any) -> bool:
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
     def __repr__(self) -> str:
@@ -313,9 +332,19 @@ class Variable(metaclass=_VariableMeta):
     ``v.ref()`` as a dict key.
     """
 
-    def __init__(self, value: np.ndarray, *, trainable: bool, name: str, synchronization: VariableSynchronization,
-                 aggregation: VariableAggregation, device: str, constraint: Optional[Callable] = None,
-                 initial: Any = None, fixed_shape: bool = True) -> None:
+    def __init__(
+        self,
+        value: np.ndarray,
+        *,
+        trainable: bool,
+        name: str,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
+        device: str,
+        constraint: Optional[Callable] = None,
+        initial: Any = None,
+        fixed_shape: bool = True,
+    ) -> None:
         self._value = value
         self._trainable = bool(trainable)
         self._name = name
@@ -377,8 +406,10 @@ class Variable(metaclass=_VariableMeta):
         variable's; a variable's shape only changes by assignment."""
         static = _static_shape(shape, f"set_shape of variable '{self.name}'")
         if not _compatible(static, self.shape):
-            raise ValueError(f"set_shape of variable '{self.name}': shape {static} is not compatible with the "
-                             f"variable's shape {self.shape}")
+            raise ValueError(
+                f"set_shape of variable '{self.name}': shape {static} is not compatible with the "
+                f"variable's shape {self.shape}"
+            )
 
     @property
     def dtype(self) -> np.dtype:
@@ -447,8 +478,9 @@ class Variable(metaclass=_VariableMeta):
         if isinstance(value, sparse.SparseDelta):
             new = sparse.apply_sparse(kind, devices.to_host(self._value), value)
             new.flags.writeable = False
-            self._value = _placed(new, devices.place_of(self._value)) if not isinstance(
-                self._value, np.ndarray) else new
+            self._value = (
+                _placed(new, devices.place_of(self._value)) if not isinstance(self._value, np.ndarray) else new
+            )
             return
         if not isinstance(self._value, np.ndarray):
             # A copy on a GPU: the new value is computed there (see distvals.devices).
@@ -484,44 +516,44 @@ class Variable(metaclass=_VariableMeta):
         return self._update("assign_sub", delta, read_value)
 
     # The scatter family: rows of the first axis, from an IndexedSlices(values, indices).
-    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Sets rows ``sparse_delta.indices`` to ``sparse_delta.values``."""
         return self._update("scatter_update", sparse_delta, True)
 
-    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Adds ``sparse_delta.values`` to rows ``sparse_delta.indices`` (repeats add up)."""
         return self._update("scatter_add", sparse_delta, True)
 
-    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         return self._update("scatter_sub", sparse_delta, True)
 
-    def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         return self._update("scatter_mul", sparse_delta, True)
 
-    def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Divides rows (integers truncate toward zero, as TensorFlow's kernel)."""
         return self._update("scatter_div", sparse_delta, True)
 
-    def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         return self._update("scatter_min", sparse_delta, True)
 
-    def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> "Variable":
+    def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         return self._update("scatter_max", sparse_delta, True)
 
     # scatter_nd: indices[..., :K] address the first K axes.
-    def scatter_nd_update(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+    def scatter_nd_update(self, indices: Any, updates: Any, name: Any = None) -> Variable:
         return self._update("scatter_nd_update", (indices, updates), True)
 
-    def scatter_nd_add(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+    def scatter_nd_add(self, indices: Any, updates: Any, name: Any = None) -> Variable:
         return self._update("scatter_nd_add", (indices, updates), True)
 
-    def scatter_nd_sub(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+    def scatter_nd_sub(self, indices: Any, updates: Any, name: Any = None) -> Variable:
         return self._update("scatter_nd_sub", (indices, updates), True)
 
-    def scatter_nd_min(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+    def scatter_nd_min(self, indices: Any, updates: Any, name: Any = None) -> Variable:
         return self._update("scatter_nd_min", (indices, updates), True)
 
-    def scatter_nd_max(self, indices: Any, updates: Any, name: Any = None) -> "Variable":
+    def scatter_nd_max(self, indices: Any, updates: Any, name: Any = None) -> Variable:
         return self._update("scatter_nd_max", (indices, updates), True)
 
     def count_up_to(self, limit: int) -> np.ndarray:
@@ -529,7 +561,9 @@ class Variable(metaclass=_VariableMeta):
         value has reached ``limit`` (integer variables; the +1 follows the rules of
         ``assign_add``)."""
         if self.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-            raise TypeError(f"count_up_to of variable '{self.name}': needs an int32 or int64 variable, got {self.dtype}")
+            raise TypeError(
+                f"count_up_to of variable '{self.name}': needs an int32 or int64 variable, got {self.dtype}"
+            )
         old = np.asarray(devices.to_host(self.read_value()))
         if old >= limit:
             raise OutOfRangeError(f"count_up_to of variable '{self.name}': reached limit of {limit}")
@@ -552,40 +586,107 @@ class Variable(metaclass=_VariableMeta):
             kwargs["out"] = tuple(_unwrap(x) for x in kwargs["out"])
         return getattr(ufunc, method)(*inputs, **kwargs)
 
-    def __add__(self, o): return self.read_value() + _unwrap(o)
-    def __radd__(self, o): return _unwrap(o) + self.read_value()
-    def __sub__(self, o): return self.read_value() - _unwrap(o)
-    def __rsub__(self, o): return _unwrap(o) - self.read_value()
-    def __mul__(self, o): return self.read_value() * _unwrap(o)
-    def __rmul__(self, o): return _unwrap(o) * self.read_value()
-    def __truediv__(self, o): return self.read_value() / _unwrap(o)
-    def __rtruediv__(self, o): return _unwrap(o) / self.read_value()
-    def __floordiv__(self, o): return self.read_value() // _unwrap(o)
-    def __rfloordiv__(self, o): return _unwrap(o) // self.read_value()
-    def __mod__(self, o): return self.read_value() % _unwrap(o)
-    def __rmod__(self, o): return _unwrap(o) % self.read_value()
-    def __pow__(self, o): return self.read_value() ** _unwrap(o)
-    def __rpow__(self, o): return _unwrap(o) ** self.read_value()
-    def __matmul__(self, o): return self.read_value() @ _unwrap(o)
-    def __rmatmul__(self, o): return _unwrap(o) @ self.read_value()
-    def __and__(self, o): return self.read_value() & _unwrap(o)
-    def __rand__(self, o): return _unwrap(o) & self.read_value()
-    def __or__(self, o): return self.read_value() | _unwrap(o)
-    def __ror__(self, o): return _unwrap(o) | self.read_value()
-    def __xor__(self, o): return self.read_value() ^ _unwrap(o)
-    def __rxor__(self, o): return _unwrap(o) ^ self.read_value()
-    def __lt__(self, o): return self.read_value() < _unwrap(o)
-    def __le__(self, o): return self.read_value() <= _unwrap(o)
-    def __gt__(self, o): return self.read_value() > _unwrap(o)
-    def __ge__(self, o): return self.read_value() >= _unwrap(o)
-    def __neg__(self): return -self.read_value()
-    def __pos__(self): return +self.read_value()
-    def __abs__(self): return abs(self.read_value())
-    def __invert__(self): return ~self.read_value()
-    def __getitem__(self, key): return self.read_value()[key]
-    def __float__(self): return float(self.read_value())
-    def __int__(self): return int(self.read_value())
-    def __bool__(self): return bool(self.read_value())
+    def __add__(self, o):
+        return self.read_value() + _unwrap(o)
+
+    def __radd__(self, o):
+        return _unwrap(o) + self.read_value()
+
+    def __sub__(self, o):
+        return self.read_value() - _unwrap(o)
+
+    def __rsub__(self, o):
+        return _unwrap(o) - self.read_value()
+
+    def __mul__(self, o):
+        return self.read_value() * _unwrap(o)
+
+    def __rmul__(self, o):
+        return _unwrap(o) * self.read_value()
+
+    def __truediv__(self, o):
+        return self.read_value() / _unwrap(o)
+
+    def __rtruediv__(self, o):
+        return _unwrap(o) / self.read_value()
+
+    def __floordiv__(self, o):
+        return self.read_value() // _unwrap(o)
+
+    def __rfloordiv__(self, o):
+        return _unwrap(o) // self.read_value()
+
+    def __mod__(self, o):
+        return self.read_value() % _unwrap(o)
+
+    def __rmod__(self, o):
+        return _unwrap(o) % self.read_value()
+
+    def __pow__(self, o):
+        return self.read_value() ** _unwrap(o)
+
+    def __rpow__(self, o):
+        return _unwrap(o) ** self.read_value()
+
+    def __matmul__(self, o):
+        return self.read_value() @ _unwrap(o)
+
+    def __rmatmul__(self, o):
+        return _unwrap(o) @ self.read_value()
+
+    def __and__(self, o):
+        return self.read_value() & _unwrap(o)
+
+    def __rand__(self, o):
+        return _unwrap(o) & self.read_value()
+
+    def __or__(self, o):
+        return self.read_value() | _unwrap(o)
+
+    def __ror__(self, o):
+        return _unwrap(o) | self.read_value()
+
+    def __xor__(self, o):
+        return self.read_value() ^ _unwrap(o)
+
+    def __rxor__(self, o):
+        return _unwrap(o) ^ self.read_value()
+
+    def __lt__(self, o):
+        return self.read_value() < _unwrap(o)
+
+    def __le__(self, o):
+        return self.read_value() <= _unwrap(o)
+
+    def __gt__(self, o):
+        return self.read_value() > _unwrap(o)
+
+    def __ge__(self, o):
+        return self.read_value() >= _unwrap(o)
+
+    def __neg__(self):
+        return -self.read_value()
+
+    def __pos__(self):
+        return +self.read_value()
+
+    def __abs__(self):
+        return abs(self.read_value())
+
+    def __invert__(self):
+        return ~self.read_value()
+
+    def __getitem__(self, key):
+        return self.read_value()[key]
+
+    def __float__(self):
+        return float(self.read_value())
+
+    def __int__(self):
+        return int(self.read_value())
+
+    def __bool__(self):
+        return bool(self.read_value())
 
     def __eq__(self, o):  # type: ignore[override]
         return _equal(self.read_value(), o, np.equal)
@@ -594,8 +695,9 @@ class Variable(metaclass=_VariableMeta):
         return _equal(self.read_value(), o, np.not_equal)
 
     def __hash__(self) -> int:
-        raise TypeError(f"Variable is unhashable (== compares values); use variable.ref() as the key. "
-                        f"(Variable: {self.name})")
+        raise TypeError(
+            f"Variable is unhashable (== compares values); use variable.ref() as the key. (Variable: {self.name})"
+        )
 
     def __repr__(self) -> str:
         a = devices.to_host(self._value)
@@ -631,8 +733,10 @@ def _check_dtype(a: Any, dtype: np.dtype, python: bool, name: str, what: str) ->
         # As TensorFlow's conversion of Python values: a float never becomes an integer
         # (not even 2.0), a complex never becomes a real.
         if (src.kind == "f" and dtype.kind in "iub") or (src.kind == "c" and dtype.kind != "c"):
-            raise TypeError(f"{what} of variable '{name}': cannot convert a Python {'float' if src.kind == 'f' else 'complex'} "
-                            f"to {dtype}")
+            raise TypeError(
+                f"{what} of variable '{name}': cannot convert a Python {'float' if src.kind == 'f' else 'complex'} "
+                f"to {dtype}"
+            )
     elif not np.can_cast(src, dtype, casting="same_kind"):
         raise TypeError(f"{what} of variable '{name}': cannot use a {src} value for a {dtype} variable")
     if src.kind in "iu" and dtype.kind in "iu" and isinstance(a, np.ndarray) and a.size:

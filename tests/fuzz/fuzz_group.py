@@ -25,10 +25,10 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Provider", "one_input", "main"]
+__all__ = ["Provider", "main", "one_input"]
 
 if __name__ == "__main__" and "--random" not in sys.argv:
-    import atheris  # noqa: F401  (only for coverage-guided runs)
+    import atheris
 
     with atheris.instrument_imports():
         import distvals as dv
@@ -38,13 +38,31 @@ else:
     from distvals import _core
 
 SUPPORTED = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
-UNSUPPORTED = ["bool", "uint16", "uint32", "uint64", "complex64", "complex128", "object", "U2", "S2",
-               ">f4", ">i4", "longdouble", "datetime64[s]"]
+UNSUPPORTED = [
+    "bool",
+    "uint16",
+    "uint32",
+    "uint64",
+    "complex64",
+    "complex128",
+    "object",
+    "U2",
+    "S2",
+    ">f4",
+    ">i4",
+    "longdouble",
+    "datetime64[s]",
+]
 OPS = ["sum", "SUM", "mean", "avg", "min", "max", "prod", "product", "Max", "average", "", "sum "]
 ALGOS = ["auto", "ring", "tree", "direct", "Ring", "bus"]
 SINGLE = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"]
-PER_REPLICA = ["replica_all_reduce", "replica_reduce", "replica_broadcast", "replica_all_gather",
-               "replica_reduce_scatter"]
+PER_REPLICA = [
+    "replica_all_reduce",
+    "replica_reduce",
+    "replica_broadcast",
+    "replica_all_gather",
+    "replica_reduce_scatter",
+]
 TIMEOUT = 5.0  # seconds; every call here completes in milliseconds
 
 
@@ -81,6 +99,7 @@ class Provider:
 
 
 # ---- building arguments --------------------------------------------------------------
+
 
 def _array(p: Provider, dtype: str, shape: tuple, replica: int) -> np.ndarray:
     dt = np.dtype(dtype)
@@ -136,6 +155,7 @@ def _snapshot(x: Any) -> Any:
 
 
 # ---- the model of what is valid --------------------------------------------------------
+
 
 def _as_engine_array(x: Any) -> Optional[np.ndarray]:
     """What the engine would see, or None when it must refuse the object."""
@@ -248,18 +268,17 @@ def _replica_valid(g, method, replica, x, op, algo, root) -> Optional[tuple]:
     return (m, a.dtype.str, a.shape, name, resolved, root if m in ("reduce", "broadcast") else 0)
 
 
-_OP_NAMES = {"sum": "sum", "mean": "mean", "avg": "mean", "min": "min", "max": "max", "prod": "prod",
-             "product": "prod"}
+_OP_NAMES = {"sum": "sum", "mean": "mean", "avg": "mean", "min": "min", "max": "max", "prod": "prod", "product": "prod"}
 
 
 # ---- the reference ------------------------------------------------------------------------
+
 
 def _reduce(stack: np.ndarray, op: str) -> np.ndarray:
     op = op.lower()
     dt = stack.dtype
     if dt.kind in "iu":
-        ufunc = {"sum": np.add, "prod": np.multiply, "product": np.multiply, "min": np.minimum,
-                 "max": np.maximum}[op]
+        ufunc = {"sum": np.add, "prod": np.multiply, "product": np.multiply, "min": np.minimum, "max": np.maximum}[op]
         return ufunc.reduce(stack, axis=0, dtype=dt)
     s = stack.astype(np.float64)
     if op in ("mean", "avg"):
@@ -280,8 +299,9 @@ def _equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert got.size == want.size, f"{what}: size {got.size} != {want.size}"
     if want.dtype == np.float16:
-        np.testing.assert_allclose(got.astype(np.float64).ravel(), want.astype(np.float64).ravel(),
-                                   rtol=1e-3, atol=1e-3, err_msg=what)
+        np.testing.assert_allclose(
+            got.astype(np.float64).ravel(), want.astype(np.float64).ravel(), rtol=1e-3, atol=1e-3, err_msg=what
+        )
     else:
         np.testing.assert_array_equal(got.ravel(), want.ravel(), err_msg=what)
 
@@ -327,8 +347,7 @@ def one_input(data: bytes) -> None:
         bufs[1] = bufs[0]  # the same memory for two replicas
     out = None
     if method == "all_reduce" and p.rare(4):
-        out = [_layout(p, raw[r].copy()) if p.rare(8) else np.empty_like(np.asarray(raw[r]))
-               for r in range(len(raw))]
+        out = [_layout(p, raw[r].copy()) if p.rare(8) else np.empty_like(np.asarray(raw[r])) for r in range(len(raw))]
     before = [_snapshot(b) for b in bufs]
     if per_replica:
         _run_per_replica(g, method, bufs, before, op, algo, root, p)
@@ -382,7 +401,7 @@ def _run_single(g, method, bufs, before, op, algo, root, out) -> None:
         full = _reduce(stack, op)
         m = full.shape[0] // n
         for r in range(n):
-            _equal(res[r], full[r * m:(r + 1) * m], f"reduce_scatter replica {r}")
+            _equal(res[r], full[r * m : (r + 1) * m], f"reduce_scatter replica {r}")
 
 
 def _run_per_replica(g, method, bufs, before, op, algo, root, p: Provider) -> None:
@@ -461,7 +480,7 @@ def _run_per_replica(g, method, bufs, before, op, algo, root, p: Provider) -> No
         full = _reduce(stack, ops[0]).reshape(-1)  # block r of the flattened inputs
         k = full.shape[0] // n
         for r in range(n):
-            _equal(results[r], full[r * k:(r + 1) * k], f"reduce_scatter replica {r}")
+            _equal(results[r], full[r * k : (r + 1) * k], f"reduce_scatter replica {r}")
 
 
 def main(argv: List[str]) -> None:
@@ -482,8 +501,19 @@ def main(argv: List[str]) -> None:
 
     # Coverage of this file's model (which rule decided) and of distvals' Python code
     # guides the fuzzer; the C++ extension itself is not instrumented.
-    for fn in (one_input, _layout, _array, _single_valid, _replica_valid, _run_single, _run_per_replica,
-               _as_engine_array, _op_valid, _writes, _reads):
+    for fn in (
+        one_input,
+        _layout,
+        _array,
+        _single_valid,
+        _replica_valid,
+        _run_single,
+        _run_per_replica,
+        _as_engine_array,
+        _op_valid,
+        _writes,
+        _reads,
+    ):
         atheris.instrument_func(fn)
     atheris.Setup(argv, one_input)
     atheris.Fuzz()

@@ -20,8 +20,9 @@ ENGINE_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--replicas", default="2",
-                   help="local replicas per worker: one count for all, or a comma list by rank")
+    p.add_argument(
+        "--replicas", default="2", help="local replicas per worker: one count for all, or a comma list by rank"
+    )
     p.add_argument("--mode", default="")
     p.add_argument("--dir", default="")
     p.add_argument("--timeout", type=float, default=60.0)
@@ -38,13 +39,15 @@ def counts_of(spec: str, size: int) -> List[int]:
 
 
 def make_strategy(spec: str, timeout: float = 60.0):
-    import distvals as dv
     from mpi4py import MPI
+
+    import distvals as dv
 
     rank = MPI.COMM_WORLD.Get_rank()
     n = local_count(spec, rank)
-    return dv.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(n)],
-                                          communication_options=dv.CommunicationOptions(timeout_seconds=timeout))
+    return dv.MultiWorkerMirroredStrategy(
+        [f"CPU:{i}" for i in range(n)], communication_options=dv.CommunicationOptions(timeout_seconds=timeout)
+    )
 
 
 def value_for(g: int, shape, dtype, op: str = "sum", salt: int = 0) -> np.ndarray:

@@ -17,10 +17,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import expect, expect_close, expect_raises, make_strategy, parse_args  # noqa: E402
+from _check import expect, expect_close, expect_raises, make_strategy, parse_args
+from mpi4py import MPI
 
-import distvals as dv  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import distvals as dv
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     rank = MPI.COMM_WORLD.Get_rank()
     s = make_strategy(a.replicas, a.timeout)
     ext = s.extended
-    total, offset, n = s.num_replicas_in_sync, ext._offset, ext._n
+    total, n = s.num_replicas_in_sync, ext._n
     coll = ext._coll
     checks = 0
 
@@ -46,8 +46,7 @@ def main() -> int:
         for r in range(n):
             expect_close(local(grads["w"])[r], np.full((3, 2), sum(range(total)) + total * i), rank, f"step {i}: w")
             expect_close(local(grads["b"])[r], np.full(2, 2.0 * sum(range(total))), rank, f"step {i}: b")
-            expect_close(local(big)[r], np.full(40_000, np.mean(np.arange(total)) + i), rank, f"step {i}: big",
-                         1e-12)
+            expect_close(local(big)[r], np.full(40_000, np.mean(np.arange(total)) + i), rank, f"step {i}: big", 1e-12)
             expect_close(local(top)[r], total - 1, rank, f"step {i}: max")
         checks += 1
         if i == 2:
@@ -68,15 +67,26 @@ def main() -> int:
     cases = [
         ("shape", lambda g: np.ones(4 if rank == 0 else 3, np.float32), ["shape (4,)", "shape (3,)"]),
         ("dtype", lambda g: np.ones(2, np.int16 if rank == 0 else np.int64), ["int16", "int64"]),
-        ("keys", lambda g: {"a": np.ones(2), "b": np.ones(2)} if rank == 0 else {"b": np.ones(2), "c": np.ones(2)},
-         ["'a'", "'c'"]),
-        ("nesting", lambda g: {"weights": np.ones(2), "bias": np.ones(1)} if rank == 0 else
-         {"weights": np.ones(1), "bias": np.ones(2)}, ["['bias']", "['weights']"]),
+        (
+            "keys",
+            lambda g: {"a": np.ones(2), "b": np.ones(2)} if rank == 0 else {"b": np.ones(2), "c": np.ones(2)},
+            ["'a'", "'c'"],
+        ),
+        (
+            "nesting",
+            lambda g: (
+                {"weights": np.ones(2), "bias": np.ones(1)}
+                if rank == 0
+                else {"weights": np.ones(1), "bias": np.ones(2)}
+            ),
+            ["['bias']", "['weights']"],
+        ),
     ]
     for what, make, needles in cases:
         value = parts(make)
-        expect_raises(dv.MismatchError, lambda: s.reduce("sum", value, axis=None), rank, what,
-                      "the workers disagree", *needles)
+        expect_raises(
+            dv.MismatchError, lambda: s.reduce("sum", value, axis=None), rank, what, "the workers disagree", *needles
+        )
         ok = s.reduce("sum", parts(lambda g: np.full(3, float(g), np.float32)), axis=None)
         expect_close(ok, np.full(3, float(sum(range(total)))), rank, f"after the {what} mismatch")
         checks += 1

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import (  # noqa: E402
+from _check import (
     ENGINE_DTYPES,
     OPS,
     counts_of,
@@ -26,9 +26,9 @@ from _check import (  # noqa: E402
     tolerance,
     value_for,
 )
+from mpi4py import MPI
 
-import distvals as dv  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import distvals as dv
 
 Pair = collections.namedtuple("Pair", "first second")
 
@@ -50,24 +50,33 @@ def main() -> int:
     cr = s.cluster_resolver
     expect((cr.task_id, cr.num_workers, cr.is_chief) == (rank, size, rank == 0), rank, f"cluster info {cr!r}")
     expect(len(cr.cluster_spec()["worker"]) == size, rank, "cluster_spec lists every worker")
-    expect(ext.worker_devices == tuple(f"/job:worker/replica:0/task:{rank}/device:CPU:{i}" for i in range(n)),
-           rank, f"worker_devices {ext.worker_devices}")
+    expect(
+        ext.worker_devices == tuple(f"/job:worker/replica:0/task:{rank}/device:CPU:{i}" for i in range(n)),
+        rank,
+        f"worker_devices {ext.worker_devices}",
+    )
     expect(ext.should_checkpoint == (rank == 0), rank, "should_checkpoint on the chief only")
-    ids = s.run(lambda: (dv.get_replica_context().replica_id_in_sync_group,
-                         dv.get_replica_context().num_replicas_in_sync))
+    ids = s.run(
+        lambda: (dv.get_replica_context().replica_id_in_sync_group, dv.get_replica_context().num_replicas_in_sync)
+    )
     got_ids = list(s.experimental_local_results(ids[0]))
     expect(got_ids == list(range(offset, offset + n)), rank, f"replica ids {got_ids}")
     expect(all(t == total for t in s.experimental_local_results(ids[1])), rank, "context num_replicas_in_sync")
     vals = s.experimental_distribute_values_from_function(
-        lambda c: (c.replica_id_in_sync_group, c.num_replicas_in_sync))
-    expect([v for v in s.experimental_local_results(vals)] == [(offset + r, total) for r in range(n)], rank,
-           "values_from_function contexts")
+        lambda c: (c.replica_id_in_sync_group, c.num_replicas_in_sync)
+    )
+    expect(
+        [v for v in s.experimental_local_results(vals)] == [(offset + r, total) for r in range(n)],
+        rank,
+        "values_from_function contexts",
+    )
     checks += 5
 
     # ---- ReplicaContext.all_reduce: every op and dtype, several shapes ------------------------------
     for dtype in ENGINE_DTYPES:
         for op in OPS:
             for shape in [(), (7,), (3, 5)]:
+
                 def fn(dtype=dtype, op=op, shape=shape):
                     ctx = dv.get_replica_context()
                     return ctx.all_reduce(op, value_for(ctx.replica_id_in_sync_group, shape, dtype, op))
@@ -76,8 +85,11 @@ def main() -> int:
                 want = reference([value_for(g, shape, dtype, op) for g in range(total)], op)
                 for r, got in enumerate(s.experimental_local_results(out)):
                     want_dtype = np.float64 if (op == "mean" and np.dtype(dtype).kind in "iu") else np.dtype(dtype)
-                    expect(np.asarray(got).dtype == want_dtype, rank,
-                           f"all_reduce {op} {dtype}: result dtype {np.asarray(got).dtype}, expected {want_dtype}")
+                    expect(
+                        np.asarray(got).dtype == want_dtype,
+                        rank,
+                        f"all_reduce {op} {dtype}: result dtype {np.asarray(got).dtype}, expected {want_dtype}",
+                    )
                     tol = tolerance(dtype) if op != "mean" or np.dtype(dtype).kind == "f" else 1e-12
                     expect_close(got, want, rank, f"all_reduce {op} {dtype} {shape} replica {offset + r}", tol)
                 checks += 1
@@ -85,16 +97,24 @@ def main() -> int:
     # Dtypes the engine does not reduce go through a gather of raw bytes.
     for dtype, ops in [("int16", ["sum", "max"]), ("complex128", ["sum"]), ("bool", ["min", "max"])]:
         for op in ops:
-            out = s.run(lambda dtype=dtype, op=op: dv.get_replica_context().all_reduce(
-                op, value_for(dv.get_replica_context().replica_id_in_sync_group, (4,), dtype, op)))
+            out = s.run(
+                lambda dtype=dtype, op=op: dv.get_replica_context().all_reduce(
+                    op, value_for(dv.get_replica_context().replica_id_in_sync_group, (4,), dtype, op)
+                )
+            )
             want = reference([value_for(g, (4,), dtype, op) for g in range(total)], op)
             for r, got in enumerate(s.experimental_local_results(out)):
                 expect_close(got, want, rank, f"all_reduce {op} {dtype} replica {offset + r}")
             checks += 1
 
     # Large buffers: the pipelined path (several chunks), every element checked.
-    for dtype, op, count in [("float32", "sum", 700_000), ("float16", "max", 1_300_000),
-                             ("int64", "sum", 300_001), ("float64", "mean", 262_145)]:
+    for dtype, op, count in [
+        ("float32", "sum", 700_000),
+        ("float16", "max", 1_300_000),
+        ("int64", "sum", 300_001),
+        ("float64", "mean", 262_145),
+    ]:
+
         def big(dtype=dtype, op=op, count=count):
             g = dv.get_replica_context().replica_id_in_sync_group
             x = (np.arange(count, dtype=np.int64) % 97 + 5 * g).astype(dtype)
@@ -103,8 +123,9 @@ def main() -> int:
         out = s.run(big)
         want = reference([(np.arange(count, dtype=np.int64) % 97 + 5 * g).astype(dtype) for g in range(total)], op)
         for r, got in enumerate(s.experimental_local_results(out)):
-            expect_close(got, want, rank, f"large all_reduce {op} {dtype} x{count} replica {offset + r}",
-                         tolerance(dtype))
+            expect_close(
+                got, want, rank, f"large all_reduce {op} {dtype} x{count} replica {offset + r}", tolerance(dtype)
+            )
         checks += 1
 
     # Nested values of mixed dtypes, many small tensors (packed per dtype), two pack sizes.
@@ -114,8 +135,11 @@ def main() -> int:
         def nested(options=options):
             ctx = dv.get_replica_context()
             g = ctx.replica_id_in_sync_group
-            value = {"w": [value_for(g, (i + 1,), "float32", salt=i) for i in range(12)],
-                     "step": np.int64(g), "pair": Pair(value_for(g, (2, 2), "float64"), value_for(g, (), "int32"))}
+            value = {
+                "w": [value_for(g, (i + 1,), "float32", salt=i) for i in range(12)],
+                "step": np.int64(g),
+                "pair": Pair(value_for(g, (2, 2), "float64"), value_for(g, (), "int32")),
+            }
             return ctx.all_reduce("sum", value, options=options)
 
         out = s.run(nested)
@@ -127,20 +151,31 @@ def main() -> int:
                 expect(got["w"][i].dtype == np.float32, rank, "nested dtype kept")
             expect_close(got["step"], sum(range(total)), rank, "nested step")
             expect(isinstance(got["step"], np.int64), rank, f"a scalar stays a scalar: {type(got['step'])}")
-            expect_close(got["pair"].first, reference([value_for(g, (2, 2), "float64") for g in range(total)], "sum"),
-                         rank, "nested pair.first", 1e-12)
-            expect_close(got["pair"].second, reference([value_for(g, (), "int32") for g in range(total)], "sum"),
-                         rank, "nested pair.second")
+            expect_close(
+                got["pair"].first,
+                reference([value_for(g, (2, 2), "float64") for g in range(total)], "sum"),
+                rank,
+                "nested pair.first",
+                1e-12,
+            )
+            expect_close(
+                got["pair"].second,
+                reference([value_for(g, (), "int32") for g in range(total)], "sum"),
+                rank,
+                "nested pair.second",
+            )
         checks += 1
 
     # ---- ReplicaContext.all_gather: uneven sizes along the axis, axis 1, 0-d, nested -----------------
     def gather_fn():
         ctx = dv.get_replica_context()
         g = ctx.replica_id_in_sync_group
-        return (ctx.all_gather(np.full((g + 1, 3), g, np.float32), 0),
-                ctx.all_gather(np.full((2, g % 2 + 1), g, np.int32), 1),
-                ctx.all_gather(np.float64(g), 0),
-                ctx.all_gather({"b": np.array([g % 2 == 0, True])}, 0))
+        return (
+            ctx.all_gather(np.full((g + 1, 3), g, np.float32), 0),
+            ctx.all_gather(np.full((2, g % 2 + 1), g, np.int32), 1),
+            ctx.all_gather(np.float64(g), 0),
+            ctx.all_gather({"b": np.array([g % 2 == 0, True])}, 0),
+        )
 
     out = s.run(gather_fn)
     want0 = np.concatenate([np.full((g + 1, 3), g, np.float32) for g in range(total)], axis=0)
@@ -159,46 +194,75 @@ def main() -> int:
     # ---- strategy.reduce and strategy.gather of run results ----------------------------------------------
     for dtype in ["float32", "int32", "float64"]:
         for op in OPS:
-            per = s.run(lambda dtype=dtype, op=op: value_for(dv.get_replica_context().replica_id_in_sync_group,
-                                                             (3, 2), dtype, op))
+            per = s.run(
+                lambda dtype=dtype, op=op: value_for(
+                    dv.get_replica_context().replica_id_in_sync_group, (3, 2), dtype, op
+                )
+            )
             got = s.reduce(op, per, axis=None)
             want = reference([value_for(g, (3, 2), dtype, op) for g in range(total)], op)
             expect_close(got, want, rank, f"strategy.reduce {op} {dtype}", tolerance(dtype) or 1e-12)
             if op == "mean" and dtype == "int32":
                 expect(np.asarray(got).dtype == np.float64, rank, "integer MEAN gives float64")
             # With an axis, MEAN weighs replicas by their (uneven) counts.
-            uneven = s.run(lambda dtype=dtype, op=op: value_for(
-                dv.get_replica_context().replica_id_in_sync_group, (dv.get_replica_context().replica_id_in_sync_group % 3 + 1, 2),
-                dtype, op))
+            uneven = s.run(
+                lambda dtype=dtype, op=op: value_for(
+                    dv.get_replica_context().replica_id_in_sync_group,
+                    (dv.get_replica_context().replica_id_in_sync_group % 3 + 1, 2),
+                    dtype,
+                    op,
+                )
+            )
             got = s.reduce(op, uneven, axis=0)
             rows = np.concatenate([value_for(g, (g % 3 + 1, 2), dtype, op) for g in range(total)], axis=0)
             want = reference(list(rows), op)
             expect_close(got, want, rank, f"strategy.reduce {op} {dtype} axis 0", tolerance(dtype) or 1e-12)
             checks += 2
 
-    per = s.run(lambda: {"a": np.float32(dv.get_replica_context().replica_id_in_sync_group),
-                         "b": [np.arange(3) * dv.get_replica_context().replica_id_in_sync_group]})
+    per = s.run(
+        lambda: {
+            "a": np.float32(dv.get_replica_context().replica_id_in_sync_group),
+            "b": [np.arange(3) * dv.get_replica_context().replica_id_in_sync_group],
+        }
+    )
     got = s.reduce("SUM", per, axis=None)
     expect_close(got["a"], sum(range(total)), rank, "nested reduce a")
     expect_close(got["b"][0], np.arange(3) * sum(range(total)), rank, "nested reduce b")
     gathered = s.gather(per, axis=0)
     expect_close(gathered["a"], np.arange(total, dtype=np.float32), rank, "gather of 0-d parts")
     expect_close(gathered["b"][0], np.concatenate([np.arange(3) * g for g in range(total)]), rank, "nested gather")
-    uneven = s.run(lambda: np.full((2, dv.get_replica_context().replica_id_in_sync_group + 1), 1.0 +
-                                   dv.get_replica_context().replica_id_in_sync_group))
-    expect_close(s.gather(uneven, axis=1), np.concatenate([np.full((2, g + 1), 1.0 + g) for g in range(total)], 1),
-                 rank, "gather uneven axis 1")
+    uneven = s.run(
+        lambda: np.full(
+            (2, dv.get_replica_context().replica_id_in_sync_group + 1),
+            1.0 + dv.get_replica_context().replica_id_in_sync_group,
+        )
+    )
+    expect_close(
+        s.gather(uneven, axis=1),
+        np.concatenate([np.full((2, g + 1), 1.0 + g) for g in range(total)], 1),
+        rank,
+        "gather uneven axis 1",
+    )
     checks += 3
 
     # A plain value: MEAN gives it back; SUM is refused, except that, as in TensorFlow,
     # it counts as the replica's own value when every worker has one replica.
     expect_close(s.reduce("MEAN", np.float32(5.0), axis=None), 5.0, rank, "MEAN of a plain value")
     if max(counts) > 1:
-        expect_raises(ValueError, lambda: s.reduce("SUM", np.float32(5.0), axis=None), rank,
-                      "SUM of a plain value", "non-distributed")
+        expect_raises(
+            ValueError,
+            lambda: s.reduce("SUM", np.float32(5.0), axis=None),
+            rank,
+            "SUM of a plain value",
+            "non-distributed",
+        )
     elif size > 1:
-        expect_close(s.reduce("SUM", np.float32(rank + 1), axis=None),
-                     sum(r + 1 for r in range(size)), rank, "SUM of one local replica's plain value")
+        expect_close(
+            s.reduce("SUM", np.float32(rank + 1), axis=None),
+            sum(r + 1 for r in range(size)),
+            rank,
+            "SUM of one local replica's plain value",
+        )
     checks += 1
 
     # ---- extended.reduce_to / batch_reduce_to (packed across pairs) / broadcast_to ----------------------
@@ -210,12 +274,15 @@ def main() -> int:
     for r, part in enumerate(s.experimental_local_results(red)):
         expect_close(part, want_a, rank, f"reduce_to MEAN copy {r}", 1e-6)
     one = ext.reduce_to("SUM", per_b, "CPU:0")
-    expect_close(one, reference([value_for(g, (2, 2), "int64") for g in range(total)], "sum"), rank,
-                 "reduce_to one device")
+    expect_close(
+        one, reference([value_for(g, (2, 2), "int64") for g in range(total)], "sum"), rank, "reduce_to one device"
+    )
     batch = ext.batch_reduce_to("MAX", [(per_a, per_a), (per_b, per_b), (per_c, "CPU:0")])
-    wants = [reference([value_for(g, (4,), "float32") for g in range(total)], "max"),
-             reference([value_for(g, (2, 2), "int64") for g in range(total)], "max"),
-             reference([value_for(g, (3,), "float32", salt=3) for g in range(total)], "max")]
+    wants = [
+        reference([value_for(g, (4,), "float32") for g in range(total)], "max"),
+        reference([value_for(g, (2, 2), "int64") for g in range(total)], "max"),
+        reference([value_for(g, (3,), "float32", salt=3) for g in range(total)], "max"),
+    ]
     for i, (res, want) in enumerate(zip(batch, wants)):
         for part in s.experimental_local_results(res):
             expect_close(part, want, rank, f"batch_reduce_to item {i}")
@@ -237,8 +304,9 @@ def main() -> int:
     # ---- workers that disagree get a clear error on every worker, and the strategy goes on ----------
     if size > 1:
         bad = s.run(lambda: np.zeros(3 if rank != size - 1 else 4))
-        e = expect_raises(ValueError, lambda: s.reduce("SUM", bad, axis=None), rank, "shape mismatch",
-                          f"worker {size - 1}")
+        e = expect_raises(
+            ValueError, lambda: s.reduce("SUM", bad, axis=None), rank, "shape mismatch", f"worker {size - 1}"
+        )
         expect(isinstance(e, dv.MismatchError), rank, f"mismatch error type {type(e).__name__}")
         bad = s.run(lambda: np.zeros((2, 3) if rank != size - 1 else (2, 4)))
         expect_raises(ValueError, lambda: s.gather(bad, axis=0), rank, "gather shape mismatch", f"worker {size - 1}")

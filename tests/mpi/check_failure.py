@@ -19,10 +19,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import make_strategy, parse_args  # noqa: E402
+from _check import make_strategy, parse_args
+from mpi4py import MPI
 
-import distvals as dv  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import distvals as dv
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from _check import expect, expect_close, local_count, parse_args, value_for  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 import distvals as dv  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 
 def use_simulated_gpus(count: int) -> None:
@@ -42,13 +42,19 @@ def main() -> int:
     if a.mode != "real":
         use_simulated_gpus(2)
     dv.config.set_logical_gpus(max(1, (n + 1) // 2))
-    s = dv.MultiWorkerMirroredStrategy([f"GPU:{i}" for i in range(n)],
-                                       communication_options=dv.CommunicationOptions(timeout_seconds=a.timeout))
+    s = dv.MultiWorkerMirroredStrategy(
+        [f"GPU:{i}" for i in range(n)], communication_options=dv.CommunicationOptions(timeout_seconds=a.timeout)
+    )
     ext = s.extended
     total, offset = s.num_replicas_in_sync, ext._offset
     checks = 0
-    for dtype, op, shape in [("float32", "sum", (5,)), ("float64", "mean", (2, 3)), ("int32", "max", (7,)),
-                             ("float32", "sum", (60_000,))]:
+    for dtype, op, shape in [
+        ("float32", "sum", (5,)),
+        ("float64", "mean", (2, 3)),
+        ("int32", "max", (7,)),
+        ("float32", "sum", (60_000,)),
+    ]:
+
         def step():
             g = dv.get_replica_context().replica_id_in_sync_group
             x = dv.cuda.to_device(value_for(g, shape, dtype, op), ext._places[g - offset])
@@ -58,16 +64,28 @@ def main() -> int:
         want = np.stack([value_for(g, shape, dtype, op).astype(np.float64) for g in range(total)])
         want = {"sum": want.sum(0), "mean": want.mean(0), "max": want.max(0)}[op]
         for r, part in enumerate(s.experimental_local_results(out)):
-            expect(isinstance(part, dv.cuda.DeviceArray), rank, f"{dtype} {op}: replica {r}'s result is a "
-                   f"{type(part).__name__}, not a DeviceArray")
+            expect(
+                isinstance(part, dv.cuda.DeviceArray),
+                rank,
+                f"{dtype} {op}: replica {r}'s result is a {type(part).__name__}, not a DeviceArray",
+            )
             expect(part.device == ext._places[r], rank, f"{dtype} {op}: replica {r}'s result on GPU {part.device}")
-            expect_close(part.numpy(), want, rank, f"{dtype} {op} shape {shape}, replica {r}",
-                         1e-6 if dtype == "float32" else 1e-12 if dtype == "float64" else 0.0)
+            expect_close(
+                part.numpy(),
+                want,
+                rank,
+                f"{dtype} {op} shape {shape}, replica {r}",
+                1e-6 if dtype == "float32" else 1e-12 if dtype == "float64" else 0.0,
+            )
         checks += 1
         total_value = s.reduce("sum", out, axis=None)
-        expect_close(dv.cuda.as_device_array(total_value).numpy() if not isinstance(total_value, np.ndarray)
-                     else total_value, want * total if op != "mean" else want * total, rank,
-                     f"strategy.reduce of {dtype} {op}", 1e-5)
+        expect_close(
+            dv.cuda.as_device_array(total_value).numpy() if not isinstance(total_value, np.ndarray) else total_value,
+            want * total,
+            rank,
+            f"strategy.reduce of {dtype} {op}",
+            1e-5,
+        )
         checks += 1
     print(f"worker {rank}: {checks} checks passed", flush=True)
     s.close()

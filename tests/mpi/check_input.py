@@ -12,11 +12,11 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, make_strategy, parse_args  # noqa: E402
+from _check import counts_of, expect, expect_close, make_strategy, parse_args
+from mpi4py import MPI
 
-import distvals as dv  # noqa: E402
-from distvals.input import split_batch_sizes  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import distvals as dv
+from distvals.input import split_batch_sizes
 
 
 def main() -> int:
@@ -36,10 +36,13 @@ def main() -> int:
     for step, element in enumerate(s.experimental_distribute_dataset(ds)):
         start, stop = 10 * step, min(23, 10 * step + 10)
         sizes = split_batch_sizes(stop - start, total)
-        mine = sizes[offset: offset + n]
+        mine = sizes[offset : offset + n]
         parts = s.experimental_local_results(element["x"])
-        expect([len(p) for p in parts] == mine, rank, f"step {step}: local batch sizes {[len(p) for p in parts]}, "
-                                                      f"expected {mine} of {sizes}")
+        expect(
+            [len(p) for p in parts] == mine,
+            rank,
+            f"step {step}: local batch sizes {[len(p) for p in parts]}, expected {mine} of {sizes}",
+        )
         for p in parts:
             expect(p.shape[1:] == (3,) and p.dtype == np.float32, rank, "an empty part keeps trailing shape and dtype")
         # The replicas' parts, gathered in global replica order, are the global batch.
@@ -75,11 +78,15 @@ def main() -> int:
     expect(len(steps) == 2, rank, f"{len(steps)} steps from the function's dataset, expected 2")
     for step, element in enumerate(steps):
         parts = s.experimental_local_results(element)
-        expect([int(p[0]) for p in parts] == [100 * rank + step * n + r for r in range(n)], rank,
-               f"from_function step {step}: consecutive elements to consecutive local replicas")
+        expect(
+            [int(p[0]) for p in parts] == [100 * rank + step * n + r for r in range(n)],
+            rank,
+            f"from_function step {step}: consecutive elements to consecutive local replicas",
+        )
         gathered = s.gather(element, axis=0)
-        want = np.concatenate([np.full((2,), 100 * w + step * counts[w] + r) for w in range(size)
-                               for r in range(counts[w])])
+        want = np.concatenate(
+            [np.full((2,), 100 * w + step * counts[w] + r) for w in range(size) for r in range(counts[w])]
+        )
         expect_close(gathered, want, rank, f"from_function step {step}: gathered over workers")
         checks += 2
 

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, expect_raises, make_strategy, parse_args  # noqa: E402
+from _check import counts_of, expect, expect_close, expect_raises, make_strategy, parse_args
+from mpi4py import MPI
 
-import distvals as dv  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import distvals as dv
 
 
 def copies_equal(var, want, rank: int, what: str, tol: float = 0.0) -> None:
@@ -34,16 +34,22 @@ def main() -> int:
 
     with s.scope():
         # Every worker passes its own initial value: all start from the chief's.
-        w = dv.Variable(np.full(3, 10.0 * (rank + 1), np.float32), name="w",
-                        aggregation=dv.VariableAggregation.MEAN)
+        w = dv.Variable(np.full(3, 10.0 * (rank + 1), np.float32), name="w", aggregation=dv.VariableAggregation.MEAN)
         c = dv.Variable(np.zeros(2, np.int64), name="c", aggregation=dv.VariableAggregation.SUM)
-        first = dv.Variable(np.float64(-1.0), name="first",
-                            aggregation=dv.VariableAggregation.ONLY_FIRST_REPLICA)
+        first = dv.Variable(np.float64(-1.0), name="first", aggregation=dv.VariableAggregation.ONLY_FIRST_REPLICA)
         own = dv.Variable(np.float32(0.0), name="own")  # aggregation NONE: each copy its own
-        sor_sum = dv.Variable(np.float32(0.0), name="sor_sum", synchronization=dv.VariableSynchronization.ON_READ,
-                              aggregation=dv.VariableAggregation.SUM)
-        sor_mean = dv.Variable(np.float64(0.0), name="sor_mean", synchronization=dv.VariableSynchronization.ON_READ,
-                               aggregation=dv.VariableAggregation.MEAN)
+        sor_sum = dv.Variable(
+            np.float32(0.0),
+            name="sor_sum",
+            synchronization=dv.VariableSynchronization.ON_READ,
+            aggregation=dv.VariableAggregation.SUM,
+        )
+        sor_mean = dv.Variable(
+            np.float64(0.0),
+            name="sor_mean",
+            synchronization=dv.VariableSynchronization.ON_READ,
+            aggregation=dv.VariableAggregation.MEAN,
+        )
     expect(isinstance(w, dv.MirroredVariable) and len(w.values) == n, rank, "a MirroredVariable with local copies")
     copies_equal(w, np.full(3, 10.0), rank, "initial value from the chief")
     checks += 2
@@ -63,8 +69,11 @@ def main() -> int:
     copies_equal(w, np.full(3, 10.0 + mean_id), rank, "MEAN update", 1e-6)
     copies_equal(c, [sum(range(total)), total], rank, "SUM update")
     copies_equal(first, 100.0, rank, "ONLY_FIRST_REPLICA update")
-    expect([float(v.numpy()) for v in own.values] == [float(offset + r) for r in range(n)], rank,
-           "NONE updates only the replica's own copy")
+    expect(
+        [float(v.numpy()) for v in own.values] == [float(offset + r) for r in range(n)],
+        rank,
+        "NONE updates only the replica's own copy",
+    )
     for part in s.experimental_local_results(out):
         expect_close(part, np.full(3, 10.0 + mean_id), rank, "the value read inside run after the update", 1e-6)
     expect_close(sor_sum.read_value(), sum(g + 1 for g in range(total)), rank, "SyncOnRead SUM read", 1e-6)
@@ -117,8 +126,13 @@ def main() -> int:
     # Workers that create differently shaped variables get an error on every worker.
     if size > 1:
         with s.scope():
-            expect_raises(ValueError, lambda: dv.Variable(np.zeros(2 + (rank == size - 1))), rank,
-                          "variable shape mismatch", f"worker {size - 1}")
+            expect_raises(
+                ValueError,
+                lambda: dv.Variable(np.zeros(2 + (rank == size - 1))),
+                rank,
+                "variable shape mismatch",
+                f"worker {size - 1}",
+            )
         checks += 1
 
     s.close()
