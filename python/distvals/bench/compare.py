@@ -190,23 +190,30 @@ def run_peer(name: str, replicas: int, plan: Sequence[Tuple[int, int]], dtype: s
 def speedups(report: Report) -> List[Dict[str, Any]]:
     """distvals' speed-up over every peer row: peer time / distvals time, same N and size.
 
-    Two baselines, both timed per call from Python like the peers: the group level
-    (``ReplicaGroup.all_reduce`` with ``algorithm="auto"``) and the strategy level
-    (``strategy.run`` + ``ReplicaContext.all_reduce``).
+    Baselines, all timed per call from Python like the peers: the group level
+    (``ReplicaGroup.all_reduce`` in place with ``algorithm="auto"``) and the strategy
+    level (``strategy.run`` + ``ReplicaContext.all_reduce``), one per execution mode
+    (``"strategy"`` for a strategy without modes, else ``"strategy inline"``...).
     """
     base: Dict[Tuple[str, int, int], float] = {}
+    levels: List[str] = []
     for r in report.rows:
         if r.impl != "distvals":
             continue
-        if r.level == "group" and r.algorithm == "auto":
-            base[("group", r.replicas, r.bytes)] = r.py_time_us if r.py_time_us is not None else r.time_us
+        key = None
+        if r.level == "group" and r.algorithm == "auto" and not r.out_of_place:
+            key = "group"
+            base[(key, r.replicas, r.bytes)] = r.py_time_us if r.py_time_us is not None else r.time_us
         elif r.level == "strategy":
-            base[("strategy", r.replicas, r.bytes)] = r.time_us
+            key = "strategy" if not r.mode or r.mode == "default" else f"strategy {r.mode}"
+            base[(key, r.replicas, r.bytes)] = r.time_us
+        if key and key not in levels:
+            levels.append(key)
     out = []
     for r in report.rows:
         if r.impl == "distvals":
             continue
-        for level in ("group", "strategy"):
+        for level in levels:
             b = base.get((level, r.replicas, r.bytes))
             if b:
                 out.append({"replicas": r.replicas, "bytes": r.bytes, "peer": r.impl, "distvals": level,
