@@ -54,8 +54,10 @@ def _view(dt, count, offset_bytes, fill=None):
 def _inputs(n, count, dt, op, rng, offsets):
     # Small integers: every sum and product of up to three is exact in every dtype.
     lo = 0 if dt.kind == "u" else -3
-    return [_view(dt, count, offsets[r % len(offsets)], rng.integers(lo, 4, count).astype(np.float64).astype(dt))
-            for r in range(n)]
+    return [
+        _view(dt, count, offsets[r % len(offsets)], rng.integers(lo, 4, count).astype(np.float64).astype(dt))
+        for r in range(n)
+    ]
 
 
 def _reference(ins, op, dt):
@@ -70,8 +72,9 @@ def _check(outs, ins, op, dt):
         got = o.astype(np.float64)
         if op == "mean":
             # Rounded once to the dtype: compare with the reference rounded the same way.
-            np.testing.assert_allclose(got, ref.astype(dt).astype(np.float64), rtol=1e-2, atol=0,
-                                       err_msg=f"replica {r}")
+            np.testing.assert_allclose(
+                got, ref.astype(dt).astype(np.float64), rtol=1e-2, atol=0, err_msg=f"replica {r}"
+            )
         else:
             np.testing.assert_array_equal(got, ref, err_msg=f"replica {r}")
 

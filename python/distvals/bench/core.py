@@ -18,8 +18,17 @@ from .memory import BoundMeter, cache_levels
 from .peers import bench_data as bd
 from .results import Row
 
-__all__ = ["ALGORITHMS", "EXECUTION_MODES", "has_strategy", "make_strategy", "measure_group", "measure_strategy",
-           "mode_label", "strategy_modes", "sweep_distvals"]
+__all__ = [
+    "ALGORITHMS",
+    "EXECUTION_MODES",
+    "has_strategy",
+    "make_strategy",
+    "measure_group",
+    "measure_strategy",
+    "mode_label",
+    "strategy_modes",
+    "sweep_distvals",
+]
 
 ALGORITHMS = ("ring", "tree", "direct", "auto")
 # MirroredStrategy(execution=...) values, measured side by side where the strategy has them.
@@ -74,8 +83,16 @@ def _fresh_outputs(bufs: Sequence[np.ndarray]) -> List[np.ndarray]:
     return outs
 
 
-def measure_group(group, bufs: Sequence[np.ndarray], dtype: str, op: str, algorithm: str, iters: int,
-                  python_loop: bool = True, out: Optional[Sequence[np.ndarray]] = None) -> Row:
+def measure_group(
+    group,
+    bufs: Sequence[np.ndarray],
+    dtype: str,
+    op: str,
+    algorithm: str,
+    iters: int,
+    python_loop: bool = True,
+    out: Optional[Sequence[np.ndarray]] = None,
+) -> Row:
     """One ReplicaGroup.all_reduce row: verified, timed in the engine and from Python.
 
     ``group`` is a ``distvals.ReplicaGroup``, ``bufs`` one array per replica (from
@@ -113,9 +130,24 @@ def measure_group(group, bufs: Sequence[np.ndarray], dtype: str, op: str, algori
             outs = list(out)
             py_us = _python_loop_us(lambda: f(bufs, op, algorithm, out=outs), py_iters, min(warmup, py_iters))
     chosen = _core.choose_algorithm(n, count * bufs[0].itemsize) if algorithm == "auto" else None
-    return Row(impl="distvals", level="group", algorithm=algorithm, replicas=n, bytes=count * bufs[0].itemsize,
-               count=count, dtype=dtype, op=op, time_us=time_us, iters=iters, wrong=wrong, checked=2 * n * count,
-               timing="engine", py_time_us=py_us, chosen=chosen, out_of_place=out is not None)
+    return Row(
+        impl="distvals",
+        level="group",
+        algorithm=algorithm,
+        replicas=n,
+        bytes=count * bufs[0].itemsize,
+        count=count,
+        dtype=dtype,
+        op=op,
+        time_us=time_us,
+        iters=iters,
+        wrong=wrong,
+        checked=2 * n * count,
+        timing="engine",
+        py_time_us=py_us,
+        chosen=chosen,
+        out_of_place=out is not None,
+    )
 
 
 def strategy_modes() -> List[Optional[str]]:
@@ -143,8 +175,9 @@ def make_strategy(n: int, mode: Optional[str] = None):
     return distvals.MirroredStrategy([f"CPU:{i}" for i in range(n)], **kwargs)
 
 
-def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str, iters: int,
-                     group=None, mode: Optional[str] = None) -> List[Row]:
+def measure_strategy(
+    strategy, arrays: Sequence[np.ndarray], dtype: str, op: str, iters: int, group=None, mode: Optional[str] = None
+) -> List[Row]:
     """The strategy rows of one size: ``strategy.run(fn)`` with ``fn`` calling
     ``ReplicaContext.all_reduce``, and with a trivial ``fn``.
 
@@ -165,8 +198,7 @@ def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str
     label = mode_label(mode)
 
     def fresh():
-        return strategy.experimental_distribute_values_from_function(
-            lambda ctx: arrays[ctx.replica_id_in_sync_group])
+        return strategy.experimental_distribute_values_from_function(lambda ctx: arrays[ctx.replica_id_in_sync_group])
 
     def step(x):
         return distvals.get_replica_context().all_reduce(reduce_op, x)
@@ -199,19 +231,43 @@ def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str
     t_iters = max(iters, _TRIVIAL_MIN_ITERS)
     trivial_us = _python_loop_us(lambda: run(trivial, args=(values,)), t_iters, bd.warmup_for(t_iters))
     nbytes = count * arrays[0].itemsize
-    common = dict(impl="distvals", algorithm="auto", replicas=n, bytes=nbytes, count=count, dtype=dtype, op=op,
-                  timing="python", mode=label)
+    common = dict(
+        impl="distvals",
+        algorithm="auto",
+        replicas=n,
+        bytes=nbytes,
+        count=count,
+        dtype=dtype,
+        op=op,
+        timing="python",
+        mode=label,
+    )
     return [
-        Row(level="strategy", time_us=time_us, iters=iters, wrong=wrong, checked=n * count,
-            group_py_us=min(group_us) if group_us else None, **common),
+        Row(
+            level="strategy",
+            time_us=time_us,
+            iters=iters,
+            wrong=wrong,
+            checked=n * count,
+            group_py_us=min(group_us) if group_us else None,
+            **common,
+        ),
         Row(level="strategy-trivial", time_us=trivial_us, iters=t_iters, wrong=0, checked=0, **common),
     ]
 
 
-def sweep_distvals(n: int, plan: Sequence[Tuple[int, int]], dtype: str, op: str, algorithms: Sequence[str],
-                   strategy_level: bool, tick: Callable[[str], None] = lambda s: None,
-                   notes: Optional[List[str]] = None, out_of_place: bool = False,
-                   modes: Optional[Sequence[Optional[str]]] = None) -> Tuple[List[Row], List[dict]]:
+def sweep_distvals(
+    n: int,
+    plan: Sequence[Tuple[int, int]],
+    dtype: str,
+    op: str,
+    algorithms: Sequence[str],
+    strategy_level: bool,
+    tick: Callable[[str], None] = lambda s: None,
+    notes: Optional[List[str]] = None,
+    out_of_place: bool = False,
+    modes: Optional[Sequence[Optional[str]]] = None,
+) -> Tuple[List[Row], List[dict]]:
     """All distvals rows and memory bounds for one replica count over a size plan.
 
     The memory bound (see memory.py) is measured on each size's own buffers before the
@@ -229,12 +285,11 @@ def sweep_distvals(n: int, plan: Sequence[Tuple[int, int]], dtype: str, op: str,
     bounds: List[dict] = []
     strategies: List[Tuple[Optional[str], object]] = []
     if strategy_level:
-        for mode in (strategy_modes() if modes is None else modes):
+        for mode in strategy_modes() if modes is None else modes:
             try:
                 strategies.append((mode, make_strategy(n, mode)))
             except Exception as e:  # report it, keep the other rows
-                notes.append(f"N={n}: strategy level ({mode_label(mode)}) failed to start: "
-                             f"{type(e).__name__}: {e}")
+                notes.append(f"N={n}: strategy level ({mode_label(mode)}) failed to start: {type(e).__name__}: {e}")
     try:
         with distvals.ReplicaGroup(n) as group:
             threads = int(group.engine.threads)
@@ -261,8 +316,9 @@ def sweep_distvals(n: int, plan: Sequence[Tuple[int, int]], dtype: str, op: str,
                     try:
                         size_rows.extend(measure_strategy(strategy, bufs, dtype, op, iters, group, mode))
                     except Exception as e:
-                        notes.append(f"N={n}: strategy level ({mode_label(mode)}) failed at {nb} B: "
-                                     f"{type(e).__name__}: {e}")
+                        notes.append(
+                            f"N={n}: strategy level ({mode_label(mode)}) failed at {nb} B: {type(e).__name__}: {e}"
+                        )
                         _close(strategy)
                         strategies[i] = (mode, None)
                 if strategies:

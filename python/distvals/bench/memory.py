@@ -88,6 +88,7 @@ def _from_sysfs(root: str) -> List[Cache]:
             continue
         d = os.path.join(root, name)
         try:
+
             def read(leaf: str) -> str:
                 with open(os.path.join(d, leaf)) as f:
                     return f.read().strip()
@@ -152,8 +153,9 @@ def level_of(replicas: int, nbytes: int, threads: int, caches: Sequence[Cache]) 
     return "DRAM"
 
 
-def bound_variants(replicas: int, nbytes: int, threads: int, caches: Sequence[Cache],
-                   streaming: Optional[bool] = None) -> List[Tuple[int, bool]]:
+def bound_variants(
+    replicas: int, nbytes: int, threads: int, caches: Sequence[Cache], streaming: Optional[bool] = None
+) -> List[Tuple[int, bool]]:
     """The (threads, streaming stores) ways to measure the bound at one size.
 
     Always the group's threads with plain stores; the calling thread alone while the
@@ -187,8 +189,16 @@ class BoundMeter:
     the spread (max / min - 1) of the winning variant's medians over the samples.
     """
 
-    def __init__(self, bufs: Sequence, replicas: int, threads: int, caches: Sequence[Cache], iters: int,
-                 warmup: int, variants: Optional[Sequence[Tuple[int, bool]]] = None) -> None:
+    def __init__(
+        self,
+        bufs: Sequence,
+        replicas: int,
+        threads: int,
+        caches: Sequence[Cache],
+        iters: int,
+        warmup: int,
+        variants: Optional[Sequence[Tuple[int, bool]]] = None,
+    ) -> None:
         self.bufs = list(bufs)
         self.replicas = replicas
         self.nbytes = int(self.bufs[0].nbytes)
@@ -196,8 +206,9 @@ class BoundMeter:
         self.caches = list(caches)
         self.iters = max(1, int(iters))
         self.warmup = max(0, int(warmup))
-        self.variants = list(variants) if variants is not None else bound_variants(
-            replicas, self.nbytes, threads, caches)
+        self.variants = (
+            list(variants) if variants is not None else bound_variants(replicas, self.nbytes, threads, caches)
+        )
         self.samples: Dict[Tuple[int, bool], List[float]] = {v: [] for v in self.variants}
 
     def sample(self) -> None:

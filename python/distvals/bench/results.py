@@ -60,7 +60,7 @@ class Row:
     bound_us: Optional[float] = None
     bound_pct: Optional[float] = None
 
-    def finish(self, bound_us: Optional[float]) -> "Row":
+    def finish(self, bound_us: Optional[float]) -> Row:
         """Fill the derived columns from the time and the memory-bound time."""
         t = self.time_us * 1e-6
         self.algbw_gbps = self.bytes / t / 1e9 if t > 0 else float("inf")
@@ -76,8 +76,11 @@ class Row:
             if self.level != "group":
                 name = "strategy" if self.level == "strategy" else "run trivial"
                 return f"distvals {name}" + (f" {self.mode}" if self.mode and self.mode != "default" else "")
-            return (f"distvals {self.algorithm}" + (f"/{self.chosen}" if self.chosen else "")
-                    + (" out" if self.out_of_place else ""))
+            return (
+                f"distvals {self.algorithm}"
+                + (f"/{self.chosen}" if self.chosen else "")
+                + (" out" if self.out_of_place else "")
+            )
         return self.impl
 
     @property
@@ -91,7 +94,7 @@ class Row:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Row":
+    def from_json(cls, d: Dict[str, Any]) -> Row:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -150,7 +153,7 @@ class Report:
         }
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Report":
+    def from_json(cls, d: Dict[str, Any]) -> Report:
         if d.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(f"not a distvals benchmark report (schema {d.get('schema')!r}, expected {SCHEMA!r})")
         return cls(

@@ -63,24 +63,40 @@ def measure(n: int, nbytes: int, rounds: int, dtype: str = "float32", op: str = 
                 times[k].append(statistics.median(t))
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     spread = {k: 100.0 * (max(v) / min(v) - 1.0) for k, v in times.items()}
-    return {"replicas": n, "bytes": count * dt.itemsize, "iters": iters, "rounds": rounds, "us": med,
-            "spread_pct": spread, "threshold": built, "wrong": wrong}
+    return {
+        "replicas": n,
+        "bytes": count * dt.itemsize,
+        "iters": iters,
+        "rounds": rounds,
+        "us": med,
+        "spread_pct": spread,
+        "threshold": built,
+        "wrong": wrong,
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m distvals.bench.streaming", description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", "-n", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--sizes", type=_sizes_list, default=[16 << 20, 64 << 20, 256 << 20],
-                   help="bytes per replica (default 16M,64M,256M)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes_list,
+        default=[16 << 20, 64 << 20, 256 << 20],
+        help="bytes per replica (default 16M,64M,256M)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--dtype", default="float32", choices=bd.DTYPES)
     a = p.parse_args(argv)
-    print(f"# out of place vs in place, {a.dtype} sum, engine time (median of {a.rounds} interleaved rounds, "
-          "each a median); streaming threshold of this build: "
-          f"{format_size(_core.streaming_store_min_bytes())} per kernel call")
+    print(
+        f"# out of place vs in place, {a.dtype} sum, engine time (median of {a.rounds} interleaved rounds, "
+        "each a median); streaming threshold of this build: "
+        f"{format_size(_core.streaming_store_min_bytes())} per kernel call"
+    )
     print("# spread: slowest / fastest round - 1, the largest of the three measurements")
-    print(f"#{'N':>2} {'size':>9} {'in place':>11} {'out, plain':>11} {'out, built':>11} "
-          f"{'plain/in':>9} {'built/in':>9} {'built/plain':>12} {'spread':>7}")
+    print(
+        f"#{'N':>2} {'size':>9} {'in place':>11} {'out, plain':>11} {'out, built':>11} "
+        f"{'plain/in':>9} {'built/in':>9} {'built/plain':>12} {'spread':>7}"
+    )
     wrong = 0
     rows: List[dict] = []
     for n in a.replicas:
@@ -89,9 +105,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows.append(r)
             wrong += r["wrong"]
             u = r["us"]
-            print(f"{n:>3} {format_size(r['bytes']):>9} {u['in_place']:>11.1f} {u['plain']:>11.1f} "
-                  f"{u['streaming']:>11.1f} {u['plain'] / u['in_place']:>8.2f}x {u['streaming'] / u['in_place']:>8.2f}x "
-                  f"{u['streaming'] / u['plain']:>11.2f}x {max(r['spread_pct'].values()):>6.1f}%", flush=True)
+            print(
+                f"{n:>3} {format_size(r['bytes']):>9} {u['in_place']:>11.1f} {u['plain']:>11.1f} "
+                f"{u['streaming']:>11.1f} {u['plain'] / u['in_place']:>8.2f}x {u['streaming'] / u['in_place']:>8.2f}x "
+                f"{u['streaming'] / u['plain']:>11.2f}x {max(r['spread_pct'].values()):>6.1f}%",
+                flush=True,
+            )
     print(f"# wrong elements: {wrong}")
     return 1 if wrong else 0
 

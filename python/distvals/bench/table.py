@@ -7,13 +7,33 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .results import Report, Row, bus_factor
 
-__all__ = ["format_bound_summary", "format_out_of_place", "format_report", "format_size", "format_speedups",
-           "format_strategy", "format_table", "over_bound"]
+__all__ = [
+    "format_bound_summary",
+    "format_out_of_place",
+    "format_report",
+    "format_size",
+    "format_speedups",
+    "format_strategy",
+    "format_table",
+    "over_bound",
+]
 
-_HEAD = ("{:>12} {:>11} {:>8} {:>5} {:>5}  {:<26} {:>11} {:>9} {:>8} {:>8} {:>7} {:>8}")
+_HEAD = "{:>12} {:>11} {:>8} {:>5} {:>5}  {:<26} {:>11} {:>9} {:>8} {:>8} {:>7} {:>8}"
 _UNITS = ("(B)", "(elements)", "", "", "", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "")
-_NAMES = ("size", "count", "type", "redop", "level", "implementation", "time", "py-time", "algbw", "busbw",
-          "%bound", "#wrong")
+_NAMES = (
+    "size",
+    "count",
+    "type",
+    "redop",
+    "level",
+    "implementation",
+    "time",
+    "py-time",
+    "algbw",
+    "busbw",
+    "%bound",
+    "#wrong",
+)
 # A row faster than its bound by more than the size's noise is flagged with this mark.
 _OVER = "!"
 
@@ -78,17 +98,43 @@ def format_table(report: Report, replicas: int) -> str:
             pct = _num(r.bound_pct, digits=1)
             if over_bound(r, b):
                 pct += _OVER
-            lines.append(_HEAD.format(
-                r.bytes, r.count, r.dtype, r.op, level, r.label, _num(r.time_us), _num(r.py_time_us),
-                _num(r.algbw_gbps, digits=3), _num(r.busbw_gbps, digits=3), pct, r.wrong))
+            lines.append(
+                _HEAD.format(
+                    r.bytes,
+                    r.count,
+                    r.dtype,
+                    r.op,
+                    level,
+                    r.label,
+                    _num(r.time_us),
+                    _num(r.py_time_us),
+                    _num(r.algbw_gbps, digits=3),
+                    _num(r.busbw_gbps, digits=3),
+                    pct,
+                    r.wrong,
+                )
+            )
         if b is not None:
             bound = b["bound_us"]
             count = block[0].count if block else nbytes
             algbw = nbytes / (bound * 1e-6) / 1e9
             noise = _noise(b)
-            lines.append(_HEAD.format(nbytes, count, "", "", level, _bound_label(b), _num(bound), "",
-                                      _num(algbw, digits=3), _num(algbw * bus_factor(replicas), digits=3),
-                                      "100.0" if noise is None else f"±{noise:.1f}", ""))
+            lines.append(
+                _HEAD.format(
+                    nbytes,
+                    count,
+                    "",
+                    "",
+                    level,
+                    _bound_label(b),
+                    _num(bound),
+                    "",
+                    _num(algbw, digits=3),
+                    _num(algbw * bus_factor(replicas), digits=3),
+                    "100.0" if noise is None else f"±{noise:.1f}",
+                    "",
+                )
+            )
         lines.append("")
     return "\n".join(lines).rstrip("\n")
 
@@ -102,10 +148,14 @@ def format_bound_summary(report: Report, replicas: int) -> str:
     samples = sorted({b.get("samples", 0) for b in bounds})
     vals = sorted(x for x, _ in noises)
     worst = max(noises)
-    lines = [f"# noise, N={replicas}: the bound was measured {'/'.join(str(s) for s in samples)} times per size, "
-             "between the rows; the spread (slowest / fastest - 1) of its medians is the size's noise (±x in the "
-             f"bound's %bound column): median {statistics.median(vals):.1f}%, largest {worst[0]:.1f}% at "
-             f"{format_size(worst[1])}"]
+    lines = [
+        (
+            f"# noise, N={replicas}: the bound was measured {'/'.join(str(s) for s in samples)} times per size, "
+            "between the rows; the spread (slowest / fastest - 1) of its medians is the size's noise (±x in the "
+            f"bound's %bound column): median {statistics.median(vals):.1f}%, largest {worst[0]:.1f}% at "
+            f"{format_size(worst[1])}"
+        )
+    ]
     over = []
     for r in report.rows:
         if r.replicas != replicas or r.level == "strategy-trivial":
@@ -126,13 +176,20 @@ def format_out_of_place(report: Report, replicas: int) -> str:
     pairs: Dict[Tuple[int, str], Dict[bool, Row]] = {}
     for r in rows:
         pairs.setdefault((r.bytes, r.algorithm), {})[r.out_of_place] = r
-    algos = [a for a in ("ring", "tree", "direct", "auto") if any(k[1] == a and True in v and False in v
-                                                                   for k, v in pairs.items())]
+    algos = [
+        a
+        for a in ("ring", "tree", "direct", "auto")
+        if any(k[1] == a and True in v and False in v for k, v in pairs.items())
+    ]
     if not algos:
         return ""
-    lines = [f"# out of place / in place, N={replicas}: engine time from the inputs into separate, already-used "
-             "output arrays, over the in-place time (same run)",
-             "#" + f"{'size':>11} " + " ".join(f"{a:>10}" for a in algos)]
+    lines = [
+        (
+            f"# out of place / in place, N={replicas}: engine time from the inputs into separate, already-used "
+            "output arrays, over the in-place time (same run)"
+        ),
+        "#" + f"{'size':>11} " + " ".join(f"{a:>10}" for a in algos),
+    ]
     for nbytes in sorted({k[0] for k in pairs}):
         cells = []
         for a in algos:
@@ -156,9 +213,13 @@ def format_strategy(report: Report, replicas: int) -> str:
             modes.append(m)
     cell: Dict[Tuple[int, str, str], Row] = {(r.bytes, r.mode or "default", r.level): r for r in strat}
     tf = {r.bytes: r.time_us for r in rows if r.impl == "tensorflow"}
-    lines = [f"# strategy.run, N={replicas}: median us per call from Python. trivial: fn does nothing; "
-             "all_reduce: fn calls ctx.all_reduce on its replica's array; ratio: all_reduce / one "
-             "ReplicaGroup.all_reduce of the same arrays (from Python, in place, same run)"]
+    lines = [
+        (
+            f"# strategy.run, N={replicas}: median us per call from Python. trivial: fn does nothing; "
+            "all_reduce: fn calls ctx.all_reduce on its replica's array; ratio: all_reduce / one "
+            "ReplicaGroup.all_reduce of the same arrays (from Python, in place, same run)"
+        )
+    ]
     head = f"#{'size':>11} {'group':>10}"
     for m in modes:
         head += f" | {m + ': trivial':>17} {'all_reduce':>10} {'ratio':>7}"
@@ -176,8 +237,10 @@ def format_strategy(report: Report, replicas: int) -> str:
             t = cell.get((nbytes, m, "strategy-trivial"))
             a = cell.get((nbytes, m, "strategy"))
             ratio = a.ratio_to_group if a is not None else None
-            line += (f" | {_num(t.time_us if t else None):>17} {_num(a.time_us if a else None):>10} "
-                     f"{(f'{ratio:.2f}x' if ratio else '-'):>7}")
+            line += (
+                f" | {_num(t.time_us if t else None):>17} {_num(a.time_us if a else None):>10} "
+                f"{(f'{ratio:.2f}x' if ratio else '-'):>7}"
+            )
         if tf:
             a0 = cell.get((nbytes, modes[0], "strategy"))
             t = tf.get(nbytes)
@@ -211,8 +274,12 @@ def format_speedups(report: Report, replicas: int) -> str:
         mode = lv.split(" ", 1)[1] if " " in lv else ""
         return "strategy.run + ReplicaContext.all_reduce" + (f", execution {mode}" if mode else "")
 
-    lines = [f"# speed-up of distvals over each peer, N={replicas}: peer time / distvals time, "
-             "both timed per call from Python"]
+    lines = [
+        (
+            f"# speed-up of distvals over each peer, N={replicas}: peer time / distvals time, "
+            "both timed per call from Python"
+        )
+    ]
     for lv in levels:
         lines.append(f"# distvals = {title(lv)}")
         lines.append("#" + f"{'size':>11} " + " ".join(f"{p:>{width}}" for p in peers))
@@ -232,9 +299,11 @@ def _cache_line(m: dict) -> List[str]:
     from .memory import Cache
 
     desc = ", ".join(Cache(c["level"], c["size"], c["shared_cpus"]).describe() for c in caches)
-    return [f"# caches ({m.get('caches_source', '?')}): {desc}.",
-            "#   level: the first cache that holds the size's working set, N*S bytes (split over the bound's",
-            "#   threads for a cache private to each core); DRAM when none does."]
+    return [
+        f"# caches ({m.get('caches_source', '?')}): {desc}.",
+        "#   level: the first cache that holds the size's working set, N*S bytes (split over the bound's",
+        "#   threads for a cache private to each core); DRAM when none does.",
+    ]
 
 
 def _header(report: Report, replicas: int) -> List[str]:
@@ -242,10 +311,14 @@ def _header(report: Report, replicas: int) -> List[str]:
     devs = f"CPU:0..CPU:{replicas - 1}" if replicas > 1 else "CPU:0"
     placement = "in place" + (", and out of place (rows marked 'out')" if s.get("out_of_place") else "")
     lines = [
-        f"# distvals {m.get('distvals', '?')} all-reduce, {replicas} replicas ({devs}), "
-        f"{s.get('dtype')} {s.get('op')}, {placement}",
-        f"# {m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('platform', '?')}, "
-        f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}",
+        (
+            f"# distvals {m.get('distvals', '?')} all-reduce, {replicas} replicas ({devs}), "
+            f"{s.get('dtype')} {s.get('op')}, {placement}"
+        ),
+        (
+            f"# {m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('platform', '?')}, "
+            f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}"
+        ),
         "# time: median per call. distvals group rows: timed inside the engine; py-time: one",
         "#   ReplicaGroup.all_reduce call timed from Python. Strategy and peer rows: per call from Python.",
         "# busbw = algbw * 2(N-1)/N. %bound = memory-bound time / the row's time. The bound: the fastest way,",
