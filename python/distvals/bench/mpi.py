@@ -12,7 +12,12 @@ default 2). For every size S (bytes per replica) the table shows the median time
 - ``mpi W``: plain ``comm.Allreduce(MPI.IN_PLACE, ...)`` of S bytes over the W workers;
 - ``mpi WxR``: plain ``Allreduce`` of S bytes over W*R processes, one per replica: the
   workers plus W*(R-1) processes spawned for the purpose (``MPI.Comm.Spawn``), i.e.
-  the same number of participants as the strategy has replicas.
+  the same number of participants as the strategy has replicas;
+- ``local``: the hierarchical all-reduce's own local steps alone (engine reduce of the R
+  buffers into the buffer MPI would send, engine broadcast from it), so that ``mpi W +
+  local`` is what the three steps cost one after the other, with no overlap;
+- ``1 chunk``: ``hier`` with the pipeline off (one chunk, no overlap of the local steps
+  with MPI), for sizes the pipeline splits; ``hier`` below it is the pipeline's gain.
 
 A call's time is the slowest process's time for that call. Every method starts from
 distinct values per replica (process) and is checked against a float64 reference in
@@ -49,7 +54,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--replicas", "-r", type=int, default=2, help="local replicas per worker (default 2)")
     p.add_argument(
-        "--sizes", type=sizes_list, default=None, help="bytes per replica, e.g. 1M,4M,16M (default 1M,4M,16M,64M)"
+        "--sizes", type=sizes_list, default=None, help="bytes per replica, e.g. 1M,4M,16M (default 1K,1M,16M,64M)"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--iters", type=int, default=20, help="timed calls per size at most (default 20)")
@@ -60,7 +65,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument(_CHILD, action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    a.sizes = a.sizes or [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    a.sizes = a.sizes or [1 << 10, 1 << 20, 16 << 20, 64 << 20]
     if a.replicas < 1 or a.iters < 1 or a.min_iters < 1:
         p.error("--replicas, --iters and --min-iters must be at least 1")
     return a
@@ -177,6 +182,28 @@ def _hierarchical(
         call()
         row = {"time_us": 0.0, "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum"))}
         row["time_us"] = _time_calls(clock, iters, refill, call)
+        if len(coll._chunks(count, np.dtype(dtype).itemsize)) > 1:
+            # The same call with the pipeline off: one chunk, the three steps in sequence.
+            chunk_bytes, coll.chunk_bytes = coll.chunk_bytes, 1 << 62
+            try:
+                refill()
+                call()
+                row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum"))
+                row["one_chunk_us"] = _time_calls(clock, iters, refill, call)
+            finally:
+                coll.chunk_bytes = chunk_bytes
+        if n_local > 1:
+            # The local steps alone, exactly as the call makes them: reduce into a new flat
+            # buffer (the one MPI would send), broadcast from it to the other replicas.
+            work = np.dtype(dtype)
+            leaves = [[b] for b in bufs]
+            shapes = [tuple(b.shape) for b in leaves[0]]  # one replica's leaves
+
+            def local_steps(leaves=leaves, shapes=shapes, work=work) -> None:
+                flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
+                got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
+
+            row["local_us"] = _time_calls(clock, iters, refill, local_steps)
         if with_run:
             results: List[Any] = [None]
 
@@ -198,7 +225,9 @@ def _hierarchical(
 
 
 def _fmt_us(us: Optional[float]) -> str:
-    return "-" if us is None else f"{us:,.0f}"
+    if us is None:
+        return "-"
+    return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
 
 def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: List[str]) -> str:
@@ -206,23 +235,27 @@ def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: Lis
     lines = [
         f"# distvals MPI bench: {W} worker(s) x {R} replica(s) = {W * R} replicas in sync, {a.dtype} sum",
         f"# peers: plain mpi4py Allreduce(IN_PLACE) over {W} and over {W * R} processes ({lib})",
+        "# time: median over calls of the slowest process, microseconds",
+        "#   hier: the hierarchical all-reduce (single call); run: the same in strategy.run; 1 chunk: hier",
+        "#   with the pipeline off; local: its local reduce + broadcast alone; W+local: mpi W + local",
+        "#   run/W = run / mpi W; hier/sum = hier / (mpi W + local), at most 1 when nothing is wasted;",
+        "#   WxR/hier = mpi WxR / hier (above 1: the hierarchy beats one process per replica)",
         (
-            "# time: median over calls of the slowest process, microseconds; ratio = mpi WxR / hier "
-            "(above 1: hierarchical faster)"
-        ),
-        (
-            f"# {'bytes':>10} {'hier':>10} {'hier run':>10} {'mpi W':>10} {'mpi WxR':>10} {'ratio':>7} "
-            f"{'WxR/run':>7} {'W/hier':>7} {'wrong':>6}"
+            f"# {'bytes':>10} {'hier':>9} {'run':>9} {'1 chunk':>9} {'mpi W':>9} {'local':>9} {'W+local':>9} "
+            f"{'mpi WxR':>9} {'run/W':>6} {'hier/sum':>8} {'WxR/hier':>8} {'wrong':>5}"
         ),
     ]
     for r in rows:
         wxr = r.get("mpi_wxr_us")
-        ratio = f"{wxr / r['hier_us']:.2f}" if wxr else "-"
-        ratio_run = f"{wxr / r['run_us']:.2f}" if wxr and r.get("run_us") else "-"
+        local = r.get("local_us") or 0.0
+        both = r["mpi_w_us"] + local
+        run_w = f"{r['run_us'] / r['mpi_w_us']:.2f}" if r.get("run_us") else "-"
+        wxr_hier = f"{wxr / r['hier_us']:.2f}" if wxr else "-"
         lines.append(
-            f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>10} {_fmt_us(r.get('run_us')):>10} "
-            f"{_fmt_us(r['mpi_w_us']):>10} {_fmt_us(wxr):>10} {ratio:>7} {ratio_run:>7} "
-            f"{r['mpi_w_us'] / r['hier_us']:>7.2f} {r['wrong']:>6}"
+            f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>9} {_fmt_us(r.get('run_us')):>9} "
+            f"{_fmt_us(r.get('one_chunk_us')):>9} {_fmt_us(r['mpi_w_us']):>9} {_fmt_us(r.get('local_us')):>9} "
+            f"{_fmt_us(both):>9} {_fmt_us(wxr):>9} {run_w:>6} {r['hier_us'] / both:>8.2f} {wxr_hier:>8} "
+            f"{r['wrong']:>5}"
         )
     lines += [f"# note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -281,6 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "iters": iters,
                 "hier_us": h["time_us"],
                 "run_us": h.get("run_time_us"),
+                "one_chunk_us": h.get("one_chunk_us"),
+                "local_us": h.get("local_us"),
                 "mpi_w_us": pw["time_us"],
                 "mpi_wxr_us": pwr["time_us"] if pwr else None,
                 "wrong": wrong,
