@@ -140,11 +140,16 @@ def test_one_worker_without_mpirun(tmp_path):
 
 
 @needs_mpi
-def test_a_failing_worker_aborts_the_job_quickly():
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_failing_worker_aborts_the_job_quickly(execution):
     """Worker 1 raises inside strategy.run while the others wait in an all-reduce: the
     job ends at once (not after the 60 s timeout), naming worker 1 and its replica."""
     t0 = time.monotonic()
-    proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "raise", "--replicas", "2", "--timeout", "60")
+    proc = mpirun(
+        3,
+        str(SCRIPTS / "check_failure.py"),
+        *("--mode", "raise", "--replicas", "2", "--timeout", "60", "--execution", execution),
+    )
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
@@ -157,11 +162,16 @@ def test_a_failing_worker_aborts_the_job_quickly():
 
 
 @needs_mpi
-def test_a_missing_worker_ends_the_job_after_the_timeout():
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_missing_worker_ends_the_job_after_the_timeout(execution):
     """Worker 1 never reaches strategy.reduce: the others give up after timeout_seconds
     (3 s) and abort the job with a message naming themselves and the timeout."""
     t0 = time.monotonic()
-    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), "--mode", "timeout", "--replicas", "2", "--timeout", "3")
+    proc = mpirun(
+        2,
+        str(SCRIPTS / "check_failure.py"),
+        *("--mode", "timeout", "--replicas", "2", "--timeout", "3", "--execution", execution),
+    )
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
