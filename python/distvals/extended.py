@@ -8,7 +8,7 @@ their collectives.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -137,11 +137,11 @@ class StrategyExtended:
         write()
 
     # ---- running ---------------------------------------------------------------------------
-    def call_for_each_replica(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> Any:
+    def call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None) -> Any:
         """``fn(*args, **kwargs)`` once per replica: the same as ``strategy.run``."""
         return self._call_for_each_replica(fn, args, kwargs)
 
-    def _call_for_each_replica(self, fn: Callable, args: Sequence, kwargs: Optional[dict]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Optional[Dict[str, Any]]) -> Any:
         raise NotImplementedError
 
     # ---- variables ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class StrategyExtended:
         return container if container is not None else value
 
     def update(
-        self, var: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+        self, var: Any, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None, group: bool = True
     ) -> Any:
         """Runs ``fn(copy, *args, **kwargs)`` on each of ``var``'s per-replica copies (each
         getting its replica's part of distributed arguments) and returns the results,
@@ -208,7 +208,7 @@ class StrategyExtended:
         return contextlib.nullcontext()
 
     def update_non_slot(
-        self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+        self, colocate_with: Any, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None, group: bool = True
     ) -> Any:
         """Runs ``fn(*args, **kwargs)`` once in cross-replica context (state that is not
         a variable's slot, such as an optimizer's step counter)."""

@@ -29,7 +29,7 @@ class TensorSpec:
 
     def __init__(self, shape: Any, dtype: Any = np.float32, name: Optional[str] = None) -> None:
         self._shape: Shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
-        self._dtype = np.dtype(dtype)
+        self._dtype: np.dtype[Any] = np.dtype(dtype)
         self._name = name
 
     @property
