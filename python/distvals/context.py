@@ -248,10 +248,14 @@ class ReplicaContext:
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """How many replicas run each step in sync, over every worker of a multi-worker
+        strategy (1 in the default replica context)."""
         return self._num_replicas
 
     @property
     def strategy(self) -> Strategy:
+        """The strategy whose ``run`` this replica belongs to (the default strategy in the
+        default replica context)."""
         return self._strategy
 
     @property

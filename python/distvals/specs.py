@@ -34,14 +34,19 @@ class TensorSpec:
 
     @property
     def shape(self) -> Shape:
+        """The shape as a tuple, None for each unknown dimension (such as the batch
+        dimension when the last batch may be smaller); None for an unknown rank."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The numpy dtype of the arrays the spec describes."""
         return self._dtype
 
     @property
     def name(self) -> Optional[str]:
+        """The name given to the constructor, or None (it takes part in ``==``, not in
+        ``is_compatible_with``)."""
         return self._name
 
     def is_compatible_with(self, value: Any) -> bool:

@@ -66,6 +66,8 @@ class Strategy:
 
     @property
     def extended(self) -> LocalExtended:
+        """The strategy's lower-level interface (``reduce_to``, ``update``, ``read_var``,
+        ``worker_devices``, ...), as ``tf.distribute.Strategy.extended``."""
         return self._extended
 
     @property
