@@ -114,7 +114,8 @@ python_asan() {
   local preload
   preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libstdc++.so)"
   local tests=() t
-  for t in test_group test_hardening_group test_strategy_failures test_strategy test_context \
+  for t in test_group_collectives test_group_input_errors test_group_failures test_group_lifecycle \
+           test_strategy_failures test_strategy test_context \
            test_variables test_input; do
     [ -f "$root/tests/$t.py" ] && tests+=("tests/$t.py")
   done

@@ -1,5 +1,6 @@
 """ReplicaGroup when a replica fails or never comes: timeouts (per group, per call, from the
-environment), abort and reset, closed groups, and Ctrl-C in a blocked collective."""
+environment), abort and reset, closed groups, Ctrl-C and signal handlers in a blocked
+collective, and both call styles used at once from several threads."""
 
 from __future__ import annotations
 
@@ -9,24 +10,34 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PER_REPLICA_METHODS, SINGLE_CALL_METHODS, assert_replicas_close, call_collective, run_threads
+from _group_helpers import ALGOS, PER_REPLICA, SINGLE, _call, check_all, reduce_ref, run_threads
 
 import distvals as dv
 
-# ---- timeouts ------------------------------------------------------------------------------------
+# ---- timeouts ------------------------------------------------------------------------------
 
 
 def test_missing_replica_times_out_naming_it():
-    with dv.ReplicaGroup(3, timeout_seconds=0.2) as g:
-        # Replicas 0 and 1 come; replica 2 never does.
-        _, errs = run_threads(2, lambda r: g.replica_all_reduce(r, np.ones(4, np.float32)), timeout=30)
-        assert all(isinstance(e, TimeoutError) for e in errs), errs
-        assert any("replica(s) 2 never arrived" in str(e) for e in errs), errs
-        assert g.aborted
-        g.reset()
-        bufs = [np.ones(4, np.float32) * (r + 1) for r in range(3)]
-        g.all_reduce(bufs)
-        assert_replicas_close(bufs, np.full(4, 6.0), np.float32)
+    g = dv.ReplicaGroup(3, timeout_seconds=0.2)
+    errs = []
+
+    def replica(r):
+        try:
+            g.replica_all_reduce(r, np.ones(4, np.float32))
+        except Exception as e:
+            errs.append(e)
+
+    ts = [threading.Thread(target=replica, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(30) for t in ts]
+    assert len(errs) == 2
+    assert any("replica(s) 2 never arrived" in str(e) for e in errs)
+    assert all(isinstance(e, TimeoutError) for e in errs)
+    assert g.aborted
+    g.reset()
+    bufs = [np.ones(4, np.float32) * (r + 1) for r in range(3)]
+    g.all_reduce(bufs)
+    check_all(bufs, np.full(4, 6.0), np.float32)
 
 
 def test_timeout_seconds_must_be_a_number():
@@ -85,36 +96,43 @@ def test_garbage_timeout_environment_variable_warns_and_uses_the_default(monkeyp
         assert g.timeout_seconds == 300.0
 
 
-# ---- abort and close ---------------------------------------------------------------------------
+# ---- abort and close -----------------------------------------------------------------------
 
 
 def test_abort_releases_waiters_with_replica_id():
-    with dv.ReplicaGroup(2, timeout_seconds=60) as g:
-        err = []
+    g = dv.ReplicaGroup(2, timeout_seconds=60)
+    err = []
 
-        def waiter():
-            try:
-                g.replica_all_reduce(0, np.ones(4, np.float32))
-            except Exception as e:
-                err.append(e)
+    def waiter():
+        try:
+            g.replica_all_reduce(0, np.ones(4, np.float32))
+        except Exception as e:
+            err.append(e)
 
-        t = threading.Thread(target=waiter)
-        t.start()
-        g.abort(1, "ValueError in replica 1")
-        t.join(10)
-        assert not t.is_alive()
-        assert isinstance(err[0], dv.AbortedError) and err[0].replica == 1
-        assert "ValueError in replica 1" in str(err[0])
+    t = threading.Thread(target=waiter)
+    t.start()
+    g.abort(1, "ValueError in replica 1")
+    t.join(10)
+    assert not t.is_alive()
+    assert isinstance(err[0], dv.AbortedError) and err[0].replica == 1
+    assert "ValueError in replica 1" in str(err[0])
 
 
-@pytest.mark.parametrize("method", SINGLE_CALL_METHODS + PER_REPLICA_METHODS)
-def test_closed_group_refuses_every_method(method):
+def test_closed_group_raises():
     g = dv.ReplicaGroup(2)
     g.close()
     g.close()  # idempotent
+    with pytest.raises(dv.ClosedError):
+        g.all_reduce([np.ones(2, np.float32), np.ones(2, np.float32)])
     assert g.closed
+
+
+@pytest.mark.parametrize("method", SINGLE + PER_REPLICA)
+def test_closed_group_refuses_every_method(method):
+    g = dv.ReplicaGroup(2)
+    g.close()
     arrays = [np.ones(4, np.float32), np.ones(4, np.float32)]
-    errs = call_collective(g, method, arrays)
+    errs = _call(g, method, arrays)
     for e in errs:
         assert isinstance(e, dv.ClosedError), e
     np.testing.assert_array_equal(arrays[0], 1)
@@ -145,7 +163,7 @@ def test_close_while_another_thread_waits(method):
         g.all_reduce([np.ones(2, np.float32)] * 3)
 
 
-# ---- Ctrl-C ------------------------------------------------------------------------------------
+# ---- Ctrl-C and signal handlers ------------------------------------------------------------
 
 
 def _sigint_main_after(delay: float) -> threading.Thread:
@@ -225,3 +243,148 @@ def test_custom_signal_handler_exception_reaches_the_caller():
         signal.signal(signal.SIGINT, previous)
     g.reset()
     g.close()
+
+
+# ---- concurrency: several groups, both call styles, buffers held while a replica waits -----
+
+
+def test_two_groups_from_two_threads_at_once():
+    """Single-call groups driven from two Python threads, plus two per-replica groups
+    driven by their own replica threads, all at the same time."""
+    errors = []
+
+    def single_call_loop(k):
+        with dv.ReplicaGroup(3) as g:
+            for it in range(200):
+                bufs = [np.full(1000 + k, k * 100 + r + it, np.int64) for r in range(3)]
+                want = reduce_ref(bufs, "sum", np.int64)
+                g.all_reduce(bufs, algorithm=ALGOS[it % 4])
+                for r, b in enumerate(bufs):
+                    if not np.array_equal(b, want):
+                        errors.append(f"group {k} iteration {it} replica {r}")
+                        return
+
+    def per_replica_group(k, n):
+        g = dv.ReplicaGroup(n, timeout_seconds=30)
+
+        def replica(r):
+            for it in range(100):
+                x = np.full(17, k * 1000 + r + it, np.float64)
+                g.replica_all_reduce(r, x)
+                want = sum(k * 1000 + j + it for j in range(n))
+                if not np.all(x == want):
+                    raise AssertionError(f"group {k} iteration {it} replica {r}: {x[0]} != {want}")
+
+        _, errs = run_threads(n, replica)
+        g.close()
+        errors.extend(str(e) for e in errs if e is not None)
+
+    ts = [threading.Thread(target=single_call_loop, args=(k,)) for k in range(2)]
+    ts += [threading.Thread(target=per_replica_group, args=(k + 2, n)) for k, n in enumerate((2, 3))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not any(t.is_alive() for t in ts)
+    assert errors == []
+
+
+def _run_script(body: str, timeout: float = 120):
+    """Runs `body` in a fresh interpreter (a crash must fail the test, not end the run)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_buffer_export_is_held_while_the_replica_waits():
+    """A bytearray passed to a per-replica call cannot be resized while the engine may
+    still write into it: the resize raises BufferError, and the result is right."""
+    out = _run_script("""
+        import threading, time
+        import numpy as np
+        import distvals as dv
+
+        g = dv.ReplicaGroup(2, timeout_seconds=60)
+        for attempt in range(3):
+            ba = bytearray(range(64))
+            other = np.arange(64, dtype=np.uint8)
+            errors = []
+            t = threading.Thread(target=lambda: g.replica_all_reduce(0, ba))
+            t.start()
+            time.sleep(0.1)  # replica 0 now waits inside the engine for replica 1
+            try:
+                ba.extend(b"x" * 100000)
+                errors.append("resized while the engine held it")
+            except BufferError:
+                pass
+            g.replica_all_reduce(1, other)
+            t.join(30)
+            assert not t.is_alive()
+            assert errors == [], errors
+            want = (np.arange(64) * 2).astype(np.uint8)
+            assert bytes(ba) == want.tobytes(), bytes(ba)
+            ba.extend(b"ok")  # released once the call returned
+        print("fine")
+    """)
+    assert "fine" in out
+
+
+def test_both_call_styles_from_three_threads_never_crash_or_corrupt():
+    """One thread in the single-call style, two in the per-replica style, on one group:
+    the engine serializes them; every result is right and nobody fails."""
+    out = _run_script("""
+        import threading, time
+        import numpy as np
+        import distvals as dv
+
+        g = dv.ReplicaGroup(2, timeout_seconds=60)
+        rounds = 400  # both replicas run the same number of per-replica collectives
+        done = threading.Event()
+        problems = []
+        counts = [0, 0]
+
+        def per_replica(r):
+            x = np.zeros(5000, np.float32)
+            for it in range(rounds):
+                x[:] = r + 1 + it
+                try:
+                    g.replica_all_reduce(r, x)
+                except Exception as e:
+                    problems.append(repr(e)); return
+                if not np.all(x == 3 + 2 * it):
+                    problems.append(f"replica {r} round {it}: {x[:3]}")
+                if r == 0:
+                    counts[0] += 1
+
+        def single():
+            a, b = np.zeros(5000, np.float32), np.zeros(5000, np.float32)
+            while not done.is_set():
+                a[:] = 10; b[:] = 20
+                try:
+                    g.all_reduce([a, b])
+                except Exception as e:
+                    problems.append(repr(e)); return
+                if not (np.all(a == 30) and np.all(b == 30)):
+                    problems.append("single call wrong")
+                counts[1] += 1
+
+        ts = [threading.Thread(target=per_replica, args=(r,)) for r in range(2)]
+        s = threading.Thread(target=single)
+        for t in ts + [s]:
+            t.start()
+        for t in ts:
+            t.join(120)
+        done.set()
+        s.join(60)
+        assert not any(t.is_alive() for t in ts + [s]), "a thread hung"
+        assert problems == [], problems[:5]
+        assert counts[0] == rounds and counts[1] > 0, counts
+        print("fine", counts)
+    """)
+    assert "fine" in out
