@@ -119,7 +119,7 @@ python_asan() {
   preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libstdc++.so)"
   # The engine-facing tests: every ReplicaGroup test file, and the strategy layer's.
   local tests=() t
-  for t in "$root"/tests/test_group*.py "$root"/tests/test_hardening_group.py; do
+  for t in "$root"/tests/test_group_*.py; do
     [ -f "$t" ] && tests+=("tests/$(basename "$t")")
   done
   for t in test_strategy_failures test_strategy test_context test_variables test_input; do
