@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -105,7 +105,7 @@ class _Clock:
         return int(buf[0])
 
 
-def _time_calls(clock: _Clock, iters: int, refill, call) -> float:
+def _time_calls(clock: _Clock, iters: int, refill: Callable[[], None], call: Callable[[], None]) -> float:
     """Median over ``iters`` calls of the slowest process's time, refilling the inputs
     (untimed) before each call."""
     for _ in range(bd.warmup_for(iters)):
@@ -121,7 +121,9 @@ def _time_calls(clock: _Clock, iters: int, refill, call) -> float:
     return clock.slowest_median_us(times)
 
 
-def _plain_allreduce(comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: str, timeout: float) -> List[Dict]:
+def _plain_allreduce(
+    comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: str, timeout: float
+) -> List[Dict[str, Any]]:
     """Plain blocking ``Allreduce`` over ``comm`` for every size: one process = one replica."""
     clock = _Clock(comm, mpi, timeout)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -129,10 +131,10 @@ def _plain_allreduce(comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: 
     for count, iters in plan:
         buf = bd.make_input(n, rank, count, dtype, "sum")
 
-        def refill(buf=buf) -> None:
+        def refill(buf: np.ndarray = buf) -> None:
             bd.fill(buf, n, rank, dtype, "sum")
 
-        def call(buf=buf) -> None:
+        def call(buf: np.ndarray = buf) -> None:
             comm.Allreduce(mpi.IN_PLACE, buf, op=mpi.SUM)
 
         refill()
@@ -159,7 +161,7 @@ def _child() -> int:
 
 def _hierarchical(
     strategy: Any, plan: Sequence[Sequence[int]], dtype: str, clock: _Clock, with_run: bool
-) -> List[Dict]:
+) -> List[Dict[str, Any]]:
     import distvals as dv
 
     ext = strategy.extended
@@ -170,11 +172,11 @@ def _hierarchical(
         bufs = [bd.make_input(total, offset + r, count, dtype, "sum") for r in range(n_local)]
         got: List[Any] = [None]
 
-        def refill(bufs=bufs) -> None:
+        def refill(bufs: List[np.ndarray] = bufs) -> None:
             for r, b in enumerate(bufs):
                 bd.fill(b, total, offset + r, dtype, "sum")
 
-        def call(bufs=bufs) -> None:
+        def call(bufs: List[np.ndarray] = bufs) -> None:
             # The strategy's collectives, single-call, without strategy.run around them.
             got[0] = [row[0] for row in coll.all_reduce(dv.ReduceOp.SUM, [[b] for b in bufs])]
 
@@ -207,9 +209,9 @@ def _hierarchical(
         if with_run:
             results: List[Any] = [None]
 
-            def step(bufs=bufs):
-                ctx = dv.get_replica_context()
-                return ctx.all_reduce("SUM", bufs[ctx.replica_id_in_sync_group - offset])
+            def step(bufs: List[np.ndarray] = bufs) -> Any:
+                ctx = dv.get_replica_context()  # always set inside strategy.run
+                return ctx.all_reduce("SUM", bufs[ctx.replica_id_in_sync_group - offset])  # type: ignore[union-attr]
 
             def run_call() -> None:
                 results[0] = strategy.run(step)
@@ -230,7 +232,7 @@ def _fmt_us(us: Optional[float]) -> str:
     return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
 
-def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: List[str]) -> str:
+def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, notes: List[str]) -> str:
     R = a.replicas
     lines = [
         f"# distvals MPI bench: {W} worker(s) x {R} replica(s) = {W * R} replicas in sync, {a.dtype} sum",
@@ -281,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     notes: List[str] = []
     hier = _hierarchical(strategy, plan, a.dtype, clock, not a.no_run)
     plain_w = _plain_allreduce(world, mpi, plan, a.dtype, a.timeout)
-    plain_wxr: List[Optional[Dict]] = [None] * len(plan)
+    plain_wxr: List[Optional[Dict[str, Any]]] = [None] * len(plan)
     extra = W * (a.replicas - 1)
     if a.no_spawn:
         notes.append("the WxR-process Allreduce was skipped (--no-spawn)")
