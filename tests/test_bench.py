@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import distvals
-from distvals.bench import cli, compare, core
-from distvals.bench.peers import PEERS, bench_data as bd, runner_path
+from distvals.bench import cli, compare, core, memory
+from distvals.bench.peers import PEERS, runner_path
+from distvals.bench.peers import bench_data as bd
 from distvals.bench.progress import Progress
 from distvals.bench.results import SCHEMA, PeerStatus, Report, Row, bus_factor
-from distvals.bench.table import format_report, format_size
+from distvals.bench.table import format_report, format_size, over_bound
 
 ENGINE_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 DTYPE_OPS = [(d, op) for d in ENGINE_DTYPES for op in bd.OPS if op != "mean" or d.startswith("float")]
@@ -35,8 +36,13 @@ PEER_MODULES = {"numpy": "numpy", "tensorflow": "tensorflow", "torch-gloo": "tor
 
 def numpy_reference(arrays, op):
     stack = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
-    return {"sum": stack.sum(0), "mean": stack.mean(0), "prod": stack.prod(0), "min": stack.min(0),
-            "max": stack.max(0)}[op]
+    return {
+        "sum": stack.sum(0),
+        "mean": stack.mean(0),
+        "prod": stack.prod(0),
+        "min": stack.min(0),
+        "max": stack.max(0),
+    }[op]
 
 
 def run_cli(capsys, *args):
@@ -72,8 +78,9 @@ def test_inputs_are_distinct_per_replica_and_exact(dtype, op):
         np.testing.assert_array_equal(ref.astype(inputs[0].dtype).astype(np.float64), ref)
 
 
-@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("float16", "mean"), ("int8", "max"),
-                                      ("float64", "prod"), ("int32", "sum")])
+@pytest.mark.parametrize(
+    "dtype,op", [("float32", "sum"), ("float16", "mean"), ("int8", "max"), ("float64", "prod"), ("int32", "sum")]
+)
 def test_count_wrong_counts_each_corrupted_element(dtype, op):
     n, count = 3, bd.PERIOD + 17  # crosses a period boundary
     want = bd.reference(n, count, dtype, op)
@@ -199,7 +206,7 @@ def test_cli_exit_code_reports_wrong_results(monkeypatch, capsys):
     monkeypatch.setattr(core._core, "time_all_reduce", off_by_one)
     rc, out, err = run_cli(capsys, "--sizes", "64", "--iters", "3", "--algo", "ring", "--no-progress")
     assert rc == 1 and "wrong result elements" in err
-    line = [ln for ln in out.splitlines() if "distvals ring" in ln][0]
+    line = next(ln for ln in out.splitlines() if "distvals ring" in ln)
     assert line.split()[-1] == "1"
 
 
@@ -212,20 +219,25 @@ def _table_rows(out):
 
 def test_cli_table_has_every_size_algorithm_and_replica_count(capsys, tmp_path):
     path = tmp_path / "r.json"
-    rc, out, _ = run_cli(capsys, "--replicas", "2", "3", "--sizes", "8,1K,64K", "--iters", "20",
-                         "--json", str(path), "--no-progress")
+    rc, out, _ = run_cli(
+        capsys, "--replicas", "2", "3", "--sizes", "8,1K,64K", "--iters", "20", "--json", str(path), "--no-progress"
+    )
     assert rc == 0
     assert "busbw" in out and "%bound" in out and "#wrong" in out
     rows = _table_rows(out)
     for n in (2, 3):
         assert f"{n} replicas" in out
-    measured = [r for r in rows if r[4] == "distvals"]
+    measured = [r for r in rows if r[5] == "distvals"]
     assert len(measured) == 2 * 3 * 4  # N x sizes x algorithms
     for r in measured:
         assert r[2] == "float32" and r[3] == "sum" and r[-1] == "0"
-        assert float(r[6]) > 0 and float(r[9]) >= 0
+        assert r[4] in ("L1", "L2", "L3", "L4", "DRAM")
+        assert float(r[7]) > 0 and float(r[10]) >= 0
     bounds = [r for r in rows if "(memory" in r]
     assert len(bounds) == 2 * 3
+    for r in bounds:
+        assert r[-1].startswith("±") and float(r[-1][1:]) >= 0  # the size's noise
+    assert "# caches (" in out and "noise, N=2" in out and "noise, N=3" in out
     doc = json.loads(path.read_text())
     check_schema(doc)
     assert {r["replicas"] for r in doc["results"]} == {2, 3}
@@ -239,8 +251,12 @@ def check_schema(doc):
     for key in ("command", "settings", "machine", "memory_bound", "results", "peers", "speedups", "notes"):
         assert key in doc, key
     for b in doc["memory_bound"]:
-        assert b["bound_us"] == min(b["copy_samples_us"]) > 0
-        assert math.isclose(b["copy_gbps"], 2 * b["replicas"] * b["bytes"] / b["bound_us"] / 1e3)
+        assert b["bound_us"] == min(min(v) for v in b["variants"].values()) > 0
+        assert math.isclose(b["gbps"], 2 * b["replicas"] * b["bytes"] / b["bound_us"] / 1e3)
+        assert b["level"] in ("L1", "L2", "L3", "L4", "DRAM") and b["threads"] >= 1
+        assert b["samples"] >= core.MIN_BOUND_SAMPLES and b["noise_pct"] >= 0
+        assert all(len(v) == b["samples"] for v in b["variants"].values())
+    assert doc["machine"]["caches"] and doc["machine"]["caches_source"] in ("sysfs", "sysconf", "assumed")
     for r in doc["results"]:
         assert isinstance(r["impl"], str) and isinstance(r["wrong"], int) and r["checked"] >= r["count"]
         assert r["count"] * np.dtype(r["dtype"]).itemsize == r["bytes"]
@@ -255,8 +271,21 @@ def check_schema(doc):
 
 
 def test_cli_json_to_stdout_is_only_json(capsys):
-    rc, out, _ = run_cli(capsys, "--sizes", "1K", "--iters", "5", "--algo", "auto", "--dtype", "int32",
-                         "--op", "max", "--json", "--no-progress")
+    rc, out, _ = run_cli(
+        capsys,
+        "--sizes",
+        "1K",
+        "--iters",
+        "5",
+        "--algo",
+        "auto",
+        "--dtype",
+        "int32",
+        "--op",
+        "max",
+        "--json",
+        "--no-progress",
+    )
     assert rc == 0
     doc = json.loads(out)
     check_schema(doc)
@@ -274,13 +303,16 @@ def test_cli_load_prints_the_same_report(capsys, tmp_path):
     assert out == format_report(Report.from_json(doc))
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--dtype", "int32", "--op", "mean"], "mean needs a floating dtype"),
-    (["--min-bytes", "1M", "--max-bytes", "1K"], "larger than --max-bytes"),
-    (["--compare", "--peers", "jax"], "unknown peer"),
-    (["--sizes", "0"], "at least 1 byte"),
-    (["--replicas", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dtype", "int32", "--op", "mean"], "mean needs a floating dtype"),
+        (["--min-bytes", "1M", "--max-bytes", "1K"], "larger than --max-bytes"),
+        (["--compare", "--peers", "jax"], "unknown peer"),
+        (["--sizes", "0"], "at least 1 byte"),
+        (["--replicas", "0"], "at least 1"),
+    ],
+)
 def test_cli_rejects_bad_arguments(capsys, args, message):
     with pytest.raises(SystemExit) as e:
         cli.main(args)
@@ -302,31 +334,307 @@ def test_progress_without_tqdm_writes_a_line(monkeypatch):
     assert silent.getvalue() == ""
 
 
+# --- the memory bound -------------------------------------------------------------------
+
+
+def _fake_cache(root, index, level, kind, size, shared):
+    d = root / f"index{index}"
+    d.mkdir(parents=True)
+    (d / "level").write_text(f"{level}\n")
+    (d / "type").write_text(f"{kind}\n")
+    (d / "size").write_text(f"{size}\n")
+    (d / "shared_cpu_list").write_text(f"{shared}\n")
+
+
+def test_cache_levels_from_sysfs_skip_instruction_caches(tmp_path):
+    _fake_cache(tmp_path, 0, 1, "Data", "32K", "0")
+    _fake_cache(tmp_path, 1, 1, "Instruction", "64K", "0")
+    _fake_cache(tmp_path, 2, 2, "Unified", "512K", "0")
+    _fake_cache(tmp_path, 3, 3, "Unified", "32768K", "0-3,8,10-11")
+    caches, source = memory.cache_levels(str(tmp_path))
+    assert source == "sysfs"
+    assert caches == [memory.Cache(1, 32 << 10, 1), memory.Cache(2, 512 << 10, 1), memory.Cache(3, 32 << 20, 7)]
+    assert caches[2].describe() == "L3 32 MiB shared by 7 CPUs" and caches[0].describe() == "L1 32 KiB per core"
+
+
+def test_cache_levels_fall_back_without_sysfs(tmp_path, monkeypatch):
+    caches, source = memory.cache_levels(str(tmp_path / "absent"))
+    assert source in ("sysconf", "assumed") and caches
+    monkeypatch.setattr(memory, "_from_sysconf", list)
+    caches, source = memory.cache_levels(str(tmp_path / "absent"))
+    assert source == "assumed" and [c.name for c in caches] == ["L1", "L2", "L3"]
+
+
+def test_level_of_counts_private_caches_per_thread():
+    caches = [memory.Cache(1, 32 << 10, 1), memory.Cache(2, 512 << 10, 1), memory.Cache(3, 32 << 20, 2)]
+    assert memory.level_of(2, 8 << 10, 1, caches) == "L1"  # 16 KiB on one core
+    assert memory.level_of(2, 16 << 10, 2, caches) == "L1"  # 32 KiB over two cores' L1
+    assert memory.level_of(2, 64 << 10, 2, caches) == "L2"
+    assert memory.level_of(2, 512 << 10, 2, caches) == "L2"  # 1 MiB over two L2s
+    assert memory.level_of(2, 512 << 10, 1, caches) == "L3"
+    assert memory.level_of(2, 16 << 20, 2, caches) == "L3"  # 32 MiB: the shared L3 exactly
+    assert memory.level_of(2, 64 << 20, 2, caches) == "DRAM"
+    assert memory.level_of(4, 16 << 20, 4, caches) == "L3"  # 64 MiB over two L3 instances
+    assert memory.level_of(4, 32 << 20, 4, caches) == "DRAM"
+    assert memory.level_of(4, 8 << 20, 4, caches) == "L3"
+
+
+def test_bound_variants_by_size():
+    caches = [memory.Cache(1, 32 << 10, 1), memory.Cache(2, 512 << 10, 1), memory.Cache(3, 32 << 20, 2)]
+    assert memory.bound_variants(2, 1024, 2, caches, streaming=True) == [(2, False), (1, False)]
+    assert memory.bound_variants(2, 4 << 20, 2, caches, streaming=True) == [(2, False), (2, True)]
+    assert memory.bound_variants(2, 64 << 20, 2, caches, streaming=False) == [(2, False)]
+    assert memory.bound_variants(2, 1024, 1, caches, streaming=True) == [(1, False)]
+    assert memory.parse_cpu_list("0-1") == 2 and memory.parse_cpu_list("3") == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_time_memory_bound_keeps_every_byte(threads, streaming):
+    rng = np.random.default_rng(threads)
+    # Odd sizes and offsets: unaligned heads and tails on every buffer.
+    for count, offset in ((1, 0), (37, 1), (4099, 3), (100_003, 5)):
+        raw = [rng.integers(0, 256, count + 8, dtype=np.uint8) for _ in range(3)]
+        bufs = [r[offset : offset + count] for r in raw]
+        before = [r.copy() for r in raw]
+        t = distvals._core.time_memory_bound(bufs, threads, streaming, 4, 1)
+        assert t.shape == (4,) and (t > 0).all()
+        for r, b in zip(raw, before):
+            np.testing.assert_array_equal(r, b)
+    wide = [np.arange(1000, dtype=np.float64) for _ in range(2)]
+    distvals._core.time_memory_bound(wide, threads, streaming, 2, 0)
+    np.testing.assert_array_equal(wide[1], np.arange(1000, dtype=np.float64))
+
+
+def test_time_memory_bound_rejects_bad_arguments():
+    a, b = np.zeros(10, np.float32), np.zeros(11, np.float32)
+    with pytest.raises(ValueError):
+        distvals._core.time_memory_bound([a, b], 2, False, 3, 1)
+    with pytest.raises(ValueError):
+        distvals._core.time_memory_bound([a, a.copy()], 0, False, 3, 1)
+    with pytest.raises(ValueError):
+        distvals._core.time_memory_bound([], 1, False, 3, 1)
+    with pytest.raises(ValueError):
+        distvals._core.time_memory_bound([a.copy()], 1, False, 0, 1)
+
+
+def test_bound_meter_takes_the_fastest_median_and_states_the_noise(monkeypatch):
+    medians = iter([5.0, 4.0, 6.0, 3.0, 5.5, 4.5])  # (2 thr, 1 thr) per sample
+
+    def fake(bufs, threads, streaming, iters, warmup):
+        return np.full(iters, next(medians) * 1e-6)
+
+    monkeypatch.setattr(memory._core, "time_memory_bound", fake)
+    caches = [memory.Cache(1, 32 << 10, 1), memory.Cache(2, 512 << 10, 1), memory.Cache(3, 32 << 20, 2)]
+    bufs = [np.zeros(256, np.float32) for _ in range(2)]
+    meter = memory.BoundMeter(bufs, 2, 2, caches, 5, 1)
+    assert meter.variants == [(2, False), (1, False)]
+    for _ in range(3):
+        meter.sample()
+    b = meter.result()
+    assert b["bound_us"] == 3.0 and (b["threads"], b["streaming"]) == (1, False)
+    assert math.isclose(b["noise_pct"], 100 * (4.5 / 3.0 - 1))
+    assert b["variants"] == {"2 thr": [5.0, 6.0, 5.5], "1 thr": [4.0, 3.0, 4.5]}
+    assert b["level"] == "L1" and b["samples"] == 3 and b["bytes"] == 1024
+    assert math.isclose(b["gbps"], 2 * 2 * 1024 / 3.0 / 1e3)
+
+
+def test_rows_beating_the_bound_beyond_the_noise_are_flagged():
+    def row(t):
+        return Row("distvals", "group", "auto", 2, 1024, 256, "float32", "sum", t, 10, 0, 512).finish(1.0)
+
+    bound = {
+        "replicas": 2,
+        "bytes": 1024,
+        "bound_us": 1.0,
+        "level": "L1",
+        "threads": 1,
+        "streaming": False,
+        "noise_pct": 10.0,
+        "samples": 3,
+        "variants": {"1 thr": [1.0, 1.05, 1.1]},
+        "gbps": 2.0,
+    }
+    within, beyond = row(0.95), row(0.8)  # 105% and 125%
+    assert not over_bound(within, bound) and over_bound(beyond, bound)
+    text = format_report(Report("cmd", {"dtype": "float32", "op": "sum"}, {}, rows=[within], bounds=[bound]))
+    assert "105.3 " in text and "rows above 100% of the bound by more than the noise: none" in text
+    text = format_report(Report("cmd", {"dtype": "float32", "op": "sum"}, {}, rows=[beyond], bounds=[bound]))
+    assert "125.0!" in text and "distvals auto at 1 KiB: 125.0% (noise ±10.0%)" in text
+
+
+def test_a_version_1_report_still_loads(capsys, tmp_path):
+    doc = {
+        "schema": "distvals.bench/1",
+        "command": "python -m distvals.bench",
+        "settings": {"dtype": "float32", "op": "sum"},
+        "machine": {},
+        "peers": [],
+        "notes": [],
+        "memory_bound": [
+            {"replicas": 2, "bytes": 1024, "bound_us": 2.0, "copy_samples_us": [2.0, 3.0], "copy_gbps": 1.0}
+        ],
+        "results": [
+            Row("distvals", "group", "auto", 2, 1024, 256, "float32", "sum", 1.0, 10, 0, 512).finish(2.0).to_json()
+        ],
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "--load", str(path))
+    assert rc == 0 and "(memory bound, copy)" in out and "not a true bound" in out
+
+
+# --- out of place and streaming stores --------------------------------------------------
+
+
+def test_out_of_place_rows_are_checked_and_compared(capsys, tmp_path):
+    path = tmp_path / "o.json"
+    before = distvals._core.streaming_store_min_bytes()
+    rc, out, _ = run_cli(
+        capsys,
+        "--sizes",
+        "1K,64K",
+        "--iters",
+        "5",
+        "--algo",
+        "auto",
+        "--out-of-place",
+        "--streaming-min-bytes",
+        "0",
+        "--json",
+        str(path),
+        "--no-progress",
+    )
+    assert rc == 0
+    assert distvals._core.streaming_store_min_bytes() == before  # restored after the run
+    doc = json.loads(path.read_text())
+    assert doc["settings"]["out_of_place"] is True and doc["settings"]["streaming_min_bytes"] == 0
+    oop = [r for r in doc["results"] if r["out_of_place"]]
+    assert sorted(r["bytes"] for r in oop) == [1024, 65536]
+    assert all(r["wrong"] == 0 and r["checked"] == 2 * 2 * r["count"] for r in oop)
+    assert "distvals auto/direct out" in out and "# out of place / in place, N=2" in out
+    assert "never" and cli.parse_args(["--streaming-min-bytes", "never"]).streaming_min_bytes == 2**64 - 1
+    assert cli.parse_args(["--streaming-min-bytes", "4M"]).streaming_min_bytes == 4 << 20
+
+
+def test_measure_group_out_of_place_counts_wrong_results_in_the_outputs():
+    n, count = 2, 5000
+    with distvals.ReplicaGroup(n) as g:
+        bufs = [np.empty(count, np.float32) for _ in range(n)]
+        outs = [np.zeros(count, np.float32) for _ in range(n)]
+        row = core.measure_group(g, bufs, "float32", "sum", "auto", iters=3, out=outs)
+        assert row.wrong == 0 and row.out_of_place and row.label.endswith(" out")
+        np.testing.assert_array_equal(outs[0], bd.reference(n, count, "float32", "sum").astype(np.float32))
+        # The inputs are untouched by out-of-place calls.
+        np.testing.assert_array_equal(bufs[1], bd.make_input(n, 1, count, "float32", "sum"))
+
+
 # --- the strategy level -----------------------------------------------------------------
 
 
-def test_strategy_level_rows_or_a_note(capsys):
-    rc, out, _ = run_cli(capsys, "--sizes", "8,4K", "--iters", "5", "--api", "strategy", "--json",
-                         "--no-progress")
+def test_strategy_level_rows_or_a_note(capsys, tmp_path):
+    rc, out, _ = run_cli(capsys, "--sizes", "8,4K", "--iters", "5", "--api", "strategy", "--json", "--no-progress")
     assert rc == 0
     doc = json.loads(out)
     if not core.has_strategy():
         assert any("no MirroredStrategy" in n for n in doc["notes"])
         assert doc["results"] == []
         return
-    rows = [r for r in doc["results"] if r["level"] == "strategy"]
-    assert [r["bytes"] for r in rows] == [8, 4096]
-    for r in rows:
-        assert r["wrong"] == 0 and r["checked"] == 2 * r["count"] and r["time_us"] > 0
+    modes = [core.mode_label(m) for m in core.strategy_modes()]
+    assert doc["settings"]["execution_modes"] == modes
+    for level in ("strategy", "strategy-trivial"):
+        rows = [r for r in doc["results"] if r["level"] == level]
+        assert sorted((r["mode"], r["bytes"]) for r in rows) == sorted((m, b) for m in modes for b in (8, 4096))
+    for r in doc["results"]:
+        if r["level"] == "strategy":
+            assert r["wrong"] == 0 and r["checked"] == 2 * r["count"] and r["time_us"] > 0
+            assert r["group_py_us"] > 0
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    rc, out, _ = run_cli(capsys, "--load", str(path))
+    assert rc == 0 and "# strategy.run, N=2" in out
+    for m in modes:
+        assert f"{m}: trivial" in out
+
+
+class _ModalStrategy(distvals.MirroredStrategy):
+    """A MirroredStrategy that takes ``execution=`` (as later versions do); modes are recorded."""
+
+    created = []
+
+    def __init__(self, devices=None, cross_device_ops=None, communication_options=None, execution="auto"):
+        if execution not in ("auto", "inline", "threads"):
+            raise ValueError(f"unknown execution {execution!r}")
+        super().__init__(devices, cross_device_ops, communication_options)
+        _ModalStrategy.created.append(execution)
+
+
+def test_strategy_modes_side_by_side_when_the_strategy_takes_execution(capsys, monkeypatch, tmp_path):
+    if not core.has_strategy():
+        pytest.skip("this distvals has no MirroredStrategy")
+    assert core.strategy_modes() in ([None], ["inline", "threads"])
+    monkeypatch.setattr(distvals, "MirroredStrategy", _ModalStrategy)
+    _ModalStrategy.created.clear()
+    assert core.strategy_modes() == ["inline", "threads"]
+    path = tmp_path / "m.json"
+    rc, out, _ = run_cli(
+        capsys,
+        "--sizes",
+        "8,1K",
+        "--iters",
+        "5",
+        "--api",
+        "all",
+        "--algo",
+        "auto",
+        "--json",
+        str(path),
+        "--no-progress",
+    )
+    assert rc == 0
+    assert _ModalStrategy.created == ["inline", "threads"]
+    doc = json.loads(path.read_text())
+    assert doc["settings"]["execution_modes"] == ["inline", "threads"]
+    strat = [r for r in doc["results"] if r["level"] in ("strategy", "strategy-trivial")]
+    assert sorted({(r["mode"], r["level"]) for r in strat}) == [
+        ("inline", "strategy"),
+        ("inline", "strategy-trivial"),
+        ("threads", "strategy"),
+        ("threads", "strategy-trivial"),
+    ]
+    assert "inline: trivial" in out and "threads: trivial" in out
+    assert "distvals strategy inline" in out and "distvals strategy threads" in out
+    # A peer is compared with each mode.
+    report = Report.from_json(doc)
+    report.rows.append(Row("tensorflow", "peer", "", 2, 1024, 256, "float32", "sum", 500.0, 10, 0, 512))
+    levels = {s["distvals"] for s in compare.speedups(report)}
+    assert levels == {"group", "strategy inline", "strategy threads"}
+    text = format_report(report)
+    assert "execution inline" in text and "execution threads" in text and "tensorflow" in text
 
 
 # --- peers ------------------------------------------------------------------------------
 
 
 def test_missing_interpreter_lists_every_peer_as_missing(capsys, tmp_path):
-    rc, out, _ = run_cli(capsys, "--compare", "--replicas", "2", "--sizes", "64", "--iters", "3", "--api",
-                         "group", "--algo", "auto", "--peer-python", str(tmp_path / "no-python"), "--json",
-                         "--no-progress")
+    rc, out, _ = run_cli(
+        capsys,
+        "--compare",
+        "--replicas",
+        "2",
+        "--sizes",
+        "64",
+        "--iters",
+        "3",
+        "--api",
+        "group",
+        "--algo",
+        "auto",
+        "--peer-python",
+        str(tmp_path / "no-python"),
+        "--json",
+        "--no-progress",
+    )
     assert rc == 0
     doc = json.loads(out)
     status = {p["name"]: p for p in doc["peers"]}
@@ -341,9 +649,24 @@ def test_missing_interpreter_lists_every_peer_as_missing(capsys, tmp_path):
 def test_compare_runs_numpy_and_lists_absent_peers(capsys):
     absent = [name for name, mod in PEER_MODULES.items() if importlib.util.find_spec(mod) is None]
     peers = ["numpy"] + absent
-    rc, out, _ = run_cli(capsys, "--compare", "--replicas", "2", "--sizes", "8,1K,64K", "--iters", "10",
-                         "--api", "group", "--algo", "auto", "--peers", ",".join(peers), "--json",
-                         "--no-progress")
+    rc, out, _ = run_cli(
+        capsys,
+        "--compare",
+        "--replicas",
+        "2",
+        "--sizes",
+        "8,1K,64K",
+        "--iters",
+        "10",
+        "--api",
+        "group",
+        "--algo",
+        "auto",
+        "--peers",
+        ",".join(peers),
+        "--json",
+        "--no-progress",
+    )
     assert rc == 0
     doc = json.loads(out)
     check_schema(doc)
@@ -362,8 +685,23 @@ def test_compare_runs_numpy_and_lists_absent_peers(capsys):
 
 
 def test_numpy_runner_checks_its_result():
-    res = subprocess.run([sys.executable, runner_path("numpy"), "--replicas", "3", "--op", "min",
-                          "--dtype", "int8", "--plan", "3:4,1000:4"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            runner_path("numpy"),
+            "--replicas",
+            "3",
+            "--op",
+            "min",
+            "--dtype",
+            "int8",
+            "--plan",
+            "3:4,1000:4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     events = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert [e["event"] for e in events] == ["start", "result", "result", "done"]
@@ -393,7 +731,10 @@ def _fake_runner(tmp_path, monkeypatch, body):
 
 
 def test_failing_peer_is_reported_with_partial_results(tmp_path, monkeypatch):
-    _fake_runner(tmp_path, monkeypatch, """
+    _fake_runner(
+        tmp_path,
+        monkeypatch,
+        """
         import json, sys
         print(json.dumps({"event": "start", "version": "9.9", "detail": "fake"}), flush=True)
         print("some library chatter on stdout", flush=True)
@@ -401,7 +742,8 @@ def test_failing_peer_is_reported_with_partial_results(tmp_path, monkeypatch):
                           "wrong": 0, "checked": 4}), flush=True)
         sys.stderr.write("Traceback: boom in the second size\\n")
         sys.exit(3)
-    """)
+    """,
+    )
     status, rows = compare.run_peer("numpy", 2, [(8, 3), (64, 3)], "float32", "sum", sys.executable, 60)
     assert status.status == "failed" and status.version == "9.9"
     assert "exit code 3" in status.reason and "1 of 2 sizes" in status.reason and "boom" in status.reason
@@ -409,11 +751,15 @@ def test_failing_peer_is_reported_with_partial_results(tmp_path, monkeypatch):
 
 
 def test_hanging_peer_is_killed_at_its_timeout(tmp_path, monkeypatch):
-    _fake_runner(tmp_path, monkeypatch, """
+    _fake_runner(
+        tmp_path,
+        monkeypatch,
+        """
         import json, time
         print(json.dumps({"event": "start", "version": "1"}), flush=True)
         time.sleep(120)
-    """)
+    """,
+    )
     t0 = time.monotonic()
     status, rows = compare.run_peer("numpy", 2, [(8, 3)], "float32", "sum", sys.executable, 2.0)
     assert time.monotonic() - t0 < 30
@@ -421,10 +767,14 @@ def test_hanging_peer_is_killed_at_its_timeout(tmp_path, monkeypatch):
 
 
 def test_peer_reporting_missing_or_unsupported(tmp_path, monkeypatch):
-    _fake_runner(tmp_path, monkeypatch, """
+    _fake_runner(
+        tmp_path,
+        monkeypatch,
+        """
         import json
         print(json.dumps({"event": "unsupported", "reason": "no such op here"}), flush=True)
-    """)
+    """,
+    )
     status, rows = compare.run_peer("tensorflow", 4, [(8, 3)], "float32", "prod", sys.executable, 60)
     assert (status.status, status.reason, status.replicas) == ("unsupported", "no such op here", 4)
 
@@ -433,11 +783,18 @@ def test_speedups_divide_peer_time_by_distvals_python_time():
     def row(impl, level, algo, t, py=None):
         return Row(impl, level, algo, 2, 1024, 256, "float32", "sum", t, 10, 0, 512, py_time_us=py)
 
-    report = Report("cmd", {}, {}, rows=[row("distvals", "group", "auto", 0.5, py=2.0),
-                                         row("distvals", "group", "ring", 0.1, py=1.0),
-                                         row("distvals", "strategy", "auto", 20.0),
-                                         row("tensorflow", "peer", "", 800.0)],
-                    peers=[PeerStatus("tensorflow", 2, "ok")])
+    report = Report(
+        "cmd",
+        {},
+        {},
+        rows=[
+            row("distvals", "group", "auto", 0.5, py=2.0),
+            row("distvals", "group", "ring", 0.1, py=1.0),
+            row("distvals", "strategy", "auto", 20.0),
+            row("tensorflow", "peer", "", 800.0),
+        ],
+        peers=[PeerStatus("tensorflow", 2, "ok")],
+    )
     sp = {s["distvals"]: s["speedup"] for s in compare.speedups(report)}
     assert sp == {"group": 400.0, "strategy": 40.0}
     text = format_report(report)
@@ -447,8 +804,7 @@ def test_speedups_divide_peer_time_by_distvals_python_time():
 def test_plot_writes_a_png(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     data = tmp_path / "r.json"
-    run_cli(capsys, "--sizes", "8,1K,64K", "--iters", "5", "--algo", "auto", "--json", str(data),
-            "--no-progress")
+    run_cli(capsys, "--sizes", "8,1K,64K", "--iters", "5", "--algo", "auto", "--json", str(data), "--no-progress")
     png = tmp_path / "r.png"
     rc, _, err = run_cli(capsys, "--load", str(data), "--plot", str(png))
     assert rc == 0 and "plot written" in err
@@ -457,8 +813,24 @@ def test_plot_writes_a_png(capsys, tmp_path):
 
 
 def test_module_entry_point_runs():
-    res = subprocess.run([sys.executable, "-m", "distvals.bench", "--sizes", "1K", "--iters", "3",
-                          "--algo", "direct", "--no-progress"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "distvals.bench", "--sizes", "1K", "--iters", "3", "--algo", "direct", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     rows = _table_rows(res.stdout)
-    assert rows[0][:6] == ["1024", "256", "float32", "sum", "distvals", "direct"] and rows[0][-1] == "0"
+    assert rows[0][:7] == ["1024", "256", "float32", "sum", "L1", "distvals", "direct"] and rows[0][-1] == "0"
+
+
+def test_streaming_comparison_runs_and_checks(capsys):
+    from distvals.bench import streaming
+
+    before = distvals._core.streaming_store_min_bytes()
+    assert streaming.main(["--replicas", "2", "--sizes", "64K", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "out, plain" in out and "# wrong elements: 0" in out
+    assert distvals._core.streaming_store_min_bytes() == before
+    r = streaming.measure(3, 4096, 1)
+    assert r["wrong"] == 0 and set(r["us"]) == {"in_place", "plain", "streaming"}

@@ -833,6 +833,28 @@ def test_per_replica_shapes_must_agree():
         assert not g.aborted
 
 
+@pytest.mark.parametrize("method", ["replica_all_reduce", "replica_broadcast", "replica_all_gather"])
+def test_per_replica_a_scalar_and_a_vector_of_one_element_differ(method):
+    """A 0-d array has shape (), a bytearray of one byte (1,): the same element count but
+    not the same shape, so every replica refuses, as for any other shape difference."""
+    with dv.ReplicaGroup(3, timeout_seconds=60) as g:
+        parts = [bytearray(b"\x05"), np.array(7, np.uint8), np.array(9, np.uint8)]
+        keep = [bytes(parts[0]), parts[1].copy(), parts[2].copy()]
+        _, errs = run_threads(3, lambda r: getattr(g, method)(r, parts[r]))
+        for r, e in enumerate(errs):
+            assert isinstance(e, dv.MismatchError), (r, e)
+            assert "replica 0 passed shape (1,), replica 1 passed shape ()" in str(e), str(e)
+        assert bytes(parts[0]) == keep[0]
+        np.testing.assert_array_equal(parts[1], keep[1])
+        np.testing.assert_array_equal(parts[2], keep[2])
+        # Scalars on every replica are fine, and reduce like numpy.
+        scalars = [np.array(r + 1, np.float64) for r in range(3)]
+        _, errs = run_threads(3, lambda r: g.replica_all_reduce(r, scalars[r]))
+        assert errs == [None, None, None]
+        for r in range(3):
+            assert scalars[r].shape == () and float(scalars[r]) == 6.0, (r, scalars[r])
+
+
 def _run_script(body: str, timeout: float = 120):
     """Runs `body` in a fresh interpreter (a crash must fail the test, not end the run)."""
     import subprocess

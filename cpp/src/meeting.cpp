@@ -95,7 +95,9 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
   me.desc[slot] = desc;
   me.in[slot] = in;
   me.out[slot] = out;
-  if (options.shape != nullptr && options.ndim >= 0) {
+  if (options.ndim == 0) {
+    me.shape[slot].clear();  // a scalar: shape ()
+  } else if (options.ndim > 0 && options.shape != nullptr) {
     me.shape[slot].assign(options.shape, options.shape + options.ndim);
   } else {
     me.shape[slot].assign(1, static_cast<std::int64_t>(desc.count));

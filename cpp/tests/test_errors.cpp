@@ -269,6 +269,47 @@ TEST_CASE("per replica: shapes must agree, and the message names the first diffe
   CHECK(!g.aborted());
 }
 
+TEST_CASE("per replica: a scalar and a vector of one element are different shapes") {
+  group g(2);
+  buffer a(1, dtype::float32), b(1, dtype::float32);
+  const std::int64_t s1[] = {1};
+  float* pa = static_cast<float*>(a.data());
+  float* pb = static_cast<float*>(b.data());
+  pa[0] = 1.0f;
+  pb[0] = 2.0f;
+  auto err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    if (r == 0) {
+      o.ndim = 0;  // a scalar: no extents, so no storage needed for them
+    } else {
+      o.shape = s1;
+      o.ndim = 1;
+    }
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 1, 0},
+          r == 0 ? a.view() : b.view(), r == 0 ? a.view() : b.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK_MSG(contains(err[r], "replica 0 passed shape (), replica 1 passed shape (1,)"), err[r]);
+  }
+  CHECK(pa[0] == 1.0f);  // refused before any data was touched
+  CHECK(pb[0] == 2.0f);
+  // No shape at all (the default) still means a flat vector of `count` elements.
+  err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    if (r == 1) {
+      o.shape = s1;
+      o.ndim = 1;
+    }
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 1, 0},
+          r == 0 ? a.view() : b.view(), r == 0 ? a.view() : b.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MSG(err[r].empty(), err[r]);
+  CHECK(pa[0] == 3.0f);
+  CHECK(pb[0] == 3.0f);
+}
+
 TEST_CASE("both call styles from several threads at once: serialized, never corrupted") {
   group g(2);
   std::atomic<bool> stop{false};

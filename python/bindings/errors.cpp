@@ -20,6 +20,20 @@ void register_errors(py::module_& m) {
   aborted = new py::object(py::exception<distvals::aborted_error>(m, "AbortedError", PyExc_RuntimeError));
   closed = new py::object(py::exception<distvals::closed_error>(m, "ClosedError", PyExc_RuntimeError));
   cuda = new py::object(py::exception<distvals::cuda_error>(m, "CudaError", PyExc_RuntimeError));
+  mismatch->attr("__doc__") =
+      "Replicas (or workers) called a collective with arguments that do not agree: a different "
+      "collective, op, root, dtype, shape, structure or keys. Every replica of the call raises it, "
+      "and the message names the first difference and the replicas involved. Also a ValueError.";
+  timeout->attr("__doc__") =
+      "A collective (or strategy.run) waited longer than its timeout_seconds for the other "
+      "replicas. The group is aborted, so the other replicas are released too; reset() it (or "
+      "make a new strategy) to go on. Also a TimeoutError.";
+  aborted->attr("__doc__") =
+      "The group was aborted (by abort(), by a failure or timeout in another replica, by close() "
+      "or Ctrl-C) while this call waited or before it began. `replica` names the replica that "
+      "caused it (-1 when none did). The group refuses calls until reset().";
+  closed->attr("__doc__") = "The group was closed: its worker threads are gone and every call is refused.";
+  cuda->attr("__doc__") = "A CUDA runtime or driver call failed; the message names the call, the device and the error.";
   py::register_exception_translator([](std::exception_ptr p) {
     // A signal handler raised while the call was blocked (and cancelled the group): on
     // the main thread that exception, KeyboardInterrupt for Ctrl-C, is what the call

@@ -47,7 +47,10 @@ def _checked_by_the_engine(prototype: _F) -> Callable[[Callable[..., Any]], _F]:
     ``prototype`` (for ``help()``, ``inspect`` and type checkers)."""
 
     def give(method: Callable[..., Any]) -> _F:
-        method.__signature__ = inspect.signature(prototype)  # type: ignore[attr-defined]
+        sig = inspect.signature(prototype)
+        # `self` as a method shows it: without the annotation the prototype needs.
+        first, *rest = sig.parameters.values()
+        method.__signature__ = sig.replace(parameters=[first.replace(annotation=first.empty), *rest])  # type: ignore[attr-defined]
         method.__doc__ = prototype.__doc__
         return method  # type: ignore[return-value]
 

@@ -87,10 +87,13 @@ struct replica_options {
   std::chrono::nanoseconds timeout{0};
   /// The logical shape of this replica's input, outermost dimension first; every
   /// replica of a call must pass the same shape (mismatch_error names the first
-  /// difference). Null: a flat vector of `count` elements. Read during the call only.
+  /// difference). Read during the call only; may be null when `ndim` is 0 or less.
   const std::int64_t* shape = nullptr;
-  /// Number of dimensions in `shape` (0: a scalar). Ignored when `shape` is null.
-  int ndim = 0;
+  /// Number of dimensions in `shape`: 0 is a scalar, which differs from a vector of one
+  /// element; negative (the default) gives no shape, and the input counts as a flat
+  /// vector of `count` elements. The count alone, not a null pointer, says "no shape",
+  /// so that an empty shape (whose storage may well be null) is never read as a vector.
+  int ndim = -1;
 };
 
 namespace detail {

@@ -28,4 +28,41 @@ DISTVALS_EXPORT std::vector<double> time_collective(group& g, const call_desc& d
 DISTVALS_EXPORT std::vector<double> time_copy(int threads, std::size_t bytes, int iterations,
                                               int warmup);
 
+/// The memory bound of an in-place all-reduce over `bufs` (one buffer per replica, all
+/// of the same count and dtype): rounds in which `threads` threads read every byte of
+/// every buffer and store it back in place, N·S bytes read and N·S written, on the very
+/// buffers (so the same working set, caches and pages) the collective uses. Thread p
+/// takes slice p of every buffer, cut like the direct algorithm's slices. The fastest
+/// loop this processor has (AVX2, else SSE2, else 8-byte words); `streaming` stores
+/// with non-temporal stores where the processor has them (see
+/// memory_bound_has_streaming()), plain stores otherwise.
+///
+/// Timed as time_collective times a single-call collective: the calling thread starts
+/// the clock, hands parts 1.. to `threads - 1` persistent threads (which spin between
+/// rounds, as the group's workers do between back-to-back calls), runs part 0, takes
+/// over every part no thread has started yet, waits for the others and stops the
+/// clock. Returns the seconds of each of the last `iterations` rounds. The contents of
+/// the buffers are unchanged. Starts and joins `threads - 1` threads of its own; throws
+/// std::invalid_argument (mismatched buffers, threads < 1, iterations < 1) and
+/// std::system_error (threads that cannot start). Any thread; nothing else may use the
+/// buffers meanwhile.
+DISTVALS_EXPORT std::vector<double> time_memory_bound(const std::vector<buffer_view>& bufs, int threads,
+                                                      bool streaming, int iterations, int warmup);
+
+/// The CPU kernels write a reduction's result with non-temporal (streaming) stores when
+/// one kernel call's outputs total at least this many bytes and the output aliases no
+/// input (out-of-place): such stores skip the read for ownership of every output line.
+/// The default comes from measurement; the environment variable
+/// DISTVALS_STREAMING_MIN_BYTES, read once at first use, overrides it. Never throws;
+/// any thread.
+DISTVALS_EXPORT std::size_t streaming_store_min_bytes() noexcept;
+
+/// Sets that threshold for every group of the process (for benchmarks: 0 streams every
+/// out-of-place output, SIZE_MAX none) and returns the previous value. Calls already
+/// running may use either value. Never throws; any thread.
+DISTVALS_EXPORT std::size_t set_streaming_store_min_bytes(std::size_t bytes) noexcept;
+
+/// Whether time_memory_bound can use non-temporal stores on this build and processor.
+DISTVALS_EXPORT bool memory_bound_has_streaming() noexcept;
+
 }  // namespace distvals

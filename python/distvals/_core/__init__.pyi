@@ -110,7 +110,19 @@ def time_all_reduce(
     algorithm: str = ...,
     iterations: SupportsIndex = ...,
     warmup: SupportsIndex = ...,
+    out: Sequence[npt.ArrayLike] | None = ...,
 ) -> npt.NDArray[np.float64]: ...
 def time_copy(
     threads: SupportsIndex, bytes: SupportsIndex, iterations: SupportsIndex = ..., warmup: SupportsIndex = ...
 ) -> npt.NDArray[np.float64]: ...
+def time_memory_bound(
+    buffers: Sequence[npt.ArrayLike],
+    threads: SupportsIndex,
+    streaming: bool = ...,
+    iterations: SupportsIndex = ...,
+    warmup: SupportsIndex = ...,
+) -> npt.NDArray[np.float64]: ...
+def streaming_store_min_bytes() -> int: ...
+def set_streaming_store_min_bytes(bytes: SupportsIndex) -> int: ...
+
+memory_bound_has_streaming: bool

@@ -35,6 +35,16 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _threshold(text: str) -> int:
+    """``"never"`` -> the largest threshold (no streaming stores), else a size (0: always)."""
+    t = text.strip().lower()
+    if t == "never":
+        return 2**64 - 1
+    if t in ("0", "always"):
+        return 0
+    return parse_size(text)
+
+
 def _sizes_list(text: str) -> List[int]:
     return [parse_size(t) for t in text.split(",") if t.strip()]
 
@@ -67,37 +77,84 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m distvals.bench",
         description="All-reduce benchmark in the style of nccl-tests, with CPU replicas in one process; "
-                    "--compare runs numpy, TensorFlow, torch.distributed (gloo) and mpi4py side by side.")
-    p.add_argument("--replicas", "-n", type=int, nargs="+", metavar="N",
-                   help="replica counts (default 2; with --compare 2 and 4)")
-    p.add_argument("--algo", default="all", choices=["ring", "tree", "direct", "auto", "all"],
-                   help="all-reduce algorithm (default all: ring, tree, direct and auto)")
+        "--compare runs numpy, TensorFlow, torch.distributed (gloo) and mpi4py side by side.",
+    )
+    p.add_argument(
+        "--replicas", "-n", type=int, nargs="+", metavar="N", help="replica counts (default 2; with --compare 2 and 4)"
+    )
+    p.add_argument(
+        "--algo",
+        default="all",
+        choices=["ring", "tree", "direct", "auto", "all"],
+        help="all-reduce algorithm (default all: ring, tree, direct and auto)",
+    )
     p.add_argument("--dtype", default="float32", choices=bd.DTYPES)
     p.add_argument("--op", default="sum", choices=list(bd.OPS) + ["product"])
     p.add_argument("--min-bytes", type=parse_size, default=None, help="smallest message (default 8)")
     p.add_argument("--max-bytes", type=parse_size, default=None, help="largest message (default 256M)")
     p.add_argument("--sizes", type=_sizes_list, default=None, help="explicit sizes, e.g. 1K,1M,16M")
-    p.add_argument("--iters", type=int, default=None,
-                   help="timed iterations for small messages; fewer for large ones (default 1000)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="timed iterations for small messages; fewer for large ones (default 1000)",
+    )
     p.add_argument("--min-iters", type=int, default=None, help="timed iterations at least (default 5)")
     p.add_argument("--quick", action="store_true", help="8 B to 1 MiB, few iterations: a smoke run")
-    p.add_argument("--api", choices=["group", "strategy", "all"], default=None,
-                   help="distvals levels: ReplicaGroup, strategy.run + all_reduce, or both "
-                        "(default group; with --compare all)")
+    p.add_argument(
+        "--api",
+        choices=["group", "strategy", "all"],
+        default=None,
+        help="distvals levels: ReplicaGroup, strategy.run + all_reduce, or both (default group; with --compare all)",
+    )
+    p.add_argument(
+        "--out-of-place",
+        action="store_true",
+        help="also time each algorithm from the inputs into separate, already-used output arrays "
+        "(rows marked 'out', and their ratio to the in-place time)",
+    )
+    p.add_argument(
+        "--streaming-min-bytes",
+        type=_threshold,
+        default=None,
+        metavar="SIZE|never",
+        help="set the CPU kernels' streaming-store threshold for this run: the smallest output of "
+        "one kernel call written with non-temporal stores when out of place (default: the "
+        "engine's, an eighth of the last-level cache)",
+    )
     p.add_argument("--compare", action="store_true", help="also run the peers, side by side")
-    p.add_argument("--peers", default=None, help="comma list of peers for --compare (default all): "
-                   "numpy,tensorflow,torch-gloo,mpi4py")
-    p.add_argument("--peer-python", default=sys.executable,
-                   help="interpreter that has the peers installed (default: this one)")
-    p.add_argument("--peer-timeout", type=float, default=1800.0,
-                   help="seconds one peer may take for one replica count (default 1800)")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the report as JSON to PATH (without PATH: to stdout, instead of the table)")
+    p.add_argument(
+        "--peers",
+        default=None,
+        help="comma list of peers for --compare (default all): numpy,tensorflow,torch-gloo,mpi4py",
+    )
+    p.add_argument(
+        "--peer-python", default=sys.executable, help="interpreter that has the peers installed (default: this one)"
+    )
+    p.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one peer may take for one replica count (default 1800)",
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the report as JSON to PATH (without PATH: to stdout, instead of the table)",
+    )
     p.add_argument("--plot", default=None, metavar="PNG", help="write the plots (needs matplotlib)")
-    p.add_argument("--load", default=None, metavar="JSON",
-                   help="do not measure: print, plot or convert a report written by --json")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument(
+        "--load", default=None, metavar="JSON", help="do not measure: print, plot or convert a report written by --json"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     a = p.parse_args(argv)
     quick = _QUICK if a.quick else {}
     a.min_bytes = a.min_bytes or quick.get("min_bytes", 8)
@@ -137,36 +194,94 @@ def _machine() -> dict:
                     break
     except OSError:
         pass
+    from .memory import cache_levels
+
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    return {"distvals": __version__, "cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(),
-            "load_average_at_start": load,
-            "python": platform.python_version(), "numpy": np.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    caches, source = cache_levels()
+    return {
+        "distvals": __version__,
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "caches": [{"level": c.level, "size": c.size, "shared_cpus": c.shared_cpus} for c in caches],
+        "caches_source": source,
+        "load_average_at_start": load,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def _measure(a: argparse.Namespace, command: str):
-    from .compare import run_peer
-    from .core import ALGORITHMS, has_strategy, sweep_distvals
-    from .progress import Progress
+    from .. import _core
+    from .core import ALGORITHMS
     from .results import Report
 
     plan = build_plan(a.sizes, a.dtype, a.iters, a.min_iters)
     algos = list(ALGORITHMS) if a.algo == "all" else [a.algo]
-    report = Report(command=command, machine=_machine(), settings={
-        "replicas": a.replicas, "dtype": a.dtype, "op": a.op, "algorithms": algos, "api": a.api,
-        "plan": [{"bytes": b, "iters": i} for b, i in plan], "compare": a.compare, "peers": a.peer_list,
-        "peer_python": a.peer_python if a.compare else None})
+    report = Report(
+        command=command,
+        machine=_machine(),
+        settings={
+            "replicas": a.replicas,
+            "dtype": a.dtype,
+            "op": a.op,
+            "algorithms": algos,
+            "api": a.api,
+            "plan": [{"bytes": b, "iters": i} for b, i in plan],
+            "compare": a.compare,
+            "peers": a.peer_list,
+            "peer_python": a.peer_python if a.compare else None,
+            "out_of_place": a.out_of_place,
+        },
+    )
+    previous = None
+    if a.streaming_min_bytes is not None:
+        previous = _core.set_streaming_store_min_bytes(a.streaming_min_bytes)
+    try:
+        report.settings["streaming_min_bytes"] = int(_core.streaming_store_min_bytes())
+        return _sweep(a, report, plan, algos)
+    finally:
+        if previous is not None:
+            _core.set_streaming_store_min_bytes(previous)
+
+
+def _sweep(a: argparse.Namespace, report, plan: List[Tuple[int, int]], algos: List[str]):
+    """The measurements of :func:`_measure`, into ``report``."""
+    from .compare import run_peer
+    from .core import has_strategy, mode_label, strategy_modes, sweep_distvals
+    from .progress import Progress
+
     strategy = a.api in ("strategy", "all")
     if strategy and not has_strategy():
         report.notes.append("strategy level not measured: this distvals has no MirroredStrategy")
         strategy = False
+    modes = strategy_modes() if strategy else []
+    if strategy:
+        report.settings["execution_modes"] = [mode_label(m) for m in modes]
+        if modes == [None]:
+            report.notes.append(
+                "this MirroredStrategy takes no execution= argument: its one mode "
+                "(replica threads) is listed as 'default'"
+            )
     if a.api == "strategy":
         algos = []
-    per_size = len(algos) + int(strategy) + len(a.peer_list)
+    per_size = len(algos) + len(modes) + len(a.peer_list)
     enabled = sys.stderr.isatty() if a.progress is None else a.progress
     with Progress(len(a.replicas) * len(plan) * per_size, enabled) as bar:
         for n in a.replicas:
-            rows, bounds = sweep_distvals(n, plan, a.dtype, a.op, algos, strategy, bar.tick, report.notes)
+            rows, bounds = sweep_distvals(
+                n,
+                plan,
+                a.dtype,
+                a.op,
+                algos,
+                strategy,
+                bar.tick,
+                report.notes,
+                out_of_place=a.out_of_place,
+                modes=modes,
+            )
             report.rows.extend(rows)
             report.bounds.extend(bounds)
             for name in a.peer_list:

@@ -39,7 +39,7 @@ def _mpi_env() -> Dict[str, str]:
 
 def _tail(path: str, lines: int = 4) -> str:
     try:
-        with open(path, "r", errors="replace") as f:
+        with open(path, errors="replace") as f:
             text = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
     except OSError:
         return ""
@@ -60,8 +60,9 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def _stream(cmd: List[str], env: Dict[str, str], timeout: float, on_event: Callable[[Dict[str, Any]], None]
-            ) -> Tuple[Optional[int], str, bool]:
+def _stream(
+    cmd: List[str], env: Dict[str, str], timeout: float, on_event: Callable[[Dict[str, Any]], None]
+) -> Tuple[Optional[int], str, bool]:
     """Run ``cmd``, passing each JSON line of its stdout to ``on_event``.
 
     Returns (exit code, tail of stderr, timed out). Never waits past ``timeout``.
@@ -70,9 +71,10 @@ def _stream(cmd: List[str], env: Dict[str, str], timeout: float, on_event: Calla
         err_path = ef.name
     try:
         with open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-        lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
+        lines: queue.Queue[Optional[bytes]] = queue.Queue()
 
         def reader() -> None:
             assert proc.stdout is not None
@@ -121,8 +123,16 @@ def _stream(cmd: List[str], env: Dict[str, str], timeout: float, on_event: Calla
             pass
 
 
-def run_peer(name: str, replicas: int, plan: Sequence[Tuple[int, int]], dtype: str, op: str, peer_python: str,
-             timeout: float, tick: Callable[[str], None] = lambda s: None) -> Tuple[PeerStatus, List[Row]]:
+def run_peer(
+    name: str,
+    replicas: int,
+    plan: Sequence[Tuple[int, int]],
+    dtype: str,
+    op: str,
+    peer_python: str,
+    timeout: float,
+    tick: Callable[[str], None] = lambda s: None,
+) -> Tuple[PeerStatus, List[Row]]:
     """Run one peer over the size plan; returns its status and the rows it measured.
 
     A peer that is not installed, cannot do this dtype/op, fails or runs out of time is
@@ -136,8 +146,18 @@ def run_peer(name: str, replicas: int, plan: Sequence[Tuple[int, int]], dtype: s
     script = runner_path(name)
     plan_arg = ",".join(f"{b}:{i}" for b, i in plan)
     # One collective may wait this long; the whole run is bounded by ``timeout``.
-    args = ["--replicas", str(replicas), "--dtype", dtype, "--op", op, "--plan", plan_arg,
-            "--timeout", str(max(30.0, min(timeout, 600.0)))]
+    args = [
+        "--replicas",
+        str(replicas),
+        "--dtype",
+        dtype,
+        "--op",
+        op,
+        "--plan",
+        plan_arg,
+        "--timeout",
+        str(max(30.0, min(timeout, 600.0))),
+    ]
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     cmd = [peer_python, script] + args
@@ -152,9 +172,22 @@ def run_peer(name: str, replicas: int, plan: Sequence[Tuple[int, int]], dtype: s
             status.status, status.reason = ("failed" if ev == "error" else ev), str(rec.get("reason", ""))
             seen["terminal"] = True
         elif ev == "result":
-            rows.append(Row(impl=name, level="peer", algorithm="", replicas=replicas, bytes=int(rec["bytes"]),
-                            count=int(rec["count"]), dtype=dtype, op=op, time_us=float(rec["time_us"]),
-                            iters=int(rec["iters"]), wrong=int(rec["wrong"]), checked=int(rec["checked"])))
+            rows.append(
+                Row(
+                    impl=name,
+                    level="peer",
+                    algorithm="",
+                    replicas=replicas,
+                    bytes=int(rec["bytes"]),
+                    count=int(rec["count"]),
+                    dtype=dtype,
+                    op=op,
+                    time_us=float(rec["time_us"]),
+                    iters=int(rec["iters"]),
+                    wrong=int(rec["wrong"]),
+                    checked=int(rec["checked"]),
+                )
+            )
             tick(f"N={replicas} {rec['bytes']} B {name}")
         elif ev == "done":
             seen["done"] = True
@@ -190,27 +223,43 @@ def run_peer(name: str, replicas: int, plan: Sequence[Tuple[int, int]], dtype: s
 def speedups(report: Report) -> List[Dict[str, Any]]:
     """distvals' speed-up over every peer row: peer time / distvals time, same N and size.
 
-    Two baselines, both timed per call from Python like the peers: the group level
-    (``ReplicaGroup.all_reduce`` with ``algorithm="auto"``) and the strategy level
-    (``strategy.run`` + ``ReplicaContext.all_reduce``).
+    Baselines, all timed per call from Python like the peers: the group level
+    (``ReplicaGroup.all_reduce`` in place with ``algorithm="auto"``) and the strategy
+    level (``strategy.run`` + ``ReplicaContext.all_reduce``), one per execution mode
+    (``"strategy"`` for a strategy without modes, else ``"strategy inline"``...).
     """
     base: Dict[Tuple[str, int, int], float] = {}
+    levels: List[str] = []
     for r in report.rows:
         if r.impl != "distvals":
             continue
-        if r.level == "group" and r.algorithm == "auto":
-            base[("group", r.replicas, r.bytes)] = r.py_time_us if r.py_time_us is not None else r.time_us
+        key = None
+        if r.level == "group" and r.algorithm == "auto" and not r.out_of_place:
+            key = "group"
+            base[(key, r.replicas, r.bytes)] = r.py_time_us if r.py_time_us is not None else r.time_us
         elif r.level == "strategy":
-            base[("strategy", r.replicas, r.bytes)] = r.time_us
+            key = "strategy" if not r.mode or r.mode == "default" else f"strategy {r.mode}"
+            base[(key, r.replicas, r.bytes)] = r.time_us
+        if key and key not in levels:
+            levels.append(key)
     out = []
     for r in report.rows:
         if r.impl == "distvals":
             continue
-        for level in ("group", "strategy"):
+        for level in levels:
             b = base.get((level, r.replicas, r.bytes))
             if b:
-                out.append({"replicas": r.replicas, "bytes": r.bytes, "peer": r.impl, "distvals": level,
-                            "distvals_us": b, "peer_us": r.time_us, "speedup": r.time_us / b})
+                out.append(
+                    {
+                        "replicas": r.replicas,
+                        "bytes": r.bytes,
+                        "peer": r.impl,
+                        "distvals": level,
+                        "distvals_us": b,
+                        "peer_us": r.time_us,
+                        "speedup": r.time_us / b,
+                    }
+                )
     return out
 
 

@@ -6,6 +6,7 @@ the engine's timing entry point and the public Python call, before it is timed.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -13,13 +14,29 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _core
-from .memory import copy_round_us, memory_bound_us
+from .memory import BoundMeter, cache_levels
 from .peers import bench_data as bd
 from .results import Row
 
-__all__ = ["ALGORITHMS", "has_strategy", "measure_group", "measure_strategy", "sweep_distvals"]
+__all__ = [
+    "ALGORITHMS",
+    "EXECUTION_MODES",
+    "has_strategy",
+    "make_strategy",
+    "measure_group",
+    "measure_strategy",
+    "mode_label",
+    "strategy_modes",
+    "sweep_distvals",
+]
 
 ALGORITHMS = ("ring", "tree", "direct", "auto")
+# MirroredStrategy(execution=...) values, measured side by side where the strategy has them.
+EXECUTION_MODES = ("inline", "threads")
+# The memory bound is measured at least this many times per size (its spread is the noise).
+MIN_BOUND_SAMPLES = 3
+# Trivial strategy.run calls timed at least, at any size.
+_TRIVIAL_MIN_ITERS = 200
 
 # ReplicaContext.all_reduce takes tf.distribute-style op names.
 # Sizes up to this get as many Python-timed calls as engine-timed ones.
@@ -58,53 +75,118 @@ def _python_loop_us(call: Callable[[], Any], iters: int, warmup: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def measure_group(group, bufs: Sequence[np.ndarray], dtype: str, op: str, algorithm: str, iters: int,
-                  python_loop: bool = True) -> Row:
+def _fresh_outputs(bufs: Sequence[np.ndarray]) -> List[np.ndarray]:
+    """Output arrays beside ``bufs``, every page already touched (used arrays, not fresh)."""
+    outs = [np.empty_like(b) for b in bufs]
+    for o in outs:
+        o.fill(0)
+    return outs
+
+
+def measure_group(
+    group,
+    bufs: Sequence[np.ndarray],
+    dtype: str,
+    op: str,
+    algorithm: str,
+    iters: int,
+    python_loop: bool = True,
+    out: Optional[Sequence[np.ndarray]] = None,
+) -> Row:
     """One ReplicaGroup.all_reduce row: verified, timed in the engine and from Python.
 
     ``group`` is a ``distvals.ReplicaGroup``, ``bufs`` one array per replica (from
     ``_buffers``; refilled here). The result of one call on fresh inputs is checked
-    through each entry point; the timed loops then run in place on the same buffers
-    (their values drift, which does not change the work done).
+    through each entry point; the timed loops then run on the same buffers: in place
+    (their values drift, which does not change the work done), or from ``bufs`` into
+    ``out`` (one array per replica, aliasing none of ``bufs``) when given.
     """
     n = group.num_replicas
     op = bd.canonical_op(op)
     count = bufs[0].size
-    _refill(bufs, dtype, op)
     engine = group.engine
-    _core.time_all_reduce(engine, bufs, op, algorithm, 1, 0)
-    wrong = bd.count_wrong(bufs, n, dtype, op)
+    dest = bufs if out is None else out
+    extra = {} if out is None else {"out": list(out)}
     _refill(bufs, dtype, op)
-    group.all_reduce(bufs, op, algorithm)
-    wrong += bd.count_wrong(bufs, n, dtype, op)
+    _core.time_all_reduce(engine, bufs, op, algorithm, 1, 0, **extra)
+    wrong = bd.count_wrong(dest, n, dtype, op)
+    _refill(bufs, dtype, op)
+    if out is not None:
+        for o in out:
+            o.fill(0)
+    group.all_reduce(bufs, op, algorithm, **extra)
+    wrong += bd.count_wrong(dest, n, dtype, op)
     warmup = bd.warmup_for(iters)
-    times = _core.time_all_reduce(engine, bufs, op, algorithm, iters, warmup)
+    times = _core.time_all_reduce(engine, bufs, op, algorithm, iters, warmup, **extra)
     time_us = statistics.median(times.tolist()) * 1e6
     py_us = None
     if python_loop:
         f = group.all_reduce
         # Past 1 MiB the call overhead is lost in the transfer time: fewer calls suffice.
         py_iters = iters if count * bufs[0].itemsize <= _PY_FULL_BYTES else max(3, iters // 4)
-        py_us = _python_loop_us(lambda: f(bufs, op, algorithm), py_iters, min(warmup, py_iters))
+        if out is None:
+            py_us = _python_loop_us(lambda: f(bufs, op, algorithm), py_iters, min(warmup, py_iters))
+        else:
+            outs = list(out)
+            py_us = _python_loop_us(lambda: f(bufs, op, algorithm, out=outs), py_iters, min(warmup, py_iters))
     chosen = _core.choose_algorithm(n, count * bufs[0].itemsize) if algorithm == "auto" else None
-    return Row(impl="distvals", level="group", algorithm=algorithm, replicas=n, bytes=count * bufs[0].itemsize,
-               count=count, dtype=dtype, op=op, time_us=time_us, iters=iters, wrong=wrong, checked=2 * n * count,
-               timing="engine", py_time_us=py_us, chosen=chosen)
+    return Row(
+        impl="distvals",
+        level="group",
+        algorithm=algorithm,
+        replicas=n,
+        bytes=count * bufs[0].itemsize,
+        count=count,
+        dtype=dtype,
+        op=op,
+        time_us=time_us,
+        iters=iters,
+        wrong=wrong,
+        checked=2 * n * count,
+        timing="engine",
+        py_time_us=py_us,
+        chosen=chosen,
+        out_of_place=out is not None,
+    )
 
 
-def make_strategy(n: int):
+def strategy_modes() -> List[Optional[str]]:
+    """The execution modes to measure: ``["inline", "threads"]`` when this distvals'
+    ``MirroredStrategy`` takes ``execution=``, else ``[None]`` (its only mode)."""
+    import distvals
+
+    try:
+        params = inspect.signature(distvals.MirroredStrategy).parameters
+    except (TypeError, ValueError):
+        return [None]
+    return list(EXECUTION_MODES) if "execution" in params else [None]
+
+
+def mode_label(mode: Optional[str]) -> str:
+    """Column and row label of an execution mode (``None``: a strategy without modes)."""
+    return mode if mode is not None else "default"
+
+
+def make_strategy(n: int, mode: Optional[str] = None):
     """A distvals MirroredStrategy over CPU:0 .. CPU:n-1 (default cross-device ops)."""
     import distvals
 
-    return distvals.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+    kwargs = {} if mode is None else {"execution": mode}
+    return distvals.MirroredStrategy([f"CPU:{i}" for i in range(n)], **kwargs)
 
 
-def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str, iters: int) -> Row:
-    """One ``strategy.run(fn)`` row where ``fn`` calls ``ReplicaContext.all_reduce``.
+def measure_strategy(
+    strategy, arrays: Sequence[np.ndarray], dtype: str, op: str, iters: int, group=None, mode: Optional[str] = None
+) -> List[Row]:
+    """The strategy rows of one size: ``strategy.run(fn)`` with ``fn`` calling
+    ``ReplicaContext.all_reduce``, and with a trivial ``fn``.
 
-    Timed per ``strategy.run`` call from Python; the result of the first call, on
-    distinct inputs per replica, is checked on every replica. ``arrays``: one array per
-    replica, refilled here.
+    Timed per ``strategy.run`` call from Python; the result of the first all-reduce call,
+    on distinct inputs per replica, is checked on every replica. ``arrays``: one array per
+    replica, refilled here. With ``group`` (a ``ReplicaGroup`` of as many replicas), one
+    ``group.all_reduce`` of the same arrays is timed from Python just before and just
+    after, and the faster median goes into the all-reduce row's ``group_py_us`` (the
+    ratio's baseline).
     """
     import distvals
 
@@ -113,13 +195,16 @@ def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str
     count = arrays[0].size
     _refill(arrays, dtype, op)
     reduce_op = _STRATEGY_OPS[op]
+    label = mode_label(mode)
 
     def fresh():
-        return strategy.experimental_distribute_values_from_function(
-            lambda ctx: arrays[ctx.replica_id_in_sync_group])
+        return strategy.experimental_distribute_values_from_function(lambda ctx: arrays[ctx.replica_id_in_sync_group])
 
     def step(x):
         return distvals.get_replica_context().all_reduce(reduce_op, x)
+
+    def trivial(x):
+        return None
 
     out = strategy.run(step, args=(fresh(),))
     results = [np.asarray(v) for v in strategy.experimental_local_results(out)]
@@ -130,56 +215,126 @@ def measure_strategy(strategy, arrays: Sequence[np.ndarray], dtype: str, op: str
     _refill(arrays, dtype, op)
     values = fresh()
     run = strategy.run
-    time_us = _python_loop_us(lambda: run(step, args=(values,)), iters, bd.warmup_for(iters))
+    warmup = bd.warmup_for(iters)
+    group_us: List[float] = []
+    py_iters = iters if count * arrays[0].itemsize <= _PY_FULL_BYTES else max(3, iters // 4)
+
+    def time_group() -> None:
+        if group is not None:
+            f = group.all_reduce
+            group_us.append(_python_loop_us(lambda: f(arrays, op, "auto"), py_iters, min(warmup, py_iters)))
+
+    time_group()
+    time_us = _python_loop_us(lambda: run(step, args=(values,)), iters, warmup)
+    time_group()
+    # A trivial step costs microseconds at every size: enough calls for a stable median.
+    t_iters = max(iters, _TRIVIAL_MIN_ITERS)
+    trivial_us = _python_loop_us(lambda: run(trivial, args=(values,)), t_iters, bd.warmup_for(t_iters))
     nbytes = count * arrays[0].itemsize
-    return Row(impl="distvals", level="strategy", algorithm="auto", replicas=n, bytes=nbytes, count=count,
-               dtype=dtype, op=op, time_us=time_us, iters=iters, wrong=wrong, checked=n * count, timing="python")
+    common = dict(
+        impl="distvals",
+        algorithm="auto",
+        replicas=n,
+        bytes=nbytes,
+        count=count,
+        dtype=dtype,
+        op=op,
+        timing="python",
+        mode=label,
+    )
+    return [
+        Row(
+            level="strategy",
+            time_us=time_us,
+            iters=iters,
+            wrong=wrong,
+            checked=n * count,
+            group_py_us=min(group_us) if group_us else None,
+            **common,
+        ),
+        Row(level="strategy-trivial", time_us=trivial_us, iters=t_iters, wrong=0, checked=0, **common),
+    ]
 
 
-def sweep_distvals(n: int, plan: Sequence[Tuple[int, int]], dtype: str, op: str, algorithms: Sequence[str],
-                   strategy_level: bool, tick: Callable[[str], None] = lambda s: None,
-                   notes: Optional[List[str]] = None) -> Tuple[List[Row], List[dict]]:
+def sweep_distvals(
+    n: int,
+    plan: Sequence[Tuple[int, int]],
+    dtype: str,
+    op: str,
+    algorithms: Sequence[str],
+    strategy_level: bool,
+    tick: Callable[[str], None] = lambda s: None,
+    notes: Optional[List[str]] = None,
+    out_of_place: bool = False,
+    modes: Optional[Sequence[Optional[str]]] = None,
+) -> Tuple[List[Row], List[dict]]:
     """All distvals rows and memory bounds for one replica count over a size plan.
 
-    The copy bound is measured before and after each size's rows (see memory.py).
+    The memory bound (see memory.py) is measured on each size's own buffers before the
+    first row, after each algorithm's rows and after the strategy rows, at least three
+    times. ``out_of_place`` adds, per algorithm, a row from the inputs into separate,
+    already-used output arrays. ``modes``: the strategy's execution modes to measure
+    (default: :func:`strategy_modes`).
     """
     import distvals
 
     notes = notes if notes is not None else []
     itemsize = bd.resolve_dtype(dtype).itemsize
+    caches, _ = cache_levels()
     rows: List[Row] = []
     bounds: List[dict] = []
-    strategy = None
+    strategies: List[Tuple[Optional[str], object]] = []
     if strategy_level:
-        try:
-            strategy = make_strategy(n)
-        except Exception as e:  # report it, keep the group rows
-            notes.append(f"N={n}: strategy level failed to start: {type(e).__name__}: {e}")
-    with distvals.ReplicaGroup(n) as group:
-        for nbytes, iters in plan:
-            count = max(1, nbytes // itemsize)
-            nb = count * itemsize
-            warmup = bd.warmup_for(iters)
-            samples = [copy_round_us(n, nb, iters, warmup)]
-            size_rows = []
-            # One set of buffers per size: first-touch page faults cost more than filling.
-            bufs = _buffers(n, count, dtype, op)
-            for algo in algorithms:
-                tick(f"N={n} {nb} B distvals {algo}")
-                size_rows.append(measure_group(group, bufs, dtype, op, algo, iters))
-            if strategy is not None:
-                tick(f"N={n} {nb} B distvals strategy")
-                try:
-                    size_rows.append(measure_strategy(strategy, bufs, dtype, op, iters))
-                except Exception as e:
-                    notes.append(f"N={n}: strategy level failed at {nb} B: {type(e).__name__}: {e}")
-                    strategy = None
-            del bufs
-            samples.append(copy_round_us(n, nb, iters, warmup))
-            bound = memory_bound_us(samples)
-            bounds.append({"replicas": n, "bytes": nb, "bound_us": bound, "copy_samples_us": samples,
-                           "copy_gbps": 2.0 * n * nb / (bound * 1e-6) / 1e9})
-            rows.extend(r.finish(bound) for r in size_rows)
+        for mode in strategy_modes() if modes is None else modes:
+            try:
+                strategies.append((mode, make_strategy(n, mode)))
+            except Exception as e:  # report it, keep the other rows
+                notes.append(f"N={n}: strategy level ({mode_label(mode)}) failed to start: {type(e).__name__}: {e}")
+    try:
+        with distvals.ReplicaGroup(n) as group:
+            threads = int(group.engine.threads)
+            for nbytes, iters in plan:
+                count = max(1, nbytes // itemsize)
+                nb = count * itemsize
+                warmup = bd.warmup_for(iters)
+                size_rows: List[Row] = []
+                # One set of buffers per size: first-touch page faults cost more than filling.
+                bufs = _buffers(n, count, dtype, op)
+                outs = _fresh_outputs(bufs) if out_of_place and algorithms else None
+                meter = BoundMeter(bufs, n, threads, caches, iters, warmup)
+                meter.sample()
+                for algo in algorithms:
+                    tick(f"N={n} {nb} B distvals {algo}")
+                    size_rows.append(measure_group(group, bufs, dtype, op, algo, iters))
+                    if outs is not None:
+                        size_rows.append(measure_group(group, bufs, dtype, op, algo, iters, out=outs))
+                    meter.sample()
+                for i, (mode, strategy) in enumerate(strategies):
+                    if strategy is None:
+                        continue
+                    tick(f"N={n} {nb} B distvals strategy {mode_label(mode)}")
+                    try:
+                        size_rows.extend(measure_strategy(strategy, bufs, dtype, op, iters, group, mode))
+                    except Exception as e:
+                        notes.append(
+                            f"N={n}: strategy level ({mode_label(mode)}) failed at {nb} B: {type(e).__name__}: {e}"
+                        )
+                        _close(strategy)
+                        strategies[i] = (mode, None)
+                if strategies:
+                    meter.sample()
+                while len(meter.samples[meter.variants[0]]) < MIN_BOUND_SAMPLES:
+                    meter.sample()
+                del bufs, outs
+                bound = meter.result()
+                bounds.append(bound)
+                rows.extend(r.finish(bound["bound_us"]) for r in size_rows)
+    finally:
+        for _, strategy in strategies:
+            _close(strategy)
+    return rows, bounds
+
+
+def _close(strategy) -> None:
     if strategy is not None and hasattr(strategy, "close"):
         strategy.close()
-    return rows, bounds

@@ -26,14 +26,25 @@ from ..cuda_group import CudaReplicaGroup
 
 __all__ = ["main", "run"]
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
-    unit = t[len(num):]
+    unit = t[len(num) :]
     if unit not in _UNITS or not num:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4K, 256M, 1G)")
     return int(float(num) * _UNITS[unit])
@@ -96,8 +107,16 @@ def _prefix(buf: DeviceArray, count: int) -> DeviceArray:
     return DeviceArray._view(buf.ptr, (count,), buf.dtype, buf.device, buf)
 
 
-def run(replicas: Sequence[int], sizes: Sequence[int], dtype: str = "float32", op: str = "sum",
-        algorithm: str = "auto", gpu: int = 0, budget_seconds: float = 150.0, out=sys.stdout) -> List[Dict[str, Any]]:
+def run(
+    replicas: Sequence[int],
+    sizes: Sequence[int],
+    dtype: str = "float32",
+    op: str = "sum",
+    algorithm: str = "auto",
+    gpu: int = 0,
+    budget_seconds: float = 150.0,
+    out=sys.stdout,
+) -> List[Dict[str, Any]]:
     """Measure and print the table; returns one dict per row."""
     t0 = time.monotonic()
     dt = np.dtype(dtype)
@@ -107,8 +126,11 @@ def run(replicas: Sequence[int], sizes: Sequence[int], dtype: str = "float32", o
     copy_s = float(np.median(_core.cuda.time_copy(gpu, copy_bytes, 10, 2)))
     copy_bw = 2 * copy_bytes / copy_s
     print(f"# distvals GPU all-reduce on {name} (CUDA device {gpu}), {dtype} {op}, algorithm {algorithm}", file=out)
-    print(f"# device-to-device copy bandwidth: {copy_bw / 1e9:.1f} GB/s ({format_size(copy_bytes)} copies); "
-          f"bound = 2*N*S at that bandwidth", file=out)
+    print(
+        f"# device-to-device copy bandwidth: {copy_bw / 1e9:.1f} GB/s ({format_size(copy_bytes)} copies); "
+        f"bound = 2*N*S at that bandwidth",
+        file=out,
+    )
     rows: List[Dict[str, Any]] = []
     max_count = max(sizes) // esize
     base = _base(max_count, dt)
@@ -120,8 +142,11 @@ def run(replicas: Sequence[int], sizes: Sequence[int], dtype: str = "float32", o
             group = CudaReplicaGroup([f"GPU:{gpu * n + k}" for k in range(n)])
             bufs = [DeviceArray((max_count,), dt, gpu) for _ in range(n)]
             print(f"#\n# {n} logical replicas on CUDA device {gpu}", file=out)
-            print(f"#{'size':>10} {'count':>11} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
-                  f"{'%bound':>7} {'wrong':>6} {'cupy(us)':>9}", file=out)
+            print(
+                f"#{'size':>10} {'count':>11} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
+                f"{'%bound':>7} {'wrong':>6} {'cupy(us)':>9}",
+                file=out,
+            )
             for size in sizes:
                 if time.monotonic() - t0 > budget_seconds:
                     print(f"# stopped: the time budget of {budget_seconds:g} s is spent", file=out)
@@ -145,13 +170,26 @@ def run(replicas: Sequence[int], sizes: Sequence[int], dtype: str = "float32", o
                 busbw = algbw * 2 * (n - 1) / n
                 bound = 100.0 * (2 * n * size / copy_bw) / t
                 cupy_us = _cupy_sum_us(views, count, min(iters, 50)) if n > 1 else None
-                row = dict(replicas=n, bytes=size, count=count, time_us=t * 1e6, algbw_gbs=algbw / 1e9,
-                           busbw_gbs=busbw / 1e9, bound_pct=bound, wrong=wrong, cupy_us=cupy_us)
+                row = dict(
+                    replicas=n,
+                    bytes=size,
+                    count=count,
+                    time_us=t * 1e6,
+                    algbw_gbs=algbw / 1e9,
+                    busbw_gbs=busbw / 1e9,
+                    bound_pct=bound,
+                    wrong=wrong,
+                    cupy_us=cupy_us,
+                )
                 rows.append(row)
                 cupy_txt = "-" if cupy_us is None else f"{cupy_us:.1f}"
                 wrong_txt = "-" if wrong is None else str(wrong)
-                print(f" {format_size(size):>10} {count:>11} {t * 1e6:>10.1f} {algbw / 1e9:>12.2f} "
-                      f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong_txt:>6} {cupy_txt:>9}", file=out, flush=True)
+                print(
+                    f" {format_size(size):>10} {count:>11} {t * 1e6:>10.1f} {algbw / 1e9:>12.2f} "
+                    f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong_txt:>6} {cupy_txt:>9}",
+                    file=out,
+                    flush=True,
+                )
             group.close()
             del bufs
     finally:

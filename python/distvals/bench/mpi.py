@@ -43,12 +43,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     def sizes_list(text: str) -> List[int]:
         return [parse_size(t) for t in text.split(",") if t.strip()]
 
-    p = argparse.ArgumentParser(prog="mpirun -n W python -m distvals.bench --mpi",
-                                description="Hierarchical all-reduce (MultiWorkerMirroredStrategy) against plain "
-                                            "mpi4py Allreduce, in one run.")
+    p = argparse.ArgumentParser(
+        prog="mpirun -n W python -m distvals.bench --mpi",
+        description="Hierarchical all-reduce (MultiWorkerMirroredStrategy) against plain mpi4py Allreduce, in one run.",
+    )
     p.add_argument("--replicas", "-r", type=int, default=2, help="local replicas per worker (default 2)")
-    p.add_argument("--sizes", type=sizes_list, default=None,
-                   help="bytes per replica, e.g. 1M,4M,16M (default 1M,4M,16M,64M)")
+    p.add_argument(
+        "--sizes", type=sizes_list, default=None, help="bytes per replica, e.g. 1M,4M,16M (default 1M,4M,16M,64M)"
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--iters", type=int, default=20, help="timed calls per size at most (default 20)")
     p.add_argument("--min-iters", type=int, default=5, help="timed calls per size at least (default 5)")
@@ -150,8 +152,9 @@ def _child() -> int:
     return 0
 
 
-def _hierarchical(strategy: Any, plan: Sequence[Sequence[int]], dtype: str, clock: _Clock,
-                  with_run: bool) -> List[Dict]:
+def _hierarchical(
+    strategy: Any, plan: Sequence[Sequence[int]], dtype: str, clock: _Clock, with_run: bool
+) -> List[Dict]:
     import distvals as dv
 
     ext = strategy.extended
@@ -203,10 +206,14 @@ def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: Lis
     lines = [
         f"# distvals MPI bench: {W} worker(s) x {R} replica(s) = {W * R} replicas in sync, {a.dtype} sum",
         f"# peers: plain mpi4py Allreduce(IN_PLACE) over {W} and over {W * R} processes ({lib})",
-        "# time: median over calls of the slowest process, microseconds; ratio = mpi WxR / hier "
-        "(above 1: hierarchical faster)",
-        f"# {'bytes':>10} {'hier':>10} {'hier run':>10} {'mpi W':>10} {'mpi WxR':>10} {'ratio':>7} "
-        f"{'WxR/run':>7} {'W/hier':>7} {'wrong':>6}",
+        (
+            "# time: median over calls of the slowest process, microseconds; ratio = mpi WxR / hier "
+            "(above 1: hierarchical faster)"
+        ),
+        (
+            f"# {'bytes':>10} {'hier':>10} {'hier run':>10} {'mpi W':>10} {'mpi WxR':>10} {'ratio':>7} "
+            f"{'WxR/run':>7} {'W/hier':>7} {'wrong':>6}"
+        ),
     ]
     for r in rows:
         wxr = r.get("mpi_wxr_us")
@@ -215,7 +222,8 @@ def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: Lis
         lines.append(
             f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>10} {_fmt_us(r.get('run_us')):>10} "
             f"{_fmt_us(r['mpi_w_us']):>10} {_fmt_us(wxr):>10} {ratio:>7} {ratio_run:>7} "
-            f"{r['mpi_w_us'] / r['hier_us']:>7.2f} {r['wrong']:>6}")
+            f"{r['mpi_w_us'] / r['hier_us']:>7.2f} {r['wrong']:>6}"
+        )
     lines += [f"# note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
@@ -224,6 +232,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     import distvals as dv
+
     from ..mpi_runtime import load_mpi
 
     mpi = load_mpi("python -m distvals.bench --mpi")
@@ -250,8 +259,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # More processes than slots on a small machine: allowed, they mostly wait.
         info.Set("map_by", ":OVERSUBSCRIBE")
         try:
-            inter = world.Spawn(sys.executable, args=["-m", "distvals.bench.mpi", _CHILD], maxprocs=extra,
-                                info=info, root=0)
+            inter = world.Spawn(
+                sys.executable, args=["-m", "distvals.bench.mpi", _CHILD], maxprocs=extra, info=info, root=0
+            )
         except mpi.Exception as e:
             notes.append(f"the WxR-process Allreduce could not spawn {extra} processes: {e}")
             inter = None
@@ -264,17 +274,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = []
     for (count, iters), h, pw, pwr in zip(plan, hier, plain_w, plain_wxr):
         wrong = h["wrong"] + h.get("run_wrong", 0) + pw["wrong"] + (pwr["wrong"] if pwr else 0)
-        rows.append({"bytes": count * itemsize, "count": count, "iters": iters, "hier_us": h["time_us"],
-                     "run_us": h.get("run_time_us"), "mpi_w_us": pw["time_us"],
-                     "mpi_wxr_us": pwr["time_us"] if pwr else None, "wrong": wrong})
+        rows.append(
+            {
+                "bytes": count * itemsize,
+                "count": count,
+                "iters": iters,
+                "hier_us": h["time_us"],
+                "run_us": h.get("run_time_us"),
+                "mpi_w_us": pw["time_us"],
+                "mpi_wxr_us": pwr["time_us"] if pwr else None,
+                "wrong": wrong,
+            }
+        )
     if rank == 0:
         lib = mpi.Get_library_version().replace("\0", "").split(",")[0].strip()
         sys.stdout.write(_table(a, rows, W, lib, notes))
         sys.stdout.flush()
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"workers": W, "replicas_per_worker": a.replicas, "dtype": a.dtype, "mpi": lib,
-                           "rows": rows, "notes": notes}, f, indent=1)
+                json.dump(
+                    {
+                        "workers": W,
+                        "replicas_per_worker": a.replicas,
+                        "dtype": a.dtype,
+                        "mpi": lib,
+                        "rows": rows,
+                        "notes": notes,
+                    },
+                    f,
+                    indent=1,
+                )
                 f.write("\n")
     strategy.close()
     wrong = sum(r["wrong"] for r in rows)

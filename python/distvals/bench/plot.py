@@ -15,9 +15,9 @@ __all__ = ["SMALL_BYTES", "plot_report", "require_matplotlib"]
 
 # Messages up to this size go into the latency panel.
 SMALL_BYTES = 64 * 1024
-# Below this size a copy round is two barriers around almost no data: its time says
-# little about memory, so the bound's line starts here (the table still lists it).
-BOUND_FROM_BYTES = 64 * 1024
+# The bound's line is drawn from this size on (it is measured at every size, timed like
+# the collective, so it means something at every size).
+BOUND_FROM_BYTES = 1
 
 
 def require_matplotlib() -> None:
@@ -31,19 +31,38 @@ def require_matplotlib() -> None:
 def _series(rows: Sequence[Row]) -> Dict[str, List[Row]]:
     out: Dict[str, List[Row]] = {}
     for r in rows:
+        if r.level == "strategy-trivial":
+            continue  # no data moved: the strategy table lists it
         key = r.label.split("/")[0]  # "distvals auto/direct" -> one line for auto
+        if r.out_of_place and not key.endswith(" out"):
+            key += " out"
         out.setdefault(key, []).append(r)
     for v in out.values():
         v.sort(key=lambda r: r.bytes)
     return out
 
 
-_LABELS = {"distvals auto": "distvals auto (timed in the engine)",
-           "distvals strategy": "distvals strategy.run + all_reduce"}
+_LABELS = {
+    "distvals auto": "distvals auto (timed in the engine)",
+    "distvals auto out": "distvals auto, out of place (timed in the engine)",
+    "distvals strategy": "distvals strategy.run + all_reduce",
+    "distvals strategy inline": "distvals strategy.run + all_reduce, inline",
+    "distvals strategy threads": "distvals strategy.run + all_reduce, threads",
+}
 
 
 def _rank(name: str) -> Tuple[int, str]:
-    order = ["distvals auto", "distvals strategy", "numpy", "tensorflow", "torch-gloo", "mpi4py"]
+    order = [
+        "distvals auto",
+        "distvals auto out",
+        "distvals strategy",
+        "distvals strategy inline",
+        "distvals strategy threads",
+        "numpy",
+        "tensorflow",
+        "torch-gloo",
+        "mpi4py",
+    ]
     return (order.index(name) if name in order else len(order), name)
 
 
@@ -69,13 +88,26 @@ def plot_report(report: Report, path: str) -> List[int]:
     if not ns:
         raise ValueError("the report has no rows to plot")
     fig, axes = plt.subplots(len(ns), 2, figsize=(13, 4.6 * len(ns)), squeeze=False)
-    styles = {"distvals strategy": "-", "numpy": ":", "tensorflow": "-.", "torch-gloo": "-.", "mpi4py": "--"}
+    styles = {
+        "distvals strategy": "-",
+        "distvals strategy inline": "-",
+        "distvals strategy threads": "-",
+        "distvals auto out": "--",
+        "numpy": ":",
+        "tensorflow": "-.",
+        "torch-gloo": "-.",
+        "mpi4py": "--",
+    }
     for (ax_bw, ax_lat), n in zip(axes, ns):
         rows = [r for r in report.rows if r.replicas == n]
         series = _series(rows)
         for name, rs in sorted(series.items(), key=lambda kv: _rank(kv[0])):
             style = styles.get(name, "-")
-            main = not name.startswith("distvals") or name in ("distvals auto", "distvals strategy")
+            main = (
+                not name.startswith("distvals")
+                or name in ("distvals auto", "distvals auto out")
+                or name.startswith("distvals strategy")
+            )
             # The fixed algorithms are context for auto: thin and faded.
             kw = dict(marker="o", ms=3, lw=2.2 if main else 0.9, alpha=1.0 if main else 0.55)
             label = _LABELS.get(name, name)
@@ -85,27 +117,55 @@ def plot_report(report: Report, path: str) -> List[int]:
                 ax_lat.plot([r.bytes for r in small], [r.time_us for r in small], style, label=label, **kw)
         auto = [r for r in series.get("distvals auto", []) if r.bytes <= SMALL_BYTES and r.py_time_us]
         if auto:
-            ax_lat.plot([r.bytes for r in auto], [r.py_time_us for r in auto], "-", marker="s", ms=3, lw=2.2,
-                        label="distvals auto, one call from Python")
-        bounds: List[Tuple[int, float]] = sorted((b["bytes"], b["bound_us"]) for b in report.bounds
-                                                 if b["replicas"] == n and b["bytes"] >= BOUND_FROM_BYTES)
+            ax_lat.plot(
+                [r.bytes for r in auto],
+                [r.py_time_us for r in auto],
+                "-",
+                marker="s",
+                ms=3,
+                lw=2.2,
+                label="distvals auto, one call from Python",
+            )
+        bounds: List[Tuple[int, float]] = sorted(
+            (b["bytes"], b["bound_us"]) for b in report.bounds if b["replicas"] == n and b["bytes"] >= BOUND_FROM_BYTES
+        )
         if bounds:
-            ax_bw.plot([b for b, _ in bounds], [b / (t * 1e-6) / 1e9 * bus_factor(n) for b, t in bounds],
-                       "k--", lw=1.8, label="memory bound: 2NS bytes at the copy bandwidth")
+            ax_bw.plot(
+                [b for b, _ in bounds],
+                [b / (t * 1e-6) / 1e9 * bus_factor(n) for b, t in bounds],
+                "k--",
+                lw=1.8,
+                label="memory bound: N*S read + N*S written in place, same buffers",
+            )
         dt = report.settings.get("dtype", "")
         op = report.settings.get("op", "")
-        ax_bw.set(xscale="log", yscale="log", xlabel="message size per replica",
-                  ylabel="bus bandwidth (GB/s)", title=f"all-reduce busbw, N={n}, {dt} {op}")
-        ax_lat.set(xscale="log", yscale="log", xlabel="message size per replica",
-                   ylabel="time per call (us, median)", title=f"small-message latency, N={n}")
+        ax_bw.set(
+            xscale="log",
+            yscale="log",
+            xlabel="message size per replica",
+            ylabel="bus bandwidth (GB/s)",
+            title=f"all-reduce busbw, N={n}, {dt} {op}",
+        )
+        ax_lat.set(
+            xscale="log",
+            yscale="log",
+            xlabel="message size per replica",
+            ylabel="time per call (us, median)",
+            title=f"small-message latency, N={n}",
+        )
         _size_ticks(ax_bw, sorted({r.bytes for r in rows}))
         _size_ticks(ax_lat, sorted({r.bytes for r in rows if r.bytes <= SMALL_BYTES}))
         for ax in (ax_bw, ax_lat):
             ax.grid(True, which="major", alpha=0.3)
         ax_bw.legend(fontsize=7, loc="lower right")
         ax_lat.legend(fontsize=7, loc="upper left")
-    fig.text(0.01, 0.005, "distvals group rows: timed inside the engine; strategy and peers: per call from Python",
-             fontsize=7, alpha=0.7)
+    fig.text(
+        0.01,
+        0.005,
+        "distvals group rows: timed inside the engine; strategy and peers: per call from Python",
+        fontsize=7,
+        alpha=0.7,
+    )
     fig.tight_layout(rect=(0, 0.015, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

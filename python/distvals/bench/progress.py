@@ -51,7 +51,7 @@ class Progress:
             self._stream.write("\r" + " " * 80 + "\r")
             self._stream.flush()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,9 +6,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-__all__ = ["SCHEMA", "PeerStatus", "Report", "Row", "bus_factor"]
+__all__ = ["READABLE_SCHEMAS", "SCHEMA", "PeerStatus", "Report", "Row", "bus_factor"]
 
-SCHEMA = "distvals.bench/1"
+SCHEMA = "distvals.bench/2"
+# Reports this version can still read (version 1 had a copy-based memory bound and no
+# execution modes or out-of-place rows).
+READABLE_SCHEMAS = ("distvals.bench/1", SCHEMA)
 
 
 def bus_factor(n: int) -> float:
@@ -26,6 +29,12 @@ class Row:
     Python (``timing="python"``). ``bound_pct`` is the memory-bound time over
     ``time_us``, in percent. ``wrong`` counts result elements, over all replicas, that
     differ from the float64 reference (``checked`` elements were compared).
+
+    ``out_of_place``: a group row from the inputs into separate output arrays.
+    Strategy rows: ``level`` is ``"strategy"`` (``run`` of a function calling
+    ``ReplicaContext.all_reduce``) or ``"strategy-trivial"`` (``run`` of a function that
+    does nothing), ``mode`` the strategy's execution mode and ``group_py_us`` the median
+    of ``ReplicaGroup.all_reduce`` of the same arrays, timed from Python in the same run.
     """
 
     impl: str
@@ -43,12 +52,15 @@ class Row:
     timing: str = "python"
     py_time_us: Optional[float] = None
     chosen: Optional[str] = None
+    out_of_place: bool = False
+    mode: Optional[str] = None
+    group_py_us: Optional[float] = None
     algbw_gbps: float = 0.0
     busbw_gbps: float = 0.0
     bound_us: Optional[float] = None
     bound_pct: Optional[float] = None
 
-    def finish(self, bound_us: Optional[float]) -> "Row":
+    def finish(self, bound_us: Optional[float]) -> Row:
         """Fill the derived columns from the time and the memory-bound time."""
         t = self.time_us * 1e-6
         self.algbw_gbps = self.bytes / t / 1e9 if t > 0 else float("inf")
@@ -62,15 +74,27 @@ class Row:
         """Short name: ``distvals ring``, ``distvals strategy``, ``tensorflow``..."""
         if self.impl == "distvals":
             if self.level != "group":
-                return f"distvals {self.level}"
-            return f"distvals {self.algorithm}" + (f"/{self.chosen}" if self.chosen else "")
+                name = "strategy" if self.level == "strategy" else "run trivial"
+                return f"distvals {name}" + (f" {self.mode}" if self.mode and self.mode != "default" else "")
+            return (
+                f"distvals {self.algorithm}"
+                + (f"/{self.chosen}" if self.chosen else "")
+                + (" out" if self.out_of_place else "")
+            )
         return self.impl
+
+    @property
+    def ratio_to_group(self) -> Optional[float]:
+        """Strategy rows: time / ``ReplicaGroup.all_reduce`` of the same arrays (same run)."""
+        if self.group_py_us and self.group_py_us > 0:
+            return self.time_us / self.group_py_us
+        return None
 
     def to_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Row":
+    def from_json(cls, d: Dict[str, Any]) -> Row:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -102,11 +126,16 @@ class Report:
     peers: List[PeerStatus] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
-    def bound_us(self, replicas: int, nbytes: int) -> Optional[float]:
+    def bound(self, replicas: int, nbytes: int) -> Optional[Dict[str, Any]]:
+        """The memory bound's record of one size (see memory.BoundMeter.result)."""
         for b in self.bounds:
             if b["replicas"] == replicas and b["bytes"] == nbytes:
-                return b["bound_us"]
+                return b
         return None
+
+    def bound_us(self, replicas: int, nbytes: int) -> Optional[float]:
+        b = self.bound(replicas, nbytes)
+        return None if b is None else b["bound_us"]
 
     def to_json(self) -> Dict[str, Any]:
         from .compare import speedups
@@ -124,8 +153,8 @@ class Report:
         }
 
     @classmethod
-    def from_json(cls, d: Dict[str, Any]) -> "Report":
-        if d.get("schema") != SCHEMA:
+    def from_json(cls, d: Dict[str, Any]) -> Report:
+        if d.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(f"not a distvals benchmark report (schema {d.get('schema')!r}, expected {SCHEMA!r})")
         return cls(
             command=d["command"],

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .results import Report, Row, bus_factor
 
-__all__ = ["format_report", "format_size", "format_speedups", "format_table"]
+__all__ = [
+    "format_bound_summary",
+    "format_out_of_place",
+    "format_report",
+    "format_size",
+    "format_speedups",
+    "format_strategy",
+    "format_table",
+    "over_bound",
+]
 
-_HEAD = ("{:>12} {:>11} {:>8} {:>5}  {:<22} {:>11} {:>9} {:>8} {:>8} {:>7} {:>8}")
-_UNITS = ("(B)", "(elements)", "", "", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "")
-_NAMES = ("size", "count", "type", "redop", "implementation", "time", "py-time", "algbw", "busbw", "%bound",
-          "#wrong")
+_HEAD = "{:>12} {:>11} {:>8} {:>5} {:>5}  {:<26} {:>11} {:>9} {:>8} {:>8} {:>7} {:>8}"
+_UNITS = ("(B)", "(elements)", "", "", "", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "")
+_NAMES = (
+    "size",
+    "count",
+    "type",
+    "redop",
+    "level",
+    "implementation",
+    "time",
+    "py-time",
+    "algbw",
+    "busbw",
+    "%bound",
+    "#wrong",
+)
+# A row faster than its bound by more than the size's noise is flagged with this mark.
+_OVER = "!"
 
 
 def format_size(nbytes: int) -> str:
@@ -30,37 +54,200 @@ def _num(x: Optional[float], width: int = 0, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
-def _order(r: Row) -> Tuple[int, int, str]:
-    """distvals rows first (algorithms, then strategy), then the peers in a fixed order."""
+def _order(r: Row) -> Tuple[int, int, int, str]:
+    """distvals rows first (algorithms, in place then out of place; then strategy modes),
+    then the peers in a fixed order."""
     algo = {"ring": 0, "tree": 1, "direct": 2, "auto": 3}
     if r.impl == "distvals":
-        return (0, algo.get(r.algorithm, 4) if r.level == "group" else 5, "")
+        if r.level == "group":
+            return (0, algo.get(r.algorithm, 4), int(r.out_of_place), "")
+        return (0, 5, 0, r.mode or "")
     peers = {"numpy": 0, "tensorflow": 1, "torch-gloo": 2, "mpi4py": 3}
-    return (1, peers.get(r.impl, 9), r.impl)
+    return (1, peers.get(r.impl, 9), 0, r.impl)
+
+
+def _noise(b: Optional[dict]) -> Optional[float]:
+    return None if b is None else b.get("noise_pct")
+
+
+def over_bound(r: Row, b: Optional[dict]) -> bool:
+    """Whether a row beats its bound by more than the noise measured at its size."""
+    if r.bound_pct is None:
+        return False
+    noise = _noise(b) or 0.0
+    return r.bound_pct > 100.0 + noise
+
+
+def _bound_label(b: dict) -> str:
+    if "threads" not in b:  # a version-1 report: a copy-based bound
+        return "(memory bound, copy)"
+    return f"(memory bound, {b['threads']} thr" + (", nt)" if b.get("streaming") else ")")
 
 
 def format_table(report: Report, replicas: int) -> str:
     """The nccl-tests-style table for one replica count, one block of rows per size."""
-    rows = [r for r in report.rows if r.replicas == replicas]
+    rows = [r for r in report.rows if r.replicas == replicas and r.level != "strategy-trivial"]
     # Header lines start with "#" in the first column, as in nccl-tests.
     lines = ["#" + _HEAD.format(*_NAMES)[1:], "#" + _HEAD.format(*_UNITS)[1:]]
     sizes = sorted({r.bytes for r in rows} | {b["bytes"] for b in report.bounds if b["replicas"] == replicas})
     for nbytes in sizes:
         block = sorted((r for r in rows if r.bytes == nbytes), key=_order)
+        b = report.bound(replicas, nbytes)
+        level = (b or {}).get("level", "")
         for r in block:
-            lines.append(_HEAD.format(
-                r.bytes, r.count, r.dtype, r.op, r.label, _num(r.time_us), _num(r.py_time_us),
-                _num(r.algbw_gbps, digits=3), _num(r.busbw_gbps, digits=3),
-                _num(r.bound_pct, digits=1), r.wrong))
-        bound = report.bound_us(replicas, nbytes)
-        if bound is not None:
+            pct = _num(r.bound_pct, digits=1)
+            if over_bound(r, b):
+                pct += _OVER
+            lines.append(
+                _HEAD.format(
+                    r.bytes,
+                    r.count,
+                    r.dtype,
+                    r.op,
+                    level,
+                    r.label,
+                    _num(r.time_us),
+                    _num(r.py_time_us),
+                    _num(r.algbw_gbps, digits=3),
+                    _num(r.busbw_gbps, digits=3),
+                    pct,
+                    r.wrong,
+                )
+            )
+        if b is not None:
+            bound = b["bound_us"]
             count = block[0].count if block else nbytes
             algbw = nbytes / (bound * 1e-6) / 1e9
-            lines.append(_HEAD.format(nbytes, count, "", "", "(memory bound)", _num(bound), "",
-                                      _num(algbw, digits=3), _num(algbw * bus_factor(replicas), digits=3),
-                                      "100.0", ""))
+            noise = _noise(b)
+            lines.append(
+                _HEAD.format(
+                    nbytes,
+                    count,
+                    "",
+                    "",
+                    level,
+                    _bound_label(b),
+                    _num(bound),
+                    "",
+                    _num(algbw, digits=3),
+                    _num(algbw * bus_factor(replicas), digits=3),
+                    "100.0" if noise is None else f"±{noise:.1f}",
+                    "",
+                )
+            )
         lines.append("")
     return "\n".join(lines).rstrip("\n")
+
+
+def format_bound_summary(report: Report, replicas: int) -> str:
+    """The run's noise and every row that beats its bound by more than that noise."""
+    bounds = [b for b in report.bounds if b["replicas"] == replicas]
+    noises = [(b["noise_pct"], b["bytes"]) for b in bounds if b.get("noise_pct") is not None]
+    if not noises:
+        return ""
+    samples = sorted({b.get("samples", 0) for b in bounds})
+    vals = sorted(x for x, _ in noises)
+    worst = max(noises)
+    lines = [
+        (
+            f"# noise, N={replicas}: the bound was measured {'/'.join(str(s) for s in samples)} times per size, "
+            "between the rows; the spread (slowest / fastest - 1) of its medians is the size's noise (±x in the "
+            f"bound's %bound column): median {statistics.median(vals):.1f}%, largest {worst[0]:.1f}% at "
+            f"{format_size(worst[1])}"
+        )
+    ]
+    over = []
+    for r in report.rows:
+        if r.replicas != replicas or r.level == "strategy-trivial":
+            continue
+        b = report.bound(replicas, r.bytes)
+        if over_bound(r, b):
+            over.append(f"{r.label} at {format_size(r.bytes)}: {r.bound_pct:.1f}% (noise ±{_noise(b) or 0:.1f}%)")
+    if over:
+        lines.append(f"# rows above 100% of the bound by more than the noise ({_OVER}): " + "; ".join(over))
+    else:
+        lines.append("# rows above 100% of the bound by more than the noise: none")
+    return "\n".join(lines)
+
+
+def format_out_of_place(report: Report, replicas: int) -> str:
+    """Out-of-place time / in-place time per algorithm and size (both timed in the engine)."""
+    rows = [r for r in report.rows if r.replicas == replicas and r.impl == "distvals" and r.level == "group"]
+    pairs: Dict[Tuple[int, str], Dict[bool, Row]] = {}
+    for r in rows:
+        pairs.setdefault((r.bytes, r.algorithm), {})[r.out_of_place] = r
+    algos = [
+        a
+        for a in ("ring", "tree", "direct", "auto")
+        if any(k[1] == a and True in v and False in v for k, v in pairs.items())
+    ]
+    if not algos:
+        return ""
+    lines = [
+        (
+            f"# out of place / in place, N={replicas}: engine time from the inputs into separate, already-used "
+            "output arrays, over the in-place time (same run)"
+        ),
+        "#" + f"{'size':>11} " + " ".join(f"{a:>10}" for a in algos),
+    ]
+    for nbytes in sorted({k[0] for k in pairs}):
+        cells = []
+        for a in algos:
+            p = pairs.get((nbytes, a), {})
+            ok = True in p and False in p and p[False].time_us > 0
+            cells.append(f"{(f'{p[True].time_us / p[False].time_us:.2f}x' if ok else '-'):>10}")
+        lines.append(f"{nbytes:>12} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def format_strategy(report: Report, replicas: int) -> str:
+    """strategy.run per execution mode, side by side: trivial, with all_reduce, ratio."""
+    rows = [r for r in report.rows if r.replicas == replicas]
+    strat = [r for r in rows if r.impl == "distvals" and r.level in ("strategy", "strategy-trivial")]
+    if not strat:
+        return ""
+    modes: List[str] = []
+    for r in strat:
+        m = r.mode or "default"
+        if m not in modes:
+            modes.append(m)
+    cell: Dict[Tuple[int, str, str], Row] = {(r.bytes, r.mode or "default", r.level): r for r in strat}
+    tf = {r.bytes: r.time_us for r in rows if r.impl == "tensorflow"}
+    lines = [
+        (
+            f"# strategy.run, N={replicas}: median us per call from Python. trivial: fn does nothing; "
+            "all_reduce: fn calls ctx.all_reduce on its replica's array; ratio: all_reduce / one "
+            "ReplicaGroup.all_reduce of the same arrays (from Python, in place, same run)"
+        )
+    ]
+    head = f"#{'size':>11} {'group':>10}"
+    for m in modes:
+        head += f" | {m + ': trivial':>17} {'all_reduce':>10} {'ratio':>7}"
+    if tf:
+        head += f" | {'tensorflow':>10} {'tf/' + modes[0]:>9}"
+    lines.append(head)
+    for nbytes in sorted({r.bytes for r in strat}):
+        group = None
+        for m in modes:
+            r = cell.get((nbytes, m, "strategy"))
+            if r is not None and r.group_py_us:
+                group = r.group_py_us if group is None else min(group, r.group_py_us)
+        line = f"{nbytes:>12} {_num(group):>10}"
+        for m in modes:
+            t = cell.get((nbytes, m, "strategy-trivial"))
+            a = cell.get((nbytes, m, "strategy"))
+            ratio = a.ratio_to_group if a is not None else None
+            line += (
+                f" | {_num(t.time_us if t else None):>17} {_num(a.time_us if a else None):>10} "
+                f"{(f'{ratio:.2f}x' if ratio else '-'):>7}"
+            )
+        if tf:
+            a0 = cell.get((nbytes, modes[0], "strategy"))
+            t = tf.get(nbytes)
+            sp = f"{t / a0.time_us:.1f}x" if t and a0 and a0.time_us > 0 else "-"
+            line += f" | {_num(t):>10} {sp:>9}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def format_speedups(report: Report, replicas: int) -> str:
@@ -71,19 +258,30 @@ def format_speedups(report: Report, replicas: int) -> str:
     if not sp:
         return ""
     peers: List[str] = []
+    levels: List[str] = []
     for s in sp:
         if s["peer"] not in peers:
             peers.append(s["peer"])
+        if s["distvals"] not in levels:
+            levels.append(s["distvals"])
     peers.sort(key=lambda p: _order(Row(p, "peer", "", 0, 0, 0, "", "", 0, 0, 0, 0)))
-    levels = [lv for lv in ("group", "strategy") if any(s["distvals"] == lv for s in sp)]
     table: Dict[Tuple[int, str, str], float] = {(s["bytes"], s["distvals"], s["peer"]): s["speedup"] for s in sp}
     width = max(12, max(len(p) for p in peers) + 2)
-    title = {"group": "ReplicaGroup.all_reduce, algorithm auto",
-             "strategy": "strategy.run + ReplicaContext.all_reduce"}
-    lines = [f"# speed-up of distvals over each peer, N={replicas}: peer time / distvals time, "
-             "both timed per call from Python"]
+
+    def title(lv: str) -> str:
+        if lv == "group":
+            return "ReplicaGroup.all_reduce, algorithm auto"
+        mode = lv.split(" ", 1)[1] if " " in lv else ""
+        return "strategy.run + ReplicaContext.all_reduce" + (f", execution {mode}" if mode else "")
+
+    lines = [
+        (
+            f"# speed-up of distvals over each peer, N={replicas}: peer time / distvals time, "
+            "both timed per call from Python"
+        )
+    ]
     for lv in levels:
-        lines.append(f"# distvals = {title[lv]}")
+        lines.append(f"# distvals = {title(lv)}")
         lines.append("#" + f"{'size':>11} " + " ".join(f"{p:>{width}}" for p in peers))
         for nbytes in sorted({s["bytes"] for s in sp}):
             cells = []
@@ -94,21 +292,51 @@ def format_speedups(report: Report, replicas: int) -> str:
     return "\n".join(lines)
 
 
+def _cache_line(m: dict) -> List[str]:
+    caches = m.get("caches")
+    if not caches:
+        return []
+    from .memory import Cache
+
+    desc = ", ".join(Cache(c["level"], c["size"], c["shared_cpus"]).describe() for c in caches)
+    return [
+        f"# caches ({m.get('caches_source', '?')}): {desc}.",
+        "#   level: the first cache that holds the size's working set, N*S bytes (split over the bound's",
+        "#   threads for a cache private to each core); DRAM when none does.",
+    ]
+
+
 def _header(report: Report, replicas: int) -> List[str]:
     s, m = report.settings, report.machine
     devs = f"CPU:0..CPU:{replicas - 1}" if replicas > 1 else "CPU:0"
-    return [
-        f"# distvals {m.get('distvals', '?')} all-reduce, {replicas} replicas ({devs}), "
-        f"{s.get('dtype')} {s.get('op')}, in place",
-        f"# {m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('platform', '?')}, "
-        f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}",
+    placement = "in place" + (", and out of place (rows marked 'out')" if s.get("out_of_place") else "")
+    lines = [
+        (
+            f"# distvals {m.get('distvals', '?')} all-reduce, {replicas} replicas ({devs}), "
+            f"{s.get('dtype')} {s.get('op')}, {placement}"
+        ),
+        (
+            f"# {m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, {m.get('platform', '?')}, "
+            f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}"
+        ),
         "# time: median per call. distvals group rows: timed inside the engine; py-time: one",
         "#   ReplicaGroup.all_reduce call timed from Python. Strategy and peer rows: per call from Python.",
-        "# busbw = algbw * 2(N-1)/N. %bound: time to move 2*N*S bytes at the copy bandwidth of N threads,",
-        "#   measured in this run (best of two medians per size), divided by the row's time.",
+        "# busbw = algbw * 2(N-1)/N. %bound = memory-bound time / the row's time. The bound: the fastest way,",
+    ]
+    if report.bounds and any("threads" in b for b in report.bounds):
+        lines += [
+            "#   measured in this run on the size's own buffers, to read N*S bytes and write N*S in place:",
+            "#   t threads ('t thr'; the group's, or the calling thread alone) read and store back every byte,",
+            "#   plain or streaming stores ('nt'), handed out and timed like the collective. Fastest median of",
+            "#   several measurements interleaved with the rows; their spread is the noise (±x).",
+        ]
+    else:
+        lines += ["#   time to copy 2*N*S bytes with N threads (a version-1 report: not a true bound)."]
+    lines += [
         "# #wrong: result elements, over all replicas, that differ from a float64 reference",
         "#   (distinct values per replica; checked in this run).",
-    ] + _load_line(m)
+    ]
+    return lines + _cache_line(m) + _load_line(m)
 
 
 def _load_line(m: dict) -> List[str]:
@@ -142,6 +370,9 @@ def format_report(report: Report, replicas_list: Optional[Sequence[int]] = None)
     for n in replicas_list:
         parts.append("\n".join(_header(report, n)))
         parts.append(format_table(report, n))
+        for extra in (format_bound_summary(report, n), format_out_of_place(report, n), format_strategy(report, n)):
+            if extra:
+                parts.append(extra)
         peer = _peer_lines(report, n)
         if peer:
             parts.append("\n".join(peer))

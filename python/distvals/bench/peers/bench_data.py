@@ -201,7 +201,7 @@ def count_wrong(results: Sequence[np.ndarray], n: int, dtype: str, op: str) -> i
         flat = np.asarray(res).reshape(-1)
         ex = exact.get(flat.dtype)
         rows, tail = _periods(flat)
-        blocks = [rows[i:i + step] for i in range(0, rows.shape[0], step)] + [tail]
+        blocks = [rows[i : i + step] for i in range(0, rows.shape[0], step)] + [tail]
         for seg in blocks:
             m = seg.shape[-1]
             if ex is not None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 
 try:
-    import numpy as np
-
     import bench_data as bd
+    import numpy as np
 except ImportError as e:
-    sys.stdout.write('{"event": "missing", "reason": "%s"}\n' % str(e).replace('"', "'"))
+    sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
 
 __all__ = ["main"]
@@ -50,8 +49,9 @@ def main(argv=None) -> int:
     red = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[op]
     if rank == 0:
         lib = MPI.Get_library_version().replace("\0", "").split(",")[0].strip()
-        bd.emit("start", version=mpi4py.__version__,
-                detail=f"comm.Allreduce(MPI.IN_PLACE, ...) on {n} processes, {lib}")
+        bd.emit(
+            "start", version=mpi4py.__version__, detail=f"comm.Allreduce(MPI.IN_PLACE, ...) on {n} processes, {lib}"
+        )
     dt = bd.resolve_dtype(a.dtype)
     wtime = MPI.Wtime
     for nbytes, iters in bd.parse_plan(a.plan):
@@ -71,8 +71,15 @@ def main(argv=None) -> int:
         slowest = np.empty_like(times)
         comm.Reduce(times, slowest, op=MPI.MAX, root=0)
         if rank == 0:
-            bd.emit("result", bytes=count * dt.itemsize, count=count, iters=iters,
-                    time_us=bd.median_us(slowest), wrong=int(wrong), checked=n * count)
+            bd.emit(
+                "result",
+                bytes=count * dt.itemsize,
+                count=count,
+                iters=iters,
+                time_us=bd.median_us(slowest),
+                wrong=int(wrong),
+                checked=n * count,
+            )
         del buf
     if rank == 0:
         bd.emit("done")

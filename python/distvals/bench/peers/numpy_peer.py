@@ -11,11 +11,10 @@ import sys
 import time
 
 try:
-    import numpy as np
-
     import bench_data as bd
+    import numpy as np
 except ImportError as e:  # the interpreter lacks numpy: report, do not crash
-    sys.stdout.write('{"event": "missing", "reason": "%s"}\n' % str(e).replace('"', "'"))
+    sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
 
 __all__ = ["main"]
@@ -66,8 +65,15 @@ def main(argv=None) -> int:
             t0 = perf()
             all_reduce(arrays, scratch, op)
             times.append(perf() - t0)
-        bd.emit("result", bytes=count * arrays[0].itemsize, count=count, iters=iters,
-                time_us=bd.median_us(times), wrong=wrong, checked=n * count)
+        bd.emit(
+            "result",
+            bytes=count * arrays[0].itemsize,
+            count=count,
+            iters=iters,
+            time_us=bd.median_us(times),
+            wrong=wrong,
+            checked=n * count,
+        )
         del arrays, scratch
     bd.emit("done")
     return 0

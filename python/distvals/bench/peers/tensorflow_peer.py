@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 try:
     import bench_data as bd
 except ImportError as e:
-    sys.stdout.write('{"event": "missing", "reason": "%s"}\n' % str(e).replace('"', "'"))
+    sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
 
 __all__ = ["main"]
@@ -26,7 +26,8 @@ __all__ = ["main"]
 def _distribute(tf, strategy, arrays):
     """A PerReplica value whose replica r holds ``arrays[r]`` on its own logical device."""
     return strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group]))
+        lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group])
+    )
 
 
 def main(argv=None) -> int:
@@ -51,11 +52,16 @@ def main(argv=None) -> int:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
     devices = [f"/cpu:{i}" for i in range(n)]
     strategy = tf.distribute.MirroredStrategy(devices)
-    cross = type(strategy.extended._cross_device_ops).__name__ if getattr(
-        strategy.extended, "_cross_device_ops", None) is not None else "default"
-    bd.emit("start", version=tf.__version__,
-            detail=f"tf.function(strategy.run) + ReplicaContext.all_reduce on {n} logical CPUs, "
-                   f"cross-device ops {cross}")
+    cross = (
+        type(strategy.extended._cross_device_ops).__name__
+        if getattr(strategy.extended, "_cross_device_ops", None) is not None
+        else "default"
+    )
+    bd.emit(
+        "start",
+        version=tf.__version__,
+        detail=f"tf.function(strategy.run) + ReplicaContext.all_reduce on {n} logical CPUs, cross-device ops {cross}",
+    )
     if a.probe:
         return 0
     reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
@@ -85,8 +91,15 @@ def main(argv=None) -> int:
             # result has been computed.
             step(values)
             times.append(perf() - t0)
-        bd.emit("result", bytes=count * dt.itemsize, count=count, iters=iters,
-                time_us=bd.median_us(times), wrong=wrong, checked=n * count)
+        bd.emit(
+            "result",
+            bytes=count * dt.itemsize,
+            count=count,
+            iters=iters,
+            time_us=bd.median_us(times),
+            wrong=wrong,
+            checked=n * count,
+        )
         values = arrays = None  # free this size's buffers before the next
     bd.emit("done")
     return 0

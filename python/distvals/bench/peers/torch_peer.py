@@ -18,7 +18,7 @@ import time
 try:
     import bench_data as bd
 except ImportError as e:
-    sys.stdout.write('{"event": "missing", "reason": "%s"}\n' % str(e).replace('"', "'"))
+    sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
 
 __all__ = ["main"]
@@ -32,10 +32,12 @@ def _worker(rank: int, n: int, init_file: str, dtype: str, op: str, plan, timeou
 
     # One intra-op thread per rank: N ranks share the machine's cores.
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=timeout))
-    red = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-           "max": dist.ReduceOp.MAX}[op]
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=n, timeout=datetime.timedelta(seconds=timeout)
+    )
+    red = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[
+        op
+    ]
     tdt = getattr(torch, dtype)
     perf = time.perf_counter
     try:
@@ -64,8 +66,15 @@ def _worker(rank: int, n: int, init_file: str, dtype: str, op: str, plan, timeou
                 times[i] = perf() - t0
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
             if rank == 0:
-                bd.emit("result", bytes=count * itemsize, count=count, iters=iters,
-                        time_us=bd.median_us(times.tolist()), wrong=int(wrong.item()), checked=n * count)
+                bd.emit(
+                    "result",
+                    bytes=count * itemsize,
+                    count=count,
+                    iters=iters,
+                    time_us=bd.median_us(times.tolist()),
+                    wrong=int(wrong.item()),
+                    checked=n * count,
+                )
             del t
     finally:
         dist.destroy_process_group()
@@ -89,16 +98,21 @@ def main(argv=None) -> int:
     if a.dtype not in _TORCH_DTYPES:
         bd.emit("unsupported", reason=f"dtype {a.dtype}")
         return 0
-    bd.emit("start", version=torch.__version__,
-            detail=f"torch.distributed.all_reduce, gloo, {a.replicas} processes, 1 intra-op thread each")
+    bd.emit(
+        "start",
+        version=torch.__version__,
+        detail=f"torch.distributed.all_reduce, gloo, {a.replicas} processes, 1 intra-op thread each",
+    )
     if a.probe:
         return 0
     plan = bd.parse_plan(a.plan)
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="distvals-bench-gloo-") as d:
         init_file = os.path.join(d, "rendezvous")
-        procs = [ctx.Process(target=_worker, args=(r, a.replicas, init_file, a.dtype, op, plan, a.timeout))
-                 for r in range(a.replicas)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, a.replicas, init_file, a.dtype, op, plan, a.timeout))
+            for r in range(a.replicas)
+        ]
         for p in procs:
             p.start()
         # Each rank's collective waits are bounded by the process group's timeout; this
@@ -112,8 +126,10 @@ def main(argv=None) -> int:
                 p.kill()
                 p.join(10)
         if failed:
-            bd.emit("error", reason=f"rank(s) {failed} failed or timed out (exit codes "
-                                    f"{[procs[r].exitcode for r in failed]})")
+            bd.emit(
+                "error",
+                reason=f"rank(s) {failed} failed or timed out (exit codes {[procs[r].exitcode for r in failed]})",
+            )
             return 1
     bd.emit("done")
     return 0
