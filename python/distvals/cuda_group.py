@@ -142,7 +142,9 @@ class CudaReplicaGroup:
             raise RuntimeError(f"GPU replicas need the CUDA backend: {unavailable_reason()}")
         names = [_core.parse_device(str(d)) for d in devices]
         timeout_seconds = options.parse_timeout_seconds(timeout_seconds)
-        self._group: _core.cuda.Group = backend.Group(names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access)
+        self._group: _core.cuda.Group = backend.Group(
+            names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access
+        )
         self._gpus: List[int] = list(self._group.gpus)
         self._outputs = OutputCache()
         self._streams: Dict[int, int] = {}  # replica -> the group's stream on its device

@@ -122,9 +122,7 @@ class EngineCollectives(Collectives):
     def _can_place(self, dtype: np.dtype) -> bool:
         return True
 
-    def _reduce_alone(
-        self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, work: np.dtype, out: _Out
-    ) -> None:
+    def _reduce_alone(self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, work: np.dtype, out: _Out) -> None:
         # One replica: the result is a copy of its value (float64 for integer MEAN).
         for r in range(len(leaves)):
             out[r][i] = self._copy(leaves[r][i], r, work)
@@ -149,11 +147,11 @@ class EngineCollectives(Collectives):
         if work is dtype or work == dtype:
             ins = [self._engine_input(leaves[r][i], r) for r in range(n)]
             outs = [self._empty(ins[r].shape, work, r) for r in range(n)]
-            self.group.all_reduce(ins, engine_op, algorithm, out=outs)
+            self.group.all_reduce(ins, engine_op, algorithm, out=outs)  # type: ignore[union-attr]
         else:
             # A cast is a copy anyway: reduce in place in it.
             outs = [self._copy(leaves[r][i], r, work) for r in range(n)]
-            self.group.all_reduce(outs, engine_op, algorithm)
+            self.group.all_reduce(outs, engine_op, algorithm)  # type: ignore[union-attr]
         if engine_op != op.engine_name:
             outs = [self._divide(o, self.num_replicas, r) for r, o in enumerate(outs)]
         for r in range(n):
@@ -166,7 +164,7 @@ class EngineCollectives(Collectives):
         dtype = leaves[0][pack[0]].dtype
         engine_op = _engine_op(op, dtype, work)
         bufs = [self._pack([leaves[r][i] for i in pack], work, r) for r in range(n)]
-        self.group.all_reduce(bufs, engine_op, algorithm)
+        self.group.all_reduce(bufs, engine_op, algorithm)  # type: ignore[union-attr]
         if engine_op != op.engine_name:
             bufs = [self._divide(b, self.num_replicas, r) for r, b in enumerate(bufs)]
         shapes = [tuple(leaves[0][i].shape) for i in pack]
