@@ -184,10 +184,13 @@ class DeviceArray:
     # ---- description -------------------------------------------------------------
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The length of each dimension, as for a numpy array (``()`` for a 0-d array)."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The numpy dtype of the elements, one of the dtypes GPU replicas support (bfloat16
+        is ml_dtypes' numpy dtype)."""
         return self._dtype
 
     @property
@@ -197,14 +200,17 @@ class DeviceArray:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions, ``len(shape)``."""
         return len(self._shape)
 
     @property
     def size(self) -> int:
+        """The number of elements, the product of ``shape`` (1 for a 0-d array)."""
         return math.prod(self._shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of device memory the elements take, ``size * dtype.itemsize``."""
         return self.size * self._dtype.itemsize
 
     @property
@@ -214,6 +220,9 @@ class DeviceArray:
 
     @property
     def readonly(self) -> bool:
+        """True for a read-only array (a frozen view, or memory its producer's
+        ``__cuda_array_interface__`` marks read-only): ``copy_from`` and collectives that
+        write into it refuse it."""
         return self._readonly
 
     @property
@@ -317,6 +326,9 @@ class OutputCache:
         self._lock = threading.Lock()  # per-replica callers ask from their own threads
 
     def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        """A new uninitialized DeviceArray of ``shape`` and ``dtype`` (a numpy dtype) on CUDA
+        device ``device``, in the memory of a dropped earlier array of the same shape,
+        dtype and device when there is one, else newly allocated."""
         with self._lock:
             return self._get(shape, dtype, device)
 
@@ -346,6 +358,8 @@ class OutputCache:
         return arr
 
     def clear(self) -> None:
+        """Forgets every buffer: dropped arrays' memory is freed rather than reused, and
+        arrays handed out before keep their memory but never return it to the cache."""
         with self._lock:
             self._free.clear()
             self._lent.clear()

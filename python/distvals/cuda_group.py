@@ -152,12 +152,16 @@ class CudaReplicaGroup:
     # ---- description ---------------------------------------------------------------
     @property
     def size(self) -> int:
+        """The number of replicas in the group, one per device name given to the
+        constructor (``num_replicas`` is the same property)."""
         return self._group.size
 
     num_replicas = size
 
     @property
     def devices(self) -> List[str]:
+        """Each replica's logical device name, canonical (``"GPU:0"``), in replica order;
+        ``gpus`` gives the CUDA device each one runs on."""
         return self._group.devices
 
     @property
@@ -167,6 +171,9 @@ class CudaReplicaGroup:
 
     @property
     def timeout_seconds(self) -> float:
+        """The longest a collective waits for the other replicas and for the GPUs, in
+        seconds: the constructor's ``timeout_seconds``, else ``DISTVALS_TIMEOUT_SECONDS``,
+        else 300; ``inf`` means no timeout."""
         return self._group.timeout_seconds
 
     @property
@@ -433,14 +440,20 @@ class CudaReplicaGroup:
         self._group.abort(replica, why)
 
     def reset(self) -> None:
+        """Clear an abort (or a timeout) so the group runs collectives again; only while no
+        collective is in flight, and not once the group is closed (ClosedError)."""
         self._group.reset()
 
     @property
     def aborted(self) -> bool:
+        """True once a collective failed, timed out or was aborted, until ``reset()``;
+        meanwhile every collective raises AbortedError."""
         return self._group.aborted
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` has run (directly or by leaving a ``with`` block); every
+        later call raises ClosedError."""
         return self._group.closed
 
     def close(self) -> None:
