@@ -24,9 +24,8 @@ def _devices(devices: Union[int, Sequence[str]]) -> Union[int, List[str]]:
         return int(devices)
     if isinstance(devices, str):
         raise TypeError("devices must be a list of device names or a replica count, not one string")
-    if isinstance(devices, bool):
-        raise TypeError("devices must be a list of device names or a replica count, got bool")
-    return [str(d) for d in devices]
+    # A bool gets here too (not iterable: TypeError).
+    return [str(d) for d in devices]  # type: ignore[union-attr]
 
 
 def _on_gpu(devices: Union[int, List[str]]) -> TypeGuard[List[str]]:
