@@ -19,6 +19,8 @@
 #   DISTVALS_TEST_QUICK   1 (default here): the tests run their reduced matrix; set 0 for
 #                         the full one (about 4 minutes under ThreadSanitizer on 2 cores)
 #   DISTVALS_BUILD_ROOT   where the build folders go (default: <repo>/_build)
+#   DISTVALS_MEMCHECK_BUILD  a configured and built folder of the C++ tests without
+#                         sanitizers for memcheck to use (default: it builds its own)
 #   CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: number of cores)
 # Needs cmake, ninja and a GCC or Clang with the sanitizer runtimes, all from PATH.
 set -euo pipefail
@@ -76,9 +78,11 @@ memcheck() {
     log "memcheck: valgrind not found, skipped"
     return 0
   fi
-  local dir="$build_root/memcheck" t0=$SECONDS status=0
-  log "memcheck: valgrind over the C++ tests (DISTVALS_TEST_QUICK=$DISTVALS_TEST_QUICK)"
-  configure_build "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTVALS_SANITIZE=
+  local dir="${DISTVALS_MEMCHECK_BUILD:-$build_root/memcheck}" t0=$SECONDS status=0
+  log "memcheck: valgrind over the C++ tests in $dir (DISTVALS_TEST_QUICK=$DISTVALS_TEST_QUICK)"
+  # A build of the C++ tests without sanitizers may be handed over (CI reuses its own, which
+  # saves a build); otherwise one with debug information is made here.
+  [ -n "${DISTVALS_MEMCHECK_BUILD:-}" ] || configure_build "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTVALS_SANITIZE=
   # Valgrind runs one thread at a time, so the tests get their quick matrix always.
   # Leaks are errors only when definite: thread-local and static runtime buffers are
   # "still reachable" by design.
@@ -113,10 +117,14 @@ python_asan() {
   local cxx="${CXX:-g++}"
   local preload
   preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libstdc++.so)"
+  # The engine-facing tests: every ReplicaGroup test file, and the strategy layer's.
   local tests=() t
-  for t in test_group test_hardening_group test_strategy_failures test_strategy test_context \
-           test_variables test_input; do
-    [ -f "$root/tests/$t.py" ] && tests+=("tests/$t.py")
+  for t in "$root"/tests/test_group_*.py; do
+    [ -f "$t" ] && tests+=("tests/$(basename "$t")")
+  done
+  for t in test_strategy_failures test_strategy test_context test_variables test_input; do
+    [ -f "$root/tests/$t.py" ] || { echo "python-asan: tests/$t.py is missing" >&2; return 1; }
+    tests+=("tests/$t.py")
   done
   # Leaks are not checked: CPython keeps much of its memory until exit by design.
   (cd "$root" && LD_PRELOAD="$preload" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \

@@ -82,3 +82,12 @@ def s3(request):
 @pytest.fixture(scope="module", params=EXECUTION_MODES)
 def s4(request):
     yield from _cpu_strategy(4, request.param)
+
+
+@pytest.fixture
+def g2():
+    """A ReplicaGroup of two CPU replicas, closed after the test."""
+    import distvals as dv
+
+    with dv.ReplicaGroup(2) as g:
+        yield g

@@ -140,11 +140,16 @@ def test_one_worker_without_mpirun(tmp_path):
 
 
 @needs_mpi
-def test_a_failing_worker_aborts_the_job_quickly():
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_failing_worker_aborts_the_job_quickly(execution):
     """Worker 1 raises inside strategy.run while the others wait in an all-reduce: the
     job ends at once (not after the 60 s timeout), naming worker 1 and its replica."""
     t0 = time.monotonic()
-    proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "raise", "--replicas", "2", "--timeout", "60")
+    proc = mpirun(
+        3,
+        str(SCRIPTS / "check_failure.py"),
+        *("--mode", "raise", "--replicas", "2", "--timeout", "60", "--execution", execution),
+    )
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
@@ -157,11 +162,16 @@ def test_a_failing_worker_aborts_the_job_quickly():
 
 
 @needs_mpi
-def test_a_missing_worker_ends_the_job_after_the_timeout():
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_missing_worker_ends_the_job_after_the_timeout(execution):
     """Worker 1 never reaches strategy.reduce: the others give up after timeout_seconds
     (3 s) and abort the job with a message naming themselves and the timeout."""
     t0 = time.monotonic()
-    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), "--mode", "timeout", "--replicas", "2", "--timeout", "3")
+    proc = mpirun(
+        2,
+        str(SCRIPTS / "check_failure.py"),
+        *("--mode", "timeout", "--replicas", "2", "--timeout", "3", "--execution", execution),
+    )
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
@@ -293,7 +303,7 @@ def test_mpi_bench_checks_every_method_and_reports_the_ratio(tmp_path):
         "distvals.bench",
         "--mpi",
         "--sizes",
-        "64K,1M",
+        "1K,5M",
         "--iters",
         "3",
         "--min-iters",
@@ -306,12 +316,19 @@ def test_mpi_bench_checks_every_method_and_reports_the_ratio(tmp_path):
     assert proc.returncode == 0, out
     assert "2 worker(s) x 2 replica(s) = 4 replicas in sync" in proc.stdout, out
     doc = json.loads(report.read_text())
-    assert [r["bytes"] for r in doc["rows"]] == [64 << 10, 1 << 20]
+    assert [r["bytes"] for r in doc["rows"]] == [1 << 10, 5 << 20]
     for row in doc["rows"]:
         assert row["wrong"] == 0, row
-        for key in ("hier_us", "run_us", "mpi_w_us"):
+        # Two local replicas: the local steps are measured on their own, for the sum.
+        for key in ("hier_us", "run_us", "mpi_w_us", "local_us"):
             assert row[key] > 0, row
+        hier_over_sum = row["hier_us"] / (row["mpi_w_us"] + row["local_us"])
+        assert f"{hier_over_sum:.2f}" in proc.stdout, out
+        # 5 MiB crosses MPI in two chunks of the default 4 MiB: the unpipelined time is there
+        # too, for the pipeline's gain; 1 KiB is one chunk, so it has none.
         if row["mpi_wxr_us"] is None:  # spawning may be refused; then the table says why
             assert any("could not spawn" in n for n in doc["notes"]), doc
         else:
             assert f"{row['mpi_wxr_us'] / row['hier_us']:.2f}" in proc.stdout
+    assert doc["rows"][0]["one_chunk_us"] is None
+    assert doc["rows"][1]["one_chunk_us"] > 0

@@ -935,3 +935,40 @@ def test_without_a_gpu_default_devices_are_one_cpu_and_cpu_paths_work():
             np.testing.assert_array_equal(out.values[r], np.full(3, 3.0))
     finally:
         s.close()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no os.fork")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: fork with threads
+def test_a_gpu_strategy_made_before_a_fork_refuses_to_run_in_the_child(env):
+    """CUDA cannot be used in a forked child: a GPU strategy made before the fork raises a
+    RuntimeError there that says what to do; a CPU strategy works in the child, with
+    this step's values. The parent's strategy works either way."""
+    import os
+
+    s = env.strategy(2)
+
+    def step():
+        return dv.get_replica_context().all_reduce("sum", np.full(3, float(rid() + 1)))
+
+    s.run(step)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        code = 3
+        try:
+            out = s.run(step)
+            got = [host_of(x) for x in s.experimental_local_results(out)]
+            ok = all(np.array_equal(g, np.full(3, 3.0)) for g in got)
+            code = 0 if ok else 4
+        except RuntimeError as e:
+            refused = "created before os.fork()" in str(e) and "create the strategy in the child" in str(e)
+            code = 10 if refused else 5
+        except BaseException:
+            code = 6
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code == (10 if env.on_gpu else 0), f"child exit code {code}"
+    out = s.run(step)
+    for x in s.experimental_local_results(out):
+        np.testing.assert_array_equal(host_of(x), np.full(3, 3.0))

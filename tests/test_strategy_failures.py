@@ -821,3 +821,51 @@ def test_a_strategy_works_in_a_forked_child(execution):
     assert code == 0
     check_step(s.run(tagged_step, args=(7,)), 7, n)  # the parent's strategy is untouched
     s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_replica_group_works_in_a_forked_child():
+    """A group made (and used) before os.fork() works in the child in both call styles,
+    with distinct values per replica and sizes the engine splits over its threads, and
+    is untouched in the parent."""
+    n = 3
+    g = dv.ReplicaGroup(n, timeout_seconds=5.0)
+    small = [np.full(7, r + 1, np.float64) for r in range(n)]
+    g.all_reduce(small)
+    for r in range(n):
+        np.testing.assert_array_equal(small[r], np.full(7, 6.0), err_msg=f"replica {r}")
+
+    def child():
+        t0 = time.monotonic()
+        for count in (5, 1 << 20):
+            bufs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(n)]
+            want = np.arange(count, dtype=np.float64) * sum(range(1, n + 1))
+            g.all_reduce(bufs)
+            for r in range(n):
+                np.testing.assert_array_equal(bufs[r], want.astype(np.float32), err_msg=f"single call, replica {r}")
+            parts = [np.arange(count, dtype=np.float32) * (r + 2) for r in range(n)]
+            errors = [None] * n
+
+            def replica(r, parts=parts, errors=errors):
+                try:
+                    g.replica_all_reduce(r, parts[r], op="max")
+                except BaseException as e:
+                    errors[r] = e
+
+            threads = [threading.Thread(target=replica, args=(r,)) for r in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            assert errors == [None] * n, errors
+            for r in range(n):
+                np.testing.assert_array_equal(parts[r], np.arange(count, dtype=np.float32) * (n + 1))
+        assert time.monotonic() - t0 < 5
+
+    with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
+        code = _run_in_forked_child(child)
+    assert code == 0
+    g.all_reduce(small)  # the parent's group is untouched
+    for r in range(n):
+        np.testing.assert_array_equal(small[r], np.full(7, 18.0), err_msg=f"replica {r}")
+    g.close()

@@ -381,6 +381,23 @@ def test_save_and_load_round_trip(s2, tmp_path):
     np.testing.assert_array_equal(plain.numpy(), np.arange(4.0))
 
 
+def test_save_and_load_names_that_are_savez_arguments(tmp_path):
+    # np.savez(f, **arrays) took these keys for its own "file" and "allow_pickle"
+    # arguments: the first failed with a TypeError, the second was silently not saved.
+    a = dv.Variable(np.arange(3.0), name="file")
+    b = dv.Variable(np.ones(2, np.float32), name="allow_pickle")
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, [a, b])
+    with np.load(path) as data:
+        assert sorted(data.files) == ["allow_pickle", "file"]
+        np.testing.assert_array_equal(data["file"], np.arange(3.0))
+    a.assign(np.zeros(3))
+    b.assign(np.zeros(2, np.float32))
+    dv.load_variables(path, {"file": a, "allow_pickle": b})
+    np.testing.assert_array_equal(a.numpy(), np.arange(3.0))
+    np.testing.assert_array_equal(b.numpy(), np.ones(2, np.float32))
+
+
 def test_save_is_atomic(s2, tmp_path, monkeypatch):
     v = dv.Variable(np.ones(3), name="v")
     path = tmp_path / "ckpt.npz"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
-def as_host_array(obj, replica: int) -> np.ndarray:
+def as_host_array(obj: Any, replica: int) -> np.ndarray:
     """Return ``obj`` as a numpy array sharing its memory.
 
     Accepts numpy arrays, objects with ``__dlpack__`` living in host memory (torch CPU

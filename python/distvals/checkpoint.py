@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
@@ -59,7 +60,7 @@ def _require_cross_replica(what: str) -> None:
         )
 
 
-def save_variables(path: Union[str, os.PathLike], variables: Variables) -> None:
+def save_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> None:
     """Writes the variables' values to ``path`` (an ``.npz`` file) atomically: into a
     temporary file in the same directory first, then renamed over ``path``, so a crash
     never leaves a half-written checkpoint. Keys are the variables' names (without
@@ -85,7 +86,12 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            # What np.savez writes; np.savez(f, **arrays) would take a variable named
+            # "file" or "allow_pickle" for its own argument of that name.
+            with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                for key, a in arrays.items():
+                    with archive.open(key + ".npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.asanyarray(a))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -97,7 +103,7 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
         raise
 
 
-def load_variables(path: Union[str, os.PathLike], variables: Variables) -> None:
+def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> None:
     """Assigns the values stored in ``path`` to the variables (matched by key). Every
     key, shape and dtype is checked before any variable changes."""
     _require_cross_replica("load_variables")

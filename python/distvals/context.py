@@ -12,10 +12,17 @@ Each thread keeps its own stack of (strategy, replica context) entries:
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .local_extended import LocalExtended
+    from .options import CommunicationOptions
+    from .reduce_op import ReduceOp
     from .strategy import Strategy
+
+    # An entry of a thread's context stack: the strategy in force and the replica
+    # context, None in cross-replica context.
+    Entry = Tuple[Strategy, Optional["ReplicaContext"]]
 
 __all__ = [
     "ReplicaContext",
@@ -31,33 +38,36 @@ class _Local(threading.local):
     def __init__(self) -> None:
         # Entries are (strategy, replica_context or None); empty means the strategy set
         # with experimental_set_strategy, else the default.
-        self.stack: list = []
-        self.base: Optional[tuple] = None
+        self.stack: List[Entry] = []
+        self.base: Optional[Entry] = None
 
 
 _local = _Local()
-_default_strategy: Any = None
-_default_replica_context: Any = None
+_default_strategy: Optional[Strategy] = None
+_default_replica_context: Optional[ReplicaContext] = None
 # Set by distvals.strategy when it is imported: makes the default strategy. This module
 # needs no import of the strategy module (which imports this one).
-default_strategy_factory: Any = None
+default_strategy_factory: Optional[Callable[[], Strategy]] = None
 
 
-def _defaults() -> Tuple[Any, Any]:
+def _defaults() -> Entry:
     global _default_strategy, _default_replica_context
     if _default_strategy is None:
-        strategy = default_strategy_factory()
+        factory = default_strategy_factory
+        if factory is None:
+            raise RuntimeError("distvals.context: the default strategy is made once distvals.strategy is imported")
+        strategy = factory()
         _default_replica_context = strategy.extended._contexts[0]
         _default_strategy = strategy
     return _default_strategy, _default_replica_context
 
 
-def _stack() -> list:
+def _stack() -> List[Entry]:
     """This thread's context stack."""
     return _local.stack
 
 
-def _top() -> Tuple[Any, Any]:
+def _top() -> Entry:
     s = _local.stack
     if s:
         return s[-1]
@@ -148,7 +158,7 @@ class _Scope:
             _local.stack.append(self._entry)
         return strategy
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._again:
             self._again -= 1
             return
@@ -165,10 +175,10 @@ class _Scope:
 class _NullScope:
     """The default strategy's scope: nothing to enter."""
 
-    def __enter__(self):
+    def __enter__(self) -> Strategy:
         return _defaults()[0]
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -183,7 +193,7 @@ class CrossReplica:
     def __enter__(self) -> None:
         _local.stack.append(self._entry)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         s = _local.stack
         if s and s[-1] is self._entry:
             s.pop()
@@ -229,7 +239,7 @@ class ReplicaContext:
             )
         self._in_run = _in_run
         self._entry = (strategy, self)
-        self._ext: Any = None  # the strategy's extended object, set by it (a shortcut)
+        self._ext: Optional[LocalExtended] = None  # the strategy's extended object, set by it (a shortcut)
 
     @property
     def replica_id_in_sync_group(self) -> int:
@@ -238,10 +248,14 @@ class ReplicaContext:
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """How many replicas run each step in sync, over every worker of a multi-worker
+        strategy (1 in the default replica context)."""
         return self._num_replicas
 
     @property
     def strategy(self) -> Strategy:
+        """The strategy whose ``run`` this replica belongs to (the default strategy in the
+        default replica context)."""
         return self._strategy
 
     @property
@@ -264,7 +278,9 @@ class ReplicaContext:
             "call dv.get_replica_context() inside strategy.run and use that context"
         )
 
-    def all_reduce(self, reduce_op, value, options=None):
+    def all_reduce(
+        self, reduce_op: Union[ReduceOp, str], value: Any, options: Optional[CommunicationOptions] = None
+    ) -> Any:
         """All-reduce ``value`` (an array, number or nested structure of them) across the
         replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
         gets the result. Leaves of one dtype travel together in one engine call. Integer
@@ -276,13 +292,18 @@ class ReplicaContext:
             ext = self._strategy.extended
         return ext._replica_all_reduce(self, reduce_op, value, options)
 
-    def all_gather(self, value, axis: int, options=None):
+    def all_gather(self, value: Any, axis: int, options: Optional[CommunicationOptions] = None) -> Any:
         """Concatenate every replica's ``value`` (nested structures too) along ``axis``;
         sizes may differ along ``axis`` only."""
         self._require_current("all_gather")
         return self._strategy.extended._replica_all_gather(self, value, axis, options)
 
-    def merge_call(self, merge_fn, args=(), kwargs=None):
+    def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Any:
         """Run ``merge_fn(strategy, *args, **kwargs)`` once, in cross-replica context,
         after every replica has called ``merge_call``; arguments that differ across
         replicas arrive as PerReplica values. Every replica gets the result (its own part
@@ -300,7 +321,7 @@ class ReplicaContext:
         _local.stack.append(self._entry)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         s = _local.stack
         if not s or s[-1] is not self._entry:
             raise RuntimeError("replica contexts were exited out of order (or from another thread)")

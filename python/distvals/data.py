@@ -16,7 +16,8 @@ rows is a view of the arrays (no copy), a shuffled batch one vectorized gather.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator
+import typing
+from typing import Any, Callable, Iterator, List
 
 import numpy as np
 
@@ -38,7 +39,7 @@ def _is_structure(x: Any) -> bool:
     return isinstance(x, (tuple, dict))
 
 
-def _flatten(x: Any) -> list:
+def _flatten(x: Any) -> List[Any]:
     if isinstance(x, tuple):
         return [leaf for item in x for leaf in _flatten(item)]
     if isinstance(x, dict):
@@ -46,7 +47,7 @@ def _flatten(x: Any) -> list:
     return [x]
 
 
-def _pack(template: Any, leaves: list) -> Any:
+def _pack(template: Any, leaves: List[Any]) -> Any:
     it = iter(leaves)
 
     def build(t: Any) -> Any:
@@ -98,7 +99,7 @@ class _Rows:
 
     __slots__ = ("arrays", "selections", "template")
 
-    def __init__(self, template: Any, arrays: list, selections: Callable[[], Iterator[Any]]) -> None:
+    def __init__(self, template: Any, arrays: List[np.ndarray], selections: Callable[[], Iterator[Any]]) -> None:
         self.template = template
         self.arrays = arrays
         self.selections = selections
@@ -120,7 +121,7 @@ class _Rows:
         return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
 
 
-def _cut(selections: Iterator[Any], start: int, stop: Optional[int]) -> Iterator[Any]:
+def _cut(selections: Iterator[Any], start: int, stop: typing.Optional[int]) -> Iterator[Any]:
     """Rows ``start`` .. ``stop`` (None: to the end) of a stream of row selections."""
     seen = 0
     for sel in selections:
@@ -136,7 +137,7 @@ def _cut(selections: Iterator[Any], start: int, stop: Optional[int]) -> Iterator
 def _batches(selections: Iterator[Any], size: int, drop_remainder: bool) -> Iterator[Any]:
     """Row selections of ``size`` rows each, cut from a stream of selections; a batch
     that spans two selections becomes one index array."""
-    pending: list = []
+    pending: List[Any] = []
     have = 0
     for sel in selections:
         pos, n = 0, len(sel)
@@ -156,13 +157,13 @@ def _batches(selections: Iterator[Any], size: int, drop_remainder: bool) -> Iter
         yield _joined(pending)
 
 
-def _joined(pieces: list) -> Any:
+def _joined(pieces: List[Any]) -> Any:
     if len(pieces) == 1:
         return pieces[0]
     return np.concatenate([np.arange(p.start, p.stop) if isinstance(p, range) else p for p in pieces])
 
 
-def _shuffled_order(n: int, buffer_size: int, rng: Any) -> np.ndarray:
+def _shuffled_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
     """The order in which a buffer of ``buffer_size`` shuffles n elements: uniform when
     the buffer holds them all, else the streaming buffer of ``Dataset.shuffle``."""
     if buffer_size >= n:
@@ -200,7 +201,7 @@ class Dataset:
         description: str = "Dataset",
         spec: Any = None,
         cardinality: int = UNKNOWN_CARDINALITY,
-        rows: Optional[_Rows] = None,
+        rows: typing.Optional[_Rows] = None,
     ) -> None:
         self._make_iterator = make_iterator
         self._batched = batched
@@ -215,11 +216,11 @@ class Dataset:
         make: Callable[[], Iterator[Any]],
         description: str,
         *,
-        batched: Optional[bool] = None,
-        finite: Optional[bool] = None,
+        batched: typing.Optional[bool] = None,
+        finite: typing.Optional[bool] = None,
         spec: Any = None,
-        cardinality: Optional[int] = None,
-        rows: Optional[_Rows] = None,
+        cardinality: typing.Optional[int] = None,
+        rows: typing.Optional[_Rows] = None,
     ) -> Dataset:
         return Dataset(
             make,
@@ -318,7 +319,9 @@ class Dataset:
             cardinality=_card_batch(self._cardinality, batch_size, drop_remainder),
         )
 
-    def shuffle(self, buffer_size: int, seed: Optional[int] = None, reshuffle_each_iteration: bool = True) -> Dataset:
+    def shuffle(
+        self, buffer_size: int, seed: typing.Optional[int] = None, reshuffle_each_iteration: bool = True
+    ) -> Dataset:
         """Shuffles with a buffer of ``buffer_size`` elements (uniform when it holds the
         whole dataset). A seed makes the order reproducible; with
         ``reshuffle_each_iteration`` each pass still gets a different order."""
@@ -329,7 +332,7 @@ class Dataset:
         epoch = itertools.count()
         base = np.random.SeedSequence(seed) if seed is not None else None
 
-        def generator() -> Any:
+        def generator() -> np.random.Generator:
             e = next(epoch) if reshuffle_each_iteration else 0
             if base is None:
                 return np.random.default_rng()
@@ -352,7 +355,7 @@ class Dataset:
 
         def make() -> Iterator[Any]:
             rng = generator()
-            buf: list = []
+            buf: List[Any] = []
             for x in source:
                 if len(buf) < buffer_size:
                     buf.append(x)
@@ -367,11 +370,12 @@ class Dataset:
 
         return self._derived(make, description)
 
-    def repeat(self, count: Optional[int] = None) -> Dataset:
+    def repeat(self, count: typing.Optional[int] = None) -> Dataset:
         """The dataset ``count`` times over (forever for None or -1)."""
         if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < -1):
             raise ValueError(f"repeat: count must be None, -1 or a non-negative int, got {count!r}")
-        forever = count is None or count == -1
+        times = -1 if count is None else int(count)
+        forever = times == -1
         source = self
         card = self._cardinality
         if card == 0 or count == 0:
@@ -379,10 +383,10 @@ class Dataset:
         elif forever:
             new_card = INFINITE_CARDINALITY if card != UNKNOWN_CARDINALITY else UNKNOWN_CARDINALITY
         else:
-            new_card = card * int(count) if card >= 0 else card
+            new_card = card * times if card >= 0 else card
 
         def passes() -> Iterator[int]:
-            return itertools.count() if forever else iter(range(int(count)))
+            return itertools.count() if forever else iter(range(times))
 
         description = f"RepeatDataset({count})"
         finite = self._finite and not forever
@@ -448,7 +452,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
         return self._derived(lambda: itertools.islice(iter(source), count, None), description, cardinality=new_card)
 
-    def map(self, fn: Callable) -> Dataset:
+    def map(self, fn: Callable[..., Any]) -> Dataset:
         """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
         if not callable(fn):
             raise TypeError(f"map: fn must be callable, got {type(fn).__name__}")
@@ -489,7 +493,8 @@ class Dataset:
     def cardinality(self) -> np.int64:
         """The number of elements: ``INFINITE_CARDINALITY`` (-1) for a dataset that repeats
         forever, ``UNKNOWN_CARDINALITY`` (-2) when it cannot be known without reading it."""
-        return np.int64(self._cardinality)
+        card: np.int64 = np.int64(self._cardinality)  # numpy's stubs make this Any
+        return card
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -512,7 +517,7 @@ def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:
     return make
 
 
-def _stack(elements: list) -> Any:
+def _stack(elements: List[Any]) -> Any:
     first = elements[0]
     if not _is_structure(first):
         return np.stack([np.asarray(e) for e in elements])

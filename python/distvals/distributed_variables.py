@@ -8,7 +8,7 @@ family, count_up_to) follows the same rules in replica and cross-replica context
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from .variables import (
     coerce_value,
 )
 
+if TYPE_CHECKING:
+    from .cuda import DeviceArray
+
 __all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable"]
 
 
@@ -32,6 +35,7 @@ class DistributedVariable(DistributedValues, Variable):
     """A variable with one copy (a ``Variable``) per replica; ``.values`` are the copies."""
 
     _select_whole = True
+    _values: Tuple[Variable, ...]
 
     def __init__(
         self,
@@ -61,7 +65,7 @@ class DistributedVariable(DistributedValues, Variable):
     def device(self) -> str:
         return self._local_copy().device
 
-    def _read_meta(self) -> np.ndarray:
+    def _read_meta(self) -> Union[np.ndarray, DeviceArray]:
         return self._values[0]._value
 
     def _replica_context(self) -> Optional[context.ReplicaContext]:
@@ -80,7 +84,7 @@ class DistributedVariable(DistributedValues, Variable):
         ctx = self._replica_context()
         return self._values[ctx._replica_id if ctx is not None else 0]
 
-    def _current(self):
+    def _current(self) -> Any:
         ctx = self._replica_context()
         if ctx is not None:
             return self._values[ctx._replica_id]
@@ -90,10 +94,10 @@ class DistributedVariable(DistributedValues, Variable):
         part = self._current()
         return part._read() if isinstance(part, Variable) else part
 
-    def value(self) -> np.ndarray:
+    def value(self) -> Any:
         return self._read()
 
-    def read_value(self) -> np.ndarray:
+    def read_value(self) -> Any:
         return self._read()
 
     def _coerce_parts(self, value: Any, what: str) -> Any:
@@ -103,10 +107,10 @@ class DistributedVariable(DistributedValues, Variable):
 
     # Values compare element-wise like any variable (not by identity like other
     # distributed values).
-    def __eq__(self, o):  # type: ignore[override]
+    def __eq__(self, o: object) -> Any:
         return _equal(self.read_value(), o, np.equal)
 
-    def __ne__(self, o):  # type: ignore[override]
+    def __ne__(self, o: object) -> Any:
         return _equal(self.read_value(), o, np.not_equal)
 
     __hash__ = Variable.__hash__
@@ -138,7 +142,7 @@ def _merge_sparse_update(strategy: Any, var: MirroredVariable, kind: str, delta:
 class MirroredVariable(DistributedVariable, Mirrored):
     """A variable whose copies are kept equal by every update (see distvals.variables)."""
 
-    def _cross_replica_part(self):
+    def _cross_replica_part(self) -> Any:
         return self._values[0]
 
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
@@ -204,7 +208,7 @@ class SyncOnReadVariable(DistributedVariable):
     """A variable whose copies are combined only when read in cross-replica context
     (see distvals.variables)."""
 
-    def _cross_replica_part(self):
+    def _cross_replica_part(self) -> Any:
         agg = self._aggregation
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
             return self._values[0]._value
@@ -261,6 +265,9 @@ class SyncOnReadVariable(DistributedVariable):
         return self if read_value else None
 
     def count_up_to(self, limit: int) -> np.ndarray:
+        """As ``Variable.count_up_to``: inside ``strategy.run`` on the replica's own copy;
+        in cross-replica context on every copy, checked against the aggregated value
+        (ValueError for aggregation SUM, whose +1 could not be split across the copies)."""
         if self._replica_context() is None and self._aggregation is VariableAggregation.SUM:
             raise ValueError(
                 f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support count_up_to in "
@@ -270,7 +277,7 @@ class SyncOnReadVariable(DistributedVariable):
         return Variable.count_up_to(self, limit)
 
 
-def _split_sum(value: np.ndarray, n: int) -> list:
+def _split_sum(value: np.ndarray, n: int) -> List[np.ndarray]:
     """``n`` parts that sum to ``value``: value/n each for floats; for integers the
     quotient each, and the remainder spread one by one over the first copies, so that a
     saved counter of 7 over 2 copies loads as 4 + 3, never 3 + 3."""

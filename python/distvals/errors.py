@@ -1,6 +1,11 @@
 """Exceptions raised by distvals (all derive from Python's builtin ones)."""
 
+from typing import TYPE_CHECKING, Optional
+
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, CudaError, MismatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .replicas import Failure
 
 __all__ = [
     "AbortedError",
@@ -26,7 +31,7 @@ class OutOfRangeError(IndexError):
     iterator."""
 
 
-def replica_error(failure) -> BaseException:
+def replica_error(failure: "Failure") -> BaseException:
     """The exception ``strategy.run`` raises for a replica's failure: the same type, its
     message prefixed with ``replica k: ``, ``.replica == k``, the original chained as the
     cause (or the original itself when its type cannot be rebuilt; Ctrl-C and
@@ -36,7 +41,7 @@ def replica_error(failure) -> BaseException:
         return e
     prefix = f"replica {r}: "
     msg = str(e)
-    new = None
+    new: Optional[BaseException] = None
     if not msg.startswith(prefix):
         try:
             new = type(e)(prefix + msg)

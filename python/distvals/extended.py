@@ -8,7 +8,7 @@ their collectives.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,6 +57,8 @@ class StrategyExtended:
 
     @property
     def experimental_require_static_shapes(self) -> bool:
+        """Whether datasets must have static shapes (False: no distvals strategy needs them;
+        TensorFlow's TPU strategies say True)."""
         return False
 
     @property
@@ -76,6 +78,8 @@ class StrategyExtended:
 
     @property
     def experimental_between_graph(self) -> bool:
+        """Whether each worker runs its own copy of the program: True for
+        MultiWorkerMirroredStrategy, False for the strategies of one process."""
         return False
 
     def _destinations(self, destinations: Any, what: str) -> List[str]:
@@ -137,11 +141,15 @@ class StrategyExtended:
         write()
 
     # ---- running ---------------------------------------------------------------------------
-    def call_for_each_replica(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> Any:
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None
+    ) -> Any:
         """``fn(*args, **kwargs)`` once per replica: the same as ``strategy.run``."""
         return self._call_for_each_replica(fn, args, kwargs)
 
-    def _call_for_each_replica(self, fn: Callable, args: Sequence, kwargs: Optional[dict]) -> Any:
+    def _call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Optional[Dict[str, Any]]
+    ) -> Any:
         raise NotImplementedError
 
     # ---- variables ---------------------------------------------------------------------------
@@ -160,7 +168,12 @@ class StrategyExtended:
         return container if container is not None else value
 
     def update(
-        self, var: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+        group: bool = True,
     ) -> Any:
         """Runs ``fn(copy, *args, **kwargs)`` on each of ``var``'s per-replica copies (each
         getting its replica's part of distributed arguments) and returns the results,
@@ -208,7 +221,12 @@ class StrategyExtended:
         return contextlib.nullcontext()
 
     def update_non_slot(
-        self, colocate_with: Any, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, group: bool = True
+        self,
+        colocate_with: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+        group: bool = True,
     ) -> Any:
         """Runs ``fn(*args, **kwargs)`` once in cross-replica context (state that is not
         a variable's slot, such as an optimizer's step counter)."""
@@ -227,14 +245,23 @@ class StrategyExtended:
 
     # ---- collectives (LocalExtended implements them) -------------------------------------------
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
+        """Reduces ``value`` (a PerReplica, or a plain value present on every replica) with
+        ``reduce_op`` onto ``destinations``: a Mirrored with one copy per destination
+        device, or the value itself for one destination. Cross-replica context only."""
         raise NotImplementedError
 
     def batch_reduce_to(
         self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]], options: Any = None
     ) -> List[Any]:
+        """``reduce_to`` for each (value, destinations) pair; the results, in the pairs'
+        order. The distributed values are all-reduced together (small ones packed, one
+        engine call per dtype), as TensorFlow fuses gradients."""
         raise NotImplementedError
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Copies a value that is not per-replica to every destination device: a Mirrored,
+        or the value itself for one destination (ValueError for a PerReplica: reduce it
+        first). Cross-replica context only."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -216,14 +216,19 @@ class ReplicaGroup:
 
     @property
     def num_replicas(self) -> int:
+        """The number of replicas in the group."""
         return self._group.size
 
     @property
     def devices(self) -> List[str]:
+        """The replicas' device names, one per replica in replica order, in canonical form
+        (``["CPU:0", "CPU:1"]`` for ``ReplicaGroup(2)``)."""
         return self._group.devices
 
     @property
     def timeout_seconds(self) -> float:
+        """The bound on each wait in a collective, in seconds (``math.inf``: no timeout); the
+        ``replica_*`` calls may pass their own ``timeout_seconds``."""
         return self._group.timeout_seconds
 
     @property
@@ -241,10 +246,13 @@ class ReplicaGroup:
 
     @property
     def aborted(self) -> bool:
+        """True once the group is aborted (by ``abort()``, a timeout, Ctrl-C or a replica's
+        failure) until ``reset()``; collectives raise AbortedError meanwhile."""
         return self._group.aborted
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` has run; later calls raise ClosedError."""
         return self._group.closed
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ hold (bool, strings, ...) stay on the host.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -127,7 +127,7 @@ def place_element(element: Any, place: Optional[int]) -> Any:
     return one(element)
 
 
-def _gpu_places(strategy: Any, n: int, options: Any = None) -> Optional[tuple]:
+def _gpu_places(strategy: Any, n: int, options: Any = None) -> Optional[Tuple[int, ...]]:
     """Each replica's CUDA device when the strategy runs GPU replicas and ``options`` let
     elements go there (fetched to the device, or made on it), else None."""
     if (
@@ -175,7 +175,7 @@ class _Source:
         self._spec: Any = _UNSET
 
     def iterator(self) -> Iterator[Any]:
-        it = iter(self.dataset)
+        it: Iterator[Any] = iter(self.dataset)
         if it is self.dataset:
             self._begun = True
             if self._peeked is not None:
@@ -303,7 +303,7 @@ class DistributedIterator:
                     f"experimental_distribute_dataset: the components of a batch have different batch "
                     f"sizes: component 0 has {batch}, component {i} has {a.shape[0]}"
                 )
-        if on_gpu:
+        if self._places is not None:
             per_replica = []
             start = 0
             for size in split_batch_sizes(batch, n):
@@ -348,7 +348,7 @@ def _spec_of(spec_fn: Optional[Callable[[], Any]]) -> Any:
         return None
 
 
-def _split(a: Any, n: int) -> tuple:
+def _split(a: Any, n: int) -> Tuple[Any, ...]:
     """The n per-replica row ranges of ``a`` (views for host arrays)."""
     q, rem = divmod(a.shape[0], n)
     out = []
@@ -438,7 +438,8 @@ class _FromFunctionIterator(DistributedIterator):
         element_spec: Optional[Callable[[], Any]] = None,
     ) -> None:
         self._strategy = strategy
-        self._iterator = iterator
+        # None with one iterator per replica (``iterators``); only read without them.
+        self._iterator = iterator  # type: ignore[assignment]
         self._iterators = iterators
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
@@ -512,7 +513,9 @@ class DistributedDatasetsFromFunction(DistributedDataset):
         n = strategy.num_replicas_in_sync
         result = f"{what} (the dataset_fn result)"
         if mode is InputReplicationMode.PER_REPLICA:
-            self._datasets = [_iterable(dataset_fn(InputContext(n, r, n)), result) for r in range(n)]
+            self._datasets: Optional[List[Any]] = [
+                _iterable(dataset_fn(InputContext(n, r, n)), result) for r in range(n)
+            ]
             self._dataset = self._datasets[0]
         else:
             self._datasets = None

@@ -32,14 +32,21 @@ class InputContext:
 
     @property
     def num_input_pipelines(self) -> int:
+        """How many input pipelines (calls of ``dataset_fn``) feed the replicas: 1 in one
+        process, the number of workers for MultiWorkerMirroredStrategy, the number of
+        replicas with ``InputReplicationMode.PER_REPLICA``."""
         return self._num_input_pipelines
 
     @property
     def input_pipeline_id(self) -> int:
+        """Which input pipeline this call of ``dataset_fn`` builds, 0..num_input_pipelines-1
+        (the worker's rank, or the replica for PER_REPLICA); use it to shard the data."""
         return self._input_pipeline_id
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """How many replicas, over every worker, consume the input pipelines in each step
+        (the divisor of ``get_per_replica_batch_size``)."""
         return self._num_replicas_in_sync
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
@@ -74,10 +81,14 @@ class ValueContext:
 
     @property
     def replica_id_in_sync_group(self) -> int:
+        """The replica whose value ``value_fn`` is asked for, 0..num_replicas_in_sync-1 (its
+        global id, over every worker, in a multi-worker strategy)."""
         return self._replica_id
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """How many replicas are in sync, over every worker (``value_fn`` is called once for
+        each of them, by the process that runs it)."""
         return self._num_replicas
 
     def __repr__(self) -> str:

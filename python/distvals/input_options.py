@@ -33,7 +33,7 @@ class InputReplicationMode(enum.Enum):
     PER_REPLICA = "PER_REPLICA"
 
 
-_Fields = collections.namedtuple(
+_Fields = collections.namedtuple(  # type: ignore[name-match]  # typename: the public class's name
     "InputOptions",
     [
         "experimental_fetch_to_device",

@@ -7,7 +7,7 @@ with its own type (and the dict's own key order).
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 __all__ = [
     "assert_same_structure",
@@ -21,16 +21,16 @@ __all__ = [
 ]
 
 
-def _is_namedtuple(x) -> bool:
+def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
-def is_nested(x) -> bool:
+def is_nested(x: Any) -> bool:
     """True for the containers nest walks into: list, tuple (namedtuple too), dict."""
     return isinstance(x, (list, tuple, dict))
 
 
-def _sorted_keys(d: dict) -> list:
+def _sorted_keys(d: Dict[Any, Any]) -> List[Any]:
     try:
         return sorted(d)
     except TypeError:
@@ -38,14 +38,14 @@ def _sorted_keys(d: dict) -> list:
         return list(d)
 
 
-def flatten(structure) -> List[Any]:
+def flatten(structure: Any) -> List[Any]:
     """The leaves of ``structure`` in a deterministic order."""
     out: List[Any] = []
     _flatten_into(structure, out)
     return out
 
 
-def _flatten_into(x, out: list) -> None:
+def _flatten_into(x: Any, out: List[Any]) -> None:
     if isinstance(x, (list, tuple)):
         for item in x:
             if isinstance(item, (list, tuple, dict)):
@@ -59,7 +59,7 @@ def _flatten_into(x, out: list) -> None:
         out.append(x)
 
 
-def _rebuild(template, items: list):
+def _rebuild(template: Any, items: List[Any]) -> Any:
     if _is_namedtuple(template):
         return type(template)(*items)
     if isinstance(template, tuple):
@@ -69,7 +69,7 @@ def _rebuild(template, items: list):
     raise TypeError(f"cannot rebuild a {type(template).__name__}")
 
 
-def pack_sequence_as(structure, flat: Sequence[Any]):
+def pack_sequence_as(structure: Any, flat: Sequence[Any]) -> Any:
     """``structure`` with its leaves replaced, in order, by ``flat``."""
     flat = list(flat)
     it = iter(flat)
@@ -80,7 +80,7 @@ def pack_sequence_as(structure, flat: Sequence[Any]):
     return result
 
 
-def _pack(x, it):
+def _pack(x: Any, it: Iterator[Any]) -> Any:
     if isinstance(x, (list, tuple)):
         return _rebuild(x, [_pack(item, it) for item in x])
     if isinstance(x, dict):
@@ -96,7 +96,7 @@ def _pack(x, it):
         raise ValueError("pack_sequence_as: fewer leaves than the structure holds") from None
 
 
-def map_structure(fn: Callable, *structures):
+def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
     """Applies ``fn`` to corresponding leaves; the structures must match."""
     if not structures:
         raise ValueError("map_structure needs at least one structure")
@@ -109,7 +109,7 @@ def map_structure(fn: Callable, *structures):
     return pack_sequence_as(first, [fn(*leaves) for leaves in zip(*flats)])
 
 
-def describe(x) -> str:
+def describe(x: Any) -> str:
     """A short name of the container kind of ``x`` (for error messages)."""
     if _is_namedtuple(x):
         return f"{type(x).__name__} namedtuple of {len(x)}"
@@ -118,7 +118,7 @@ def describe(x) -> str:
     return "a single value"
 
 
-def structure_mismatch(a, b, path: str = "") -> Optional[str]:
+def structure_mismatch(a: Any, b: Any, path: str = "") -> Optional[str]:
     """None when ``a`` and ``b`` have the same nesting, else a description of the first
     difference (with its path)."""
     where = path or "the top level"
@@ -144,14 +144,14 @@ def structure_mismatch(a, b, path: str = "") -> Optional[str]:
     return None
 
 
-def assert_same_structure(a, b) -> None:
+def assert_same_structure(a: Any, b: Any) -> None:
     """Raises ValueError describing the first difference between the nestings."""
     why = structure_mismatch(a, b)
     if why is not None:
         raise ValueError(f"the two structures differ {why}")
 
 
-def paths(structure) -> List[str]:
+def paths(structure: Any) -> List[str]:
     """Where each leaf of ``structure`` sits, in ``flatten`` order: ``""`` for a single
     value, else ``"[0]"``, ``"['weights']"``, ``"['layer'][1]"`` (for error messages)."""
     out: List[str] = []
@@ -159,7 +159,7 @@ def paths(structure) -> List[str]:
     return out
 
 
-def _paths_into(x, path: str, out: list) -> None:
+def _paths_into(x: Any, path: str, out: List[str]) -> None:
     if isinstance(x, (list, tuple)):
         for i, item in enumerate(x):
             _paths_into(item, f"{path}[{i}]", out)

@@ -28,7 +28,7 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 TIMEOUT_ENV = "DISTVALS_TIMEOUT_SECONDS"
 
 
-def parse_timeout_seconds(value, what: str = "timeout_seconds") -> Optional[float]:
+def parse_timeout_seconds(value: object, what: str = "timeout_seconds") -> Optional[float]:
     """``value`` as a timeout in seconds: None stays None (the default), a positive int or
     float is kept exactly (sub-millisecond values too), ``math.inf`` means no timeout.
     TypeError for anything but a number (a string such as "5", a bool), ValueError for
@@ -67,7 +67,7 @@ def env_timeout_seconds() -> Optional[float]:
     return seconds
 
 
-def effective_timeout_seconds(value) -> Optional[float]:
+def effective_timeout_seconds(value: object) -> Optional[float]:
     """``value`` checked (see parse_timeout_seconds), or when None the environment's
     timeout (see env_timeout_seconds), or None for the built-in default."""
     seconds = parse_timeout_seconds(value)

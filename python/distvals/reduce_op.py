@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Any
 
 __all__ = ["ReduceOp"]
 
@@ -23,7 +23,7 @@ class ReduceOp(enum.Enum):
     PRODUCT = "PRODUCT"
 
     @staticmethod
-    def from_variable_aggregation(aggregation) -> ReduceOp:
+    def from_variable_aggregation(aggregation: Any) -> ReduceOp:
         """The reduce op of a ``VariableAggregation`` (SUM or MEAN); ValueError otherwise."""
         name = getattr(aggregation, "name", aggregation)
         if name == "SUM":
@@ -54,7 +54,7 @@ _ENGINE = {
 _ALIASES = {"PROD": ReduceOp.PRODUCT, "AVG": ReduceOp.MEAN, "AVERAGE": ReduceOp.MEAN}
 
 
-def as_reduce_op(op: Union[ReduceOp, str]) -> ReduceOp:
+def as_reduce_op(op: object) -> ReduceOp:
     """``op`` as a ReduceOp; strings in any case are accepted.
 
     Raises ValueError for an unknown name and TypeError for anything else.

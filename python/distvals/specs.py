@@ -29,19 +29,24 @@ class TensorSpec:
 
     def __init__(self, shape: Any, dtype: Any = np.float32, name: Optional[str] = None) -> None:
         self._shape: Shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
-        self._dtype = np.dtype(dtype)
+        self._dtype: np.dtype[Any] = np.dtype(dtype)
         self._name = name
 
     @property
     def shape(self) -> Shape:
+        """The shape as a tuple, None for each unknown dimension (such as the batch
+        dimension when the last batch may be smaller); None for an unknown rank."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The numpy dtype of the arrays the spec describes."""
         return self._dtype
 
     @property
     def name(self) -> Optional[str]:
+        """The name given to the constructor, or None (it takes part in ``==``, not in
+        ``is_compatible_with``)."""
         return self._name
 
     def is_compatible_with(self, value: Any) -> bool:

@@ -9,7 +9,7 @@ per-replica values in cross-replica context.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 from . import context, nest
 from .device_names import canonical_devices
@@ -18,6 +18,9 @@ from .local_extended import LocalExtended
 from .options import CommunicationOptions, CrossDeviceOps
 from .reduce_op import as_reduce_op
 from .values import DistributedValues, contains_distributed, regroup
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .input import DistributedDataset, DistributedDatasetsFromFunction, InputContext, ValueContext
 
 __all__ = ["MirroredStrategy", "OneDeviceStrategy", "RunOptions", "Strategy", "StrategyExtended"]
 
@@ -58,11 +61,13 @@ def _check_run_options(options: Any) -> None:
 class Strategy:
     """Distributes computation over a set of replicas (the tf.distribute.Strategy API)."""
 
-    def __init__(self, extended: StrategyExtended) -> None:
+    def __init__(self, extended: LocalExtended) -> None:
         self._extended = extended
 
     @property
-    def extended(self) -> StrategyExtended:
+    def extended(self) -> LocalExtended:
+        """The strategy's lower-level interface (``reduce_to``, ``update``, ``read_var``,
+        ``worker_devices``, ...), as ``tf.distribute.Strategy.extended``."""
         return self._extended
 
     @property
@@ -70,13 +75,19 @@ class Strategy:
         """How many replicas run each step."""
         return self._extended._n
 
-    def scope(self):
+    def scope(self) -> ContextManager[Strategy]:
         """A context manager making this the current strategy (cross-replica context);
         variables created inside are distributed. Entering another strategy's scope
         inside it is an error."""
         return context._Scope(self)
 
-    def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, options: Any = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+        options: Optional[RunOptions] = None,
+    ) -> Any:
         """Calls ``fn(*args, **kwargs)`` once per replica.
 
         DistributedValues anywhere in ``args``/``kwargs`` (lists, tuples, dicts,
@@ -133,25 +144,29 @@ class Strategy:
             return tuple(_select_all(r, value) for r in range(n))
         return (value,)
 
-    def experimental_distribute_dataset(self, dataset: Any, options: Any = None):
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> DistributedDataset:
         """Splits every global batch of ``dataset`` over the replicas (see
         ``distvals.input.DistributedDataset``)."""
         from .input import DistributedDataset
 
         return DistributedDataset(self, dataset, options)
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: Any = None
+    ) -> DistributedDatasetsFromFunction:
         """Calls ``dataset_fn(InputContext)`` and hands consecutive elements of the
         dataset it returns to consecutive replicas."""
         from .input import DistributedDatasetsFromFunction
 
         return DistributedDatasetsFromFunction(self, dataset_fn, options)
 
-    def experimental_distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
+    def experimental_distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: Any = None
+    ) -> DistributedDatasetsFromFunction:
         """TensorFlow's older name of ``distribute_datasets_from_function``."""
         return self.distribute_datasets_from_function(dataset_fn, options)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         """A PerReplica of ``value_fn(ValueContext(replica_id, num_replicas))`` per replica
         (always a PerReplica, also when every replica gets the same object)."""
         from .input import ValueContext, place_element
@@ -179,7 +194,7 @@ class Strategy:
         not enter the strategy's scope: use ``s.scope()`` for that)."""
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -270,7 +285,7 @@ class _DefaultStrategy(Strategy):
     def __init__(self) -> None:
         super().__init__(_DefaultExtended(self))
 
-    def scope(self):
+    def scope(self) -> ContextManager[Strategy]:
         return context._NullScope()
 
     def close(self) -> None:

@@ -9,13 +9,15 @@ array, since it is not one.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
 
 from . import context, nest
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica", "contains_distributed", "regroup", "select_replica"]
+
+_DV = TypeVar("_DV", bound="DistributedValues")
 
 
 class DistributedValues:
@@ -40,7 +42,7 @@ class DistributedValues:
         self._values = tuple(values)
 
     @classmethod
-    def _of(cls, values: Tuple[Any, ...]) -> DistributedValues:
+    def _of(cls: Type[_DV], values: Tuple[Any, ...]) -> _DV:
         """An instance over a non-empty tuple made by distvals itself (skips the checks of
         the public constructor, for hot paths such as splitting every batch)."""
         self = cls.__new__(cls)
@@ -52,10 +54,10 @@ class DistributedValues:
         """The per-replica parts, in replica order."""
         return self._values
 
-    def _cross_replica_part(self):
+    def _cross_replica_part(self) -> Any:
         raise NotImplementedError
 
-    def _current(self):
+    def _current(self) -> Any:
         """The part of the replica running this code, or the cross-replica stand-in."""
         ctx = context.current_run_context()
         if ctx is not None and ctx._num_replicas == len(self._values):
@@ -71,13 +73,13 @@ class DistributedValues:
         return f"{type(self).__name__}:{{\n{body}\n}}"
 
     # ---- numpy interoperability: the current part stands in for the value ----------
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
         part = self._current()
         if copy:
             return np.array(part, dtype=dtype, copy=True)
         return np.asarray(part, dtype=dtype)
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         inputs = tuple(x._current() if isinstance(x, DistributedValues) else x for x in inputs)
         out = kwargs.get("out")
         if out is not None:
@@ -85,110 +87,111 @@ class DistributedValues:
         return getattr(ufunc, method)(*inputs, **kwargs)
 
     # ---- operators ------------------------------------------------------------------
-    def __add__(self, o):
+    def __add__(self, o: Any) -> Any:
         return self._current() + _unwrap(o)
 
-    def __radd__(self, o):
+    def __radd__(self, o: Any) -> Any:
         return _unwrap(o) + self._current()
 
-    def __sub__(self, o):
+    def __sub__(self, o: Any) -> Any:
         return self._current() - _unwrap(o)
 
-    def __rsub__(self, o):
+    def __rsub__(self, o: Any) -> Any:
         return _unwrap(o) - self._current()
 
-    def __mul__(self, o):
+    def __mul__(self, o: Any) -> Any:
         return self._current() * _unwrap(o)
 
-    def __rmul__(self, o):
+    def __rmul__(self, o: Any) -> Any:
         return _unwrap(o) * self._current()
 
-    def __truediv__(self, o):
+    def __truediv__(self, o: Any) -> Any:
         return self._current() / _unwrap(o)
 
-    def __rtruediv__(self, o):
+    def __rtruediv__(self, o: Any) -> Any:
         return _unwrap(o) / self._current()
 
-    def __floordiv__(self, o):
+    def __floordiv__(self, o: Any) -> Any:
         return self._current() // _unwrap(o)
 
-    def __rfloordiv__(self, o):
+    def __rfloordiv__(self, o: Any) -> Any:
         return _unwrap(o) // self._current()
 
-    def __mod__(self, o):
+    def __mod__(self, o: Any) -> Any:
         return self._current() % _unwrap(o)
 
-    def __rmod__(self, o):
+    def __rmod__(self, o: Any) -> Any:
         return _unwrap(o) % self._current()
 
-    def __pow__(self, o):
+    def __pow__(self, o: Any) -> Any:
         return self._current() ** _unwrap(o)
 
-    def __rpow__(self, o):
+    def __rpow__(self, o: Any) -> Any:
         return _unwrap(o) ** self._current()
 
-    def __matmul__(self, o):
+    def __matmul__(self, o: Any) -> Any:
         return self._current() @ _unwrap(o)
 
-    def __rmatmul__(self, o):
+    def __rmatmul__(self, o: Any) -> Any:
         return _unwrap(o) @ self._current()
 
-    def __and__(self, o):
+    def __and__(self, o: Any) -> Any:
         return self._current() & _unwrap(o)
 
-    def __rand__(self, o):
+    def __rand__(self, o: Any) -> Any:
         return _unwrap(o) & self._current()
 
-    def __or__(self, o):
+    def __or__(self, o: Any) -> Any:
         return self._current() | _unwrap(o)
 
-    def __ror__(self, o):
+    def __ror__(self, o: Any) -> Any:
         return _unwrap(o) | self._current()
 
-    def __xor__(self, o):
+    def __xor__(self, o: Any) -> Any:
         return self._current() ^ _unwrap(o)
 
-    def __rxor__(self, o):
+    def __rxor__(self, o: Any) -> Any:
         return _unwrap(o) ^ self._current()
 
-    def __lt__(self, o):
+    def __lt__(self, o: Any) -> Any:
         return self._current() < _unwrap(o)
 
-    def __le__(self, o):
+    def __le__(self, o: Any) -> Any:
         return self._current() <= _unwrap(o)
 
-    def __gt__(self, o):
+    def __gt__(self, o: Any) -> Any:
         return self._current() > _unwrap(o)
 
-    def __ge__(self, o):
+    def __ge__(self, o: Any) -> Any:
         return self._current() >= _unwrap(o)
 
-    def __neg__(self):
+    def __neg__(self) -> Any:
         return -self._current()
 
-    def __pos__(self):
+    def __pos__(self) -> Any:
         return +self._current()
 
-    def __abs__(self):
+    def __abs__(self) -> Any:
         return abs(self._current())
 
-    def __invert__(self):
+    def __invert__(self) -> Any:
         return ~self._current()
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         return self._current()[key]
 
-    def __float__(self):
+    def __float__(self) -> float:
         return float(self._current())
 
-    def __int__(self):
+    def __int__(self) -> int:
         return int(self._current())
 
-    def __complex__(self):
+    def __complex__(self) -> complex:
         return complex(self._current())
 
-    def __index__(self):
-        return self._current().__index__()
+    def __index__(self) -> int:
+        index: int = self._current().__index__()
+        return index
 
     # Equality and hashing stay by identity, as for TensorFlow's distributed values, so
     # these objects can be dict keys and set members.
@@ -197,7 +200,7 @@ class DistributedValues:
     __hash__ = object.__hash__
 
 
-def _unwrap(o):
+def _unwrap(o: Any) -> Any:
     return o._current() if isinstance(o, DistributedValues) else o
 
 
@@ -210,7 +213,7 @@ class PerReplica(DistributedValues):
     ``strategy.run``.
     """
 
-    def _cross_replica_part(self):
+    def _cross_replica_part(self) -> NoReturn:
         raise TypeError(
             f"a PerReplica holds {len(self._values)} different per-replica values and cannot be "
             "used as one array outside a replica context; use strategy.run(fn, args=(value,)) "
@@ -226,10 +229,10 @@ class Mirrored(DistributedValues):
     inside ``strategy.run`` and to the first part outside.
     """
 
-    def _cross_replica_part(self):
+    def _cross_replica_part(self) -> Any:
         return self._values[0]
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         # Only reached for attributes the class does not have. Dunders are not delegated
         # so that copy, pickle and the like see the Mirrored itself.
         if name.startswith("__") or name == "_values":
@@ -253,6 +256,7 @@ def select_replica(replica: int, structure: Any) -> Any:
 def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
     """True when ``structure`` holds a DistributedValues that is split per replica;
     ValueError when one has a different number of parts than ``num_replicas``."""
+    leaves: List[Any]
     if isinstance(structure, DistributedValues):
         leaves = [structure]
     elif isinstance(structure, (list, tuple, dict)):
@@ -275,7 +279,7 @@ def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
 
 def regroup(
     per_replica: Sequence[Any],
-    wrap=None,
+    wrap: Optional[Callable[[Tuple[Any, ...]], Any]] = None,
     what: str = "strategy.run",
     scalars_by_identity: bool = True,
     always_wrap: bool = False,
@@ -313,7 +317,7 @@ def regroup(
         if nest.structure_mismatch(v0, per_replica[r]) is not None:
             _mismatch(per_replica, r, what)
     flats = [nest.flatten(v) for v in per_replica]
-    leaves = []
+    leaves: List[Any] = []
     for column in zip(*flats):
         c0 = column[0]
         if not always_wrap and all(c is c0 for c in column):

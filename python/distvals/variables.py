@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import enum
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import numpy as np
 
 from . import context, devices, kinds, sparse
 from .errors import OutOfRangeError
 from .values import DistributedValues
+
+if TYPE_CHECKING:
+    from .cuda import DeviceArray
 
 __all__ = [
     "DistributedVariable",
@@ -58,6 +61,8 @@ __all__ = [
     "VariableRef",
     "VariableSynchronization",
 ]
+
+_E = TypeVar("_E", bound=enum.Enum)
 
 
 class VariableSynchronization(enum.Enum):
@@ -78,7 +83,7 @@ class VariableAggregation(enum.Enum):
     ONLY_FIRST_REPLICA = 3
 
 
-def _enum(value: Any, enum_type, what: str):
+def _enum(value: Any, enum_type: Type[_E], what: str) -> _E:
     if isinstance(value, enum_type):
         return value
     if isinstance(value, str) and value.upper() in enum_type.__members__:
@@ -134,7 +139,7 @@ def _compatible(static: Optional[Tuple[Optional[int], ...]], shape: Tuple[int, .
 class _VariableMeta(type):
     """``Variable(...)`` picks the kind of variable the strategy in force wants."""
 
-    def __call__(cls, *args: Any, **kwargs: Any):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable:
             return _create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
@@ -149,7 +154,7 @@ def _create_variable(
     variable_def: Any = None,
     dtype: Any = None,
     import_scope: Any = None,
-    constraint: Optional[Callable] = None,
+    constraint: Optional[Callable[[Any], Any]] = None,
     synchronization: Any = VariableSynchronization.AUTO,
     aggregation: Any = VariableAggregation.NONE,
     shape: Any = None,
@@ -190,7 +195,7 @@ def _create_variable(
     return _create(_initial_array(initial_value, dtype), spec)
 
 
-def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> Variable:
+def _create_in_replica(ctx: context.ReplicaContext, initial_value: Any, spec: Dict[str, Any]) -> Variable:
     """Inside ``strategy.run``: every replica computes its initial value, then one
     variable is made (in cross-replica context, from the first replica's value) and every
     replica gets that same object, as TensorFlow's MirroredStrategy does."""
@@ -203,10 +208,11 @@ def _create_in_replica(ctx: Any, initial_value: Any, spec: dict) -> Variable:
             first = first.values[0]
         return _create(first, spec)
 
-    return ctx.merge_call(create, args=(value,))
+    var: Variable = ctx.merge_call(create, args=(value,))
+    return var
 
 
-def _create(value: np.ndarray, spec: dict) -> Variable:
+def _create(value: np.ndarray, spec: Dict[str, Any]) -> Variable:
     from .distributed_variables import MirroredVariable, SyncOnReadVariable
 
     base, sync, agg = spec["name"], spec["synchronization"], spec["aggregation"]
@@ -219,13 +225,14 @@ def _create(value: np.ndarray, spec: dict) -> Variable:
     if len(places) != len(ext._devices):
         places = (None,) * len(ext._devices)
     fixed = spec["validate_shape"] and (static is None or None not in static)
-    common = dict(
+    common: Dict[str, Any] = dict(
         trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value, fixed_shape=fixed
     )
     if not context.has_strategy() or not getattr(ext, "_distributed_variables", False):
-        return type.__call__(
+        single: Variable = type.__call__(
             Variable, _placed(value, places[0]), name=base, synchronization=sync, device=ext._devices[0], **common
         )
+        return single
     if sync is VariableSynchronization.NONE:
         raise ValueError(
             f"Variable '{base}': synchronization NONE is not supported under a distribution strategy; "
@@ -240,7 +247,7 @@ def _create(value: np.ndarray, spec: dict) -> Variable:
         sync = VariableSynchronization.ON_WRITE  # what AUTO means for a mirrored variable, as TF reports
     value = ext._initial_value(value)
     common["initial"] = value
-    copies = []
+    copies: List[Variable] = []
     for r, device in enumerate(ext._devices):
         copy_name = base if r == 0 else f"{base}/replica_{r}"
         if places[r] is not None:
@@ -250,7 +257,7 @@ def _create(value: np.ndarray, spec: dict) -> Variable:
             stored.flags.writeable = False
         copies.append(type.__call__(Variable, stored, name=copy_name, synchronization=sync, device=device, **common))
     kind = SyncOnReadVariable if sync is VariableSynchronization.ON_READ else MirroredVariable
-    container = type.__call__(kind, strategy, tuple(copies), base, sync, agg, spec["trainable"])
+    container: DistributedVariable = type.__call__(kind, strategy, tuple(copies), base, sync, agg, spec["trainable"])
     container._constraint = spec["constraint"]
     container._initial = value
     container._fixed_shape = fixed
@@ -332,38 +339,75 @@ class Variable(metaclass=_VariableMeta):
     ``v.ref()`` as a dict key.
     """
 
-    def __init__(
-        self,
-        value: np.ndarray,
-        *,
-        trainable: bool,
-        name: str,
-        synchronization: VariableSynchronization,
-        aggregation: VariableAggregation,
-        device: str,
-        constraint: Optional[Callable] = None,
-        initial: Any = None,
-        fixed_shape: bool = True,
-    ) -> None:
-        self._value = value
-        self._trainable = bool(trainable)
-        self._name = name
-        self._synchronization = synchronization
-        self._aggregation = aggregation
-        self._device = device
-        self._constraint = constraint
-        self._initial = value if initial is None else initial
-        self._fixed_shape = fixed_shape
+    # A copy's stored value: a read-only numpy array, or a read-only DeviceArray for a
+    # copy on a GPU.
+    _value: Union[np.ndarray, DeviceArray]
+    _trainable: bool
+    _name: str
+    _synchronization: VariableSynchronization
+    _aggregation: VariableAggregation
+    _device: str
+    _constraint: Optional[Callable[[Any], Any]]
+    _initial: np.ndarray
+    _fixed_shape: bool
+    # Set on the copies of a distributed variable (see extended.value_container).
+    _distributed_container: weakref.ref[DistributedVariable]
+
+    if TYPE_CHECKING:
+        # ``Variable(...)`` goes through _VariableMeta to _create_variable: this is the
+        # signature its callers see. (distvals makes the copies with the one below.)
+        def __init__(
+            self,
+            initial_value: Any = None,
+            trainable: Optional[bool] = None,
+            validate_shape: bool = True,
+            caching_device: Any = None,
+            name: Optional[str] = None,
+            variable_def: Any = None,
+            dtype: Any = None,
+            import_scope: Any = None,
+            constraint: Optional[Callable[[Any], Any]] = None,
+            synchronization: Any = VariableSynchronization.AUTO,
+            aggregation: Any = VariableAggregation.NONE,
+            shape: Any = None,
+            experimental_enable_variable_lifting: bool = True,
+        ) -> None: ...
+
+    else:
+
+        def __init__(
+            self,
+            value: Union[np.ndarray, DeviceArray],
+            *,
+            trainable: bool,
+            name: str,
+            synchronization: VariableSynchronization,
+            aggregation: VariableAggregation,
+            device: str,
+            constraint: Optional[Callable[[Any], Any]] = None,
+            initial: Optional[np.ndarray] = None,
+            fixed_shape: bool = True,
+        ) -> None:
+            self._value = value
+            self._trainable = bool(trainable)
+            self._name = name
+            self._synchronization = synchronization
+            self._aggregation = aggregation
+            self._device = device
+            self._constraint = constraint
+            self._initial = value if initial is None else initial
+            self._fixed_shape = fixed_shape
 
     # ---- reading ------------------------------------------------------------------------
-    def _read(self) -> np.ndarray:
+    def _read(self) -> Any:
         return self._value
 
-    def value(self) -> np.ndarray:
-        """The current value (a read-only array that later updates leave alone)."""
+    def value(self) -> Any:
+        """The current value (a read-only array that later updates leave alone): a numpy
+        array, or a DeviceArray for a copy on a GPU."""
         return self._read()
 
-    def read_value(self) -> np.ndarray:
+    def read_value(self) -> Any:
         """The current value, as ``value()``; for a SyncOnReadVariable in cross-replica
         context, the aggregate of its copies."""
         return self._read()
@@ -373,11 +417,11 @@ class Variable(metaclass=_VariableMeta):
         a = np.array(devices.to_host(self.read_value()), copy=True)
         return a[()] if a.ndim == 0 else a
 
-    def sparse_read(self, indices: Any, name: Any = None) -> np.ndarray:
+    def sparse_read(self, indices: Any, name: Any = None) -> Any:
         """The rows ``indices`` of the value (along its first axis)."""
         return self._on_home(sparse.take_rows(devices.to_host(self.read_value()), indices, "sparse_read"))
 
-    def gather_nd(self, indices: Any, name: Any = None) -> np.ndarray:
+    def gather_nd(self, indices: Any, name: Any = None) -> Any:
         """The value gathered at ``indices``, whose last axis addresses the leading axes
         (``tf.gather_nd``)."""
         return self._on_home(sparse.gather_nd(devices.to_host(self.read_value()), indices, "gather_nd"))
@@ -391,10 +435,15 @@ class Variable(metaclass=_VariableMeta):
 
     @property
     def name(self) -> str:
+        """The name with TensorFlow's output suffix, e.g. "v:0" ("Variable:0" by default;
+        a distributed variable's copies after the first are "v/replica_1:0", ...)."""
         return f"{self._name}:0"
 
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The shape of the current value, a tuple of ints. It is fixed unless the variable
+        was made with ``validate_shape=False`` or a ``shape`` with unknown dimensions; then
+        assigning a value of another shape changes it."""
         return tuple(self._read_meta().shape)
 
     def get_shape(self) -> Tuple[int, ...]:
@@ -412,14 +461,17 @@ class Variable(metaclass=_VariableMeta):
             )
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype, fixed at creation: every update converts to it exactly or
+        raises TypeError."""
         return self._read_meta().dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions of the value (``len(shape)``)."""
         return self._read_meta().ndim
 
-    def _read_meta(self) -> np.ndarray:
+    def _read_meta(self) -> Union[np.ndarray, DeviceArray]:
         return self._value
 
     @property
@@ -428,20 +480,27 @@ class Variable(metaclass=_VariableMeta):
         return self._initial
 
     @property
-    def constraint(self) -> Optional[Callable]:
+    def constraint(self) -> Optional[Callable[[Any], Any]]:
         """The ``constraint`` given at creation (optimizers apply it after each update)."""
         return self._constraint
 
     @property
     def trainable(self) -> bool:
+        """Whether optimizers should train the variable (by default True, and False for
+        ON_READ variables such as metrics, as in TensorFlow)."""
         return self._trainable
 
     @property
     def synchronization(self) -> VariableSynchronization:
+        """When the copies are synchronized (a VariableSynchronization); AUTO reads as
+        ON_WRITE on a MirroredVariable, as TensorFlow reports it."""
         return self._synchronization
 
     @property
     def aggregation(self) -> VariableAggregation:
+        """How the replicas' updates inside ``strategy.run`` combine (a
+        VariableAggregation), and for an ON_READ variable how its copies combine when read
+        in cross-replica context."""
         return self._aggregation
 
     @property
@@ -518,43 +577,73 @@ class Variable(metaclass=_VariableMeta):
     # The scatter family: rows of the first axis, from an IndexedSlices(values, indices).
     def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Sets rows ``sparse_delta.indices`` to ``sparse_delta.values``."""
-        return self._update("scatter_update", sparse_delta, True)
+        updated: Variable = self._update("scatter_update", sparse_delta, True)
+        return updated
 
     def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Adds ``sparse_delta.values`` to rows ``sparse_delta.indices`` (repeats add up)."""
-        return self._update("scatter_add", sparse_delta, True)
+        updated: Variable = self._update("scatter_add", sparse_delta, True)
+        return updated
 
     def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
-        return self._update("scatter_sub", sparse_delta, True)
+        """Subtracts ``sparse_delta.values`` from rows ``sparse_delta.indices`` (a repeated
+        index subtracts each of its updates); returns the variable."""
+        updated: Variable = self._update("scatter_sub", sparse_delta, True)
+        return updated
 
     def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
-        return self._update("scatter_mul", sparse_delta, True)
+        """Multiplies rows ``sparse_delta.indices`` by ``sparse_delta.values`` (a repeated
+        index multiplies by each of its updates); returns the variable."""
+        updated: Variable = self._update("scatter_mul", sparse_delta, True)
+        return updated
 
     def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
         """Divides rows (integers truncate toward zero, as TensorFlow's kernel)."""
-        return self._update("scatter_div", sparse_delta, True)
+        updated: Variable = self._update("scatter_div", sparse_delta, True)
+        return updated
 
     def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
-        return self._update("scatter_min", sparse_delta, True)
+        """Sets rows ``sparse_delta.indices`` to their element-wise minimum with
+        ``sparse_delta.values``; returns the variable."""
+        updated: Variable = self._update("scatter_min", sparse_delta, True)
+        return updated
 
     def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: Any = None) -> Variable:
-        return self._update("scatter_max", sparse_delta, True)
+        """Sets rows ``sparse_delta.indices`` to their element-wise maximum with
+        ``sparse_delta.values``; returns the variable."""
+        updated: Variable = self._update("scatter_max", sparse_delta, True)
+        return updated
 
     # scatter_nd: indices[..., :K] address the first K axes.
     def scatter_nd_update(self, indices: Any, updates: Any, name: Any = None) -> Variable:
-        return self._update("scatter_nd_update", (indices, updates), True)
+        """Sets the elements (or slices) that ``indices`` address to ``updates``, as
+        ``tf.Variable.scatter_nd_update``; returns the variable."""
+        updated: Variable = self._update("scatter_nd_update", (indices, updates), True)
+        return updated
 
     def scatter_nd_add(self, indices: Any, updates: Any, name: Any = None) -> Variable:
-        return self._update("scatter_nd_add", (indices, updates), True)
+        """Adds ``updates`` to the elements (or slices) that ``indices`` address (repeats add
+        up); returns the variable."""
+        updated: Variable = self._update("scatter_nd_add", (indices, updates), True)
+        return updated
 
     def scatter_nd_sub(self, indices: Any, updates: Any, name: Any = None) -> Variable:
-        return self._update("scatter_nd_sub", (indices, updates), True)
+        """Subtracts ``updates`` from the elements (or slices) that ``indices`` address
+        (repeats subtract each update); returns the variable."""
+        updated: Variable = self._update("scatter_nd_sub", (indices, updates), True)
+        return updated
 
     def scatter_nd_min(self, indices: Any, updates: Any, name: Any = None) -> Variable:
-        return self._update("scatter_nd_min", (indices, updates), True)
+        """Sets the elements (or slices) that ``indices`` address to their element-wise
+        minimum with ``updates``; returns the variable."""
+        updated: Variable = self._update("scatter_nd_min", (indices, updates), True)
+        return updated
 
     def scatter_nd_max(self, indices: Any, updates: Any, name: Any = None) -> Variable:
-        return self._update("scatter_nd_max", (indices, updates), True)
+        """Sets the elements (or slices) that ``indices`` address to their element-wise
+        maximum with ``updates``; returns the variable."""
+        updated: Variable = self._update("scatter_nd_max", (indices, updates), True)
+        return updated
 
     def count_up_to(self, limit: int) -> np.ndarray:
         """Adds 1 and returns the value from before, or raises OutOfRangeError once the
@@ -574,124 +663,124 @@ class Variable(metaclass=_VariableMeta):
         self._update("assign_add", one, False)
 
     # ---- behaving as the value ------------------------------------------------------------
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
         a = self.read_value()
         if copy:
             return np.array(a, dtype=dtype, copy=True)
         return np.asarray(a, dtype=dtype)
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         inputs = tuple(_unwrap(x) for x in inputs)
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(x) for x in kwargs["out"])
         return getattr(ufunc, method)(*inputs, **kwargs)
 
-    def __add__(self, o):
+    def __add__(self, o: Any) -> Any:
         return self.read_value() + _unwrap(o)
 
-    def __radd__(self, o):
+    def __radd__(self, o: Any) -> Any:
         return _unwrap(o) + self.read_value()
 
-    def __sub__(self, o):
+    def __sub__(self, o: Any) -> Any:
         return self.read_value() - _unwrap(o)
 
-    def __rsub__(self, o):
+    def __rsub__(self, o: Any) -> Any:
         return _unwrap(o) - self.read_value()
 
-    def __mul__(self, o):
+    def __mul__(self, o: Any) -> Any:
         return self.read_value() * _unwrap(o)
 
-    def __rmul__(self, o):
+    def __rmul__(self, o: Any) -> Any:
         return _unwrap(o) * self.read_value()
 
-    def __truediv__(self, o):
+    def __truediv__(self, o: Any) -> Any:
         return self.read_value() / _unwrap(o)
 
-    def __rtruediv__(self, o):
+    def __rtruediv__(self, o: Any) -> Any:
         return _unwrap(o) / self.read_value()
 
-    def __floordiv__(self, o):
+    def __floordiv__(self, o: Any) -> Any:
         return self.read_value() // _unwrap(o)
 
-    def __rfloordiv__(self, o):
+    def __rfloordiv__(self, o: Any) -> Any:
         return _unwrap(o) // self.read_value()
 
-    def __mod__(self, o):
+    def __mod__(self, o: Any) -> Any:
         return self.read_value() % _unwrap(o)
 
-    def __rmod__(self, o):
+    def __rmod__(self, o: Any) -> Any:
         return _unwrap(o) % self.read_value()
 
-    def __pow__(self, o):
+    def __pow__(self, o: Any) -> Any:
         return self.read_value() ** _unwrap(o)
 
-    def __rpow__(self, o):
+    def __rpow__(self, o: Any) -> Any:
         return _unwrap(o) ** self.read_value()
 
-    def __matmul__(self, o):
+    def __matmul__(self, o: Any) -> Any:
         return self.read_value() @ _unwrap(o)
 
-    def __rmatmul__(self, o):
+    def __rmatmul__(self, o: Any) -> Any:
         return _unwrap(o) @ self.read_value()
 
-    def __and__(self, o):
+    def __and__(self, o: Any) -> Any:
         return self.read_value() & _unwrap(o)
 
-    def __rand__(self, o):
+    def __rand__(self, o: Any) -> Any:
         return _unwrap(o) & self.read_value()
 
-    def __or__(self, o):
+    def __or__(self, o: Any) -> Any:
         return self.read_value() | _unwrap(o)
 
-    def __ror__(self, o):
+    def __ror__(self, o: Any) -> Any:
         return _unwrap(o) | self.read_value()
 
-    def __xor__(self, o):
+    def __xor__(self, o: Any) -> Any:
         return self.read_value() ^ _unwrap(o)
 
-    def __rxor__(self, o):
+    def __rxor__(self, o: Any) -> Any:
         return _unwrap(o) ^ self.read_value()
 
-    def __lt__(self, o):
+    def __lt__(self, o: Any) -> Any:
         return self.read_value() < _unwrap(o)
 
-    def __le__(self, o):
+    def __le__(self, o: Any) -> Any:
         return self.read_value() <= _unwrap(o)
 
-    def __gt__(self, o):
+    def __gt__(self, o: Any) -> Any:
         return self.read_value() > _unwrap(o)
 
-    def __ge__(self, o):
+    def __ge__(self, o: Any) -> Any:
         return self.read_value() >= _unwrap(o)
 
-    def __neg__(self):
+    def __neg__(self) -> Any:
         return -self.read_value()
 
-    def __pos__(self):
+    def __pos__(self) -> Any:
         return +self.read_value()
 
-    def __abs__(self):
+    def __abs__(self) -> Any:
         return abs(self.read_value())
 
-    def __invert__(self):
+    def __invert__(self) -> Any:
         return ~self.read_value()
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         return self.read_value()[key]
 
-    def __float__(self):
+    def __float__(self) -> float:
         return float(self.read_value())
 
-    def __int__(self):
+    def __int__(self) -> int:
         return int(self.read_value())
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.read_value())
 
-    def __eq__(self, o):  # type: ignore[override]
+    def __eq__(self, o: object) -> Any:
         return _equal(self.read_value(), o, np.equal)
 
-    def __ne__(self, o):  # type: ignore[override]
+    def __ne__(self, o: object) -> Any:
         return _equal(self.read_value(), o, np.not_equal)
 
     def __hash__(self) -> int:

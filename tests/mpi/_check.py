@@ -26,6 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", default="")
     p.add_argument("--dir", default="")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--execution", default="auto", choices=["auto", "inline", "threads"])
     return p.parse_args(argv)
 
 
@@ -38,7 +39,7 @@ def counts_of(spec: str, size: int) -> List[int]:
     return [local_count(spec, r) for r in range(size)]
 
 
-def make_strategy(spec: str, timeout: float = 60.0):
+def make_strategy(spec: str, timeout: float = 60.0, execution: str = "auto"):
     from mpi4py import MPI
 
     import distvals as dv
@@ -46,7 +47,9 @@ def make_strategy(spec: str, timeout: float = 60.0):
     rank = MPI.COMM_WORLD.Get_rank()
     n = local_count(spec, rank)
     return dv.MultiWorkerMirroredStrategy(
-        [f"CPU:{i}" for i in range(n)], communication_options=dv.CommunicationOptions(timeout_seconds=timeout)
+        [f"CPU:{i}" for i in range(n)],
+        communication_options=dv.CommunicationOptions(timeout_seconds=timeout),
+        execution=execution,
     )
 
 

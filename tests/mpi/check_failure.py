@@ -28,7 +28,7 @@ import distvals as dv
 def main() -> int:
     a = parse_args()
     rank = MPI.COMM_WORLD.Get_rank()
-    s = make_strategy(a.replicas, a.timeout)
+    s = make_strategy(a.replicas, a.timeout, a.execution)
 
     def step(i):
         ctx = dv.get_replica_context()

@@ -9,9 +9,12 @@ import os
 import platform
 import shlex
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .peers import bench_data as bd
+
+if TYPE_CHECKING:
+    from .results import Report
 
 __all__ = ["build_plan", "main", "parse_args", "parse_size", "sweep_sizes"]
 
@@ -180,7 +183,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return a
 
 
-def _machine() -> dict:
+def _machine() -> Dict[str, Any]:
     import numpy as np
 
     from .. import __version__
@@ -212,7 +215,7 @@ def _machine() -> dict:
     }
 
 
-def _measure(a: argparse.Namespace, command: str):
+def _measure(a: argparse.Namespace, command: str) -> Report:
     from .. import _core
     from .core import ALGORITHMS
     from .results import Report
@@ -246,7 +249,7 @@ def _measure(a: argparse.Namespace, command: str):
             _core.set_streaming_store_min_bytes(previous)
 
 
-def _sweep(a: argparse.Namespace, report, plan: List[Tuple[int, int]], algos: List[str]):
+def _sweep(a: argparse.Namespace, report: Report, plan: List[Tuple[int, int]], algos: List[str]) -> Report:
     """The measurements of :func:`_measure`, into ``report``."""
     from .compare import run_peer
     from .core import has_strategy, mode_label, strategy_modes, sweep_distvals

@@ -46,7 +46,7 @@ def _tail(path: str, lines: int = 4) -> str:
     return " | ".join(text[-lines:])
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     """Stop the runner and everything it started (its own process group)."""
     if proc.poll() is not None:
         return

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from .. import _core
 from .memory import BoundMeter, cache_levels
 from .peers import bench_data as bd
 from .results import Row
+
+if TYPE_CHECKING:
+    from ..group import ReplicaGroup
+    from ..strategy import MirroredStrategy, Strategy
 
 __all__ = [
     "ALGORITHMS",
@@ -84,7 +88,7 @@ def _fresh_outputs(bufs: Sequence[np.ndarray]) -> List[np.ndarray]:
 
 
 def measure_group(
-    group,
+    group: ReplicaGroup,
     bufs: Sequence[np.ndarray],
     dtype: str,
     op: str,
@@ -167,16 +171,22 @@ def mode_label(mode: Optional[str]) -> str:
     return mode if mode is not None else "default"
 
 
-def make_strategy(n: int, mode: Optional[str] = None):
+def make_strategy(n: int, mode: Optional[str] = None) -> MirroredStrategy:
     """A distvals MirroredStrategy over CPU:0 .. CPU:n-1 (default cross-device ops)."""
     import distvals
 
-    kwargs = {} if mode is None else {"execution": mode}
+    kwargs: Dict[str, Any] = {} if mode is None else {"execution": mode}
     return distvals.MirroredStrategy([f"CPU:{i}" for i in range(n)], **kwargs)
 
 
 def measure_strategy(
-    strategy, arrays: Sequence[np.ndarray], dtype: str, op: str, iters: int, group=None, mode: Optional[str] = None
+    strategy: Strategy,
+    arrays: Sequence[np.ndarray],
+    dtype: str,
+    op: str,
+    iters: int,
+    group: Optional[ReplicaGroup] = None,
+    mode: Optional[str] = None,
 ) -> List[Row]:
     """The strategy rows of one size: ``strategy.run(fn)`` with ``fn`` calling
     ``ReplicaContext.all_reduce``, and with a trivial ``fn``.
@@ -197,13 +207,14 @@ def measure_strategy(
     reduce_op = _STRATEGY_OPS[op]
     label = mode_label(mode)
 
-    def fresh():
+    def fresh() -> Any:
         return strategy.experimental_distribute_values_from_function(lambda ctx: arrays[ctx.replica_id_in_sync_group])
 
-    def step(x):
-        return distvals.get_replica_context().all_reduce(reduce_op, x)
+    def step(x: Any) -> Any:
+        # Inside strategy.run there is always a replica context.
+        return distvals.get_replica_context().all_reduce(reduce_op, x)  # type: ignore[union-attr]
 
-    def trivial(x):
+    def trivial(x: Any) -> None:
         return None
 
     out = strategy.run(step, args=(fresh(),))
@@ -231,7 +242,7 @@ def measure_strategy(
     t_iters = max(iters, _TRIVIAL_MIN_ITERS)
     trivial_us = _python_loop_us(lambda: run(trivial, args=(values,)), t_iters, bd.warmup_for(t_iters))
     nbytes = count * arrays[0].itemsize
-    common = dict(
+    common: Dict[str, Any] = dict(
         impl="distvals",
         algorithm="auto",
         replicas=n,
@@ -267,7 +278,7 @@ def sweep_distvals(
     notes: Optional[List[str]] = None,
     out_of_place: bool = False,
     modes: Optional[Sequence[Optional[str]]] = None,
-) -> Tuple[List[Row], List[dict]]:
+) -> Tuple[List[Row], List[Dict[str, Any]]]:
     """All distvals rows and memory bounds for one replica count over a size plan.
 
     The memory bound (see memory.py) is measured on each size's own buffers before the
@@ -282,8 +293,8 @@ def sweep_distvals(
     itemsize = bd.resolve_dtype(dtype).itemsize
     caches, _ = cache_levels()
     rows: List[Row] = []
-    bounds: List[dict] = []
-    strategies: List[Tuple[Optional[str], object]] = []
+    bounds: List[Dict[str, Any]] = []
+    strategies: List[Tuple[Optional[str], Optional[MirroredStrategy]]] = []
     if strategy_level:
         for mode in strategy_modes() if modes is None else modes:
             try:
@@ -335,6 +346,6 @@ def sweep_distvals(
     return rows, bounds
 
 
-def _close(strategy) -> None:
+def _close(strategy: Optional[Strategy]) -> None:
     if strategy is not None and hasattr(strategy, "close"):
         strategy.close()

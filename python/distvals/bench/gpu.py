@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 import numpy as np
 
@@ -115,7 +115,7 @@ def run(
     algorithm: str = "auto",
     gpu: int = 0,
     budget_seconds: float = 150.0,
-    out=sys.stdout,
+    out: TextIO = sys.stdout,
 ) -> List[Dict[str, Any]]:
     """Measure and print the table; returns one dict per row."""
     t0 = time.monotonic()

@@ -21,9 +21,12 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _core
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["BoundMeter", "Cache", "bound_variants", "cache_levels", "level_of", "parse_cpu_list"]
 
@@ -191,7 +194,7 @@ class BoundMeter:
 
     def __init__(
         self,
-        bufs: Sequence,
+        bufs: Sequence[np.ndarray],
         replicas: int,
         threads: int,
         caches: Sequence[Cache],
@@ -217,7 +220,7 @@ class BoundMeter:
             times = _core.time_memory_bound(self.bufs, v[0], v[1], self.iters, self.warmup)
             self.samples[v].append(statistics.median(times.tolist()) * 1e6)
 
-    def result(self) -> dict:
+    def result(self) -> Dict[str, Any]:
         if not any(self.samples.values()):
             raise ValueError("no memory-bound sample was taken")
         best = min((min(s), v) for v, s in self.samples.items() if s)

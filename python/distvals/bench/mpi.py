@@ -12,7 +12,12 @@ default 2). For every size S (bytes per replica) the table shows the median time
 - ``mpi W``: plain ``comm.Allreduce(MPI.IN_PLACE, ...)`` of S bytes over the W workers;
 - ``mpi WxR``: plain ``Allreduce`` of S bytes over W*R processes, one per replica: the
   workers plus W*(R-1) processes spawned for the purpose (``MPI.Comm.Spawn``), i.e.
-  the same number of participants as the strategy has replicas.
+  the same number of participants as the strategy has replicas;
+- ``local``: the hierarchical all-reduce's own local steps alone (engine reduce of the R
+  buffers into the buffer MPI would send, engine broadcast from it), so that ``mpi W +
+  local`` is what the three steps cost one after the other, with no overlap;
+- ``1 chunk``: ``hier`` with the pipeline off (one chunk, no overlap of the local steps
+  with MPI), for sizes the pipeline splits; ``hier`` below it is the pipeline's gain.
 
 A call's time is the slowest process's time for that call. Every method starts from
 distinct values per replica (process) and is checked against a float64 reference in
@@ -26,7 +31,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -49,7 +54,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--replicas", "-r", type=int, default=2, help="local replicas per worker (default 2)")
     p.add_argument(
-        "--sizes", type=sizes_list, default=None, help="bytes per replica, e.g. 1M,4M,16M (default 1M,4M,16M,64M)"
+        "--sizes", type=sizes_list, default=None, help="bytes per replica, e.g. 1M,4M,16M (default 1K,1M,16M,64M)"
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     p.add_argument("--iters", type=int, default=20, help="timed calls per size at most (default 20)")
@@ -60,7 +65,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument(_CHILD, action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    a.sizes = a.sizes or [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    a.sizes = a.sizes or [1 << 10, 1 << 20, 16 << 20, 64 << 20]
     if a.replicas < 1 or a.iters < 1 or a.min_iters < 1:
         p.error("--replicas, --iters and --min-iters must be at least 1")
     return a
@@ -100,7 +105,7 @@ class _Clock:
         return int(buf[0])
 
 
-def _time_calls(clock: _Clock, iters: int, refill, call) -> float:
+def _time_calls(clock: _Clock, iters: int, refill: Callable[[], None], call: Callable[[], None]) -> float:
     """Median over ``iters`` calls of the slowest process's time, refilling the inputs
     (untimed) before each call."""
     for _ in range(bd.warmup_for(iters)):
@@ -116,7 +121,9 @@ def _time_calls(clock: _Clock, iters: int, refill, call) -> float:
     return clock.slowest_median_us(times)
 
 
-def _plain_allreduce(comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: str, timeout: float) -> List[Dict]:
+def _plain_allreduce(
+    comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: str, timeout: float
+) -> List[Dict[str, Any]]:
     """Plain blocking ``Allreduce`` over ``comm`` for every size: one process = one replica."""
     clock = _Clock(comm, mpi, timeout)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -124,10 +131,10 @@ def _plain_allreduce(comm: Any, mpi: Any, plan: Sequence[Sequence[int]], dtype: 
     for count, iters in plan:
         buf = bd.make_input(n, rank, count, dtype, "sum")
 
-        def refill(buf=buf) -> None:
+        def refill(buf: np.ndarray = buf) -> None:
             bd.fill(buf, n, rank, dtype, "sum")
 
-        def call(buf=buf) -> None:
+        def call(buf: np.ndarray = buf) -> None:
             comm.Allreduce(mpi.IN_PLACE, buf, op=mpi.SUM)
 
         refill()
@@ -154,7 +161,7 @@ def _child() -> int:
 
 def _hierarchical(
     strategy: Any, plan: Sequence[Sequence[int]], dtype: str, clock: _Clock, with_run: bool
-) -> List[Dict]:
+) -> List[Dict[str, Any]]:
     import distvals as dv
 
     ext = strategy.extended
@@ -165,11 +172,11 @@ def _hierarchical(
         bufs = [bd.make_input(total, offset + r, count, dtype, "sum") for r in range(n_local)]
         got: List[Any] = [None]
 
-        def refill(bufs=bufs) -> None:
+        def refill(bufs: List[np.ndarray] = bufs) -> None:
             for r, b in enumerate(bufs):
                 bd.fill(b, total, offset + r, dtype, "sum")
 
-        def call(bufs=bufs) -> None:
+        def call(bufs: List[np.ndarray] = bufs) -> None:
             # The strategy's collectives, single-call, without strategy.run around them.
             got[0] = [row[0] for row in coll.all_reduce(dv.ReduceOp.SUM, [[b] for b in bufs])]
 
@@ -177,12 +184,34 @@ def _hierarchical(
         call()
         row = {"time_us": 0.0, "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum"))}
         row["time_us"] = _time_calls(clock, iters, refill, call)
+        if len(coll._chunks(count, np.dtype(dtype).itemsize)) > 1:
+            # The same call with the pipeline off: one chunk, the three steps in sequence.
+            chunk_bytes, coll.chunk_bytes = coll.chunk_bytes, 1 << 62
+            try:
+                refill()
+                call()
+                row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum"))
+                row["one_chunk_us"] = _time_calls(clock, iters, refill, call)
+            finally:
+                coll.chunk_bytes = chunk_bytes
+        if n_local > 1:
+            # The local steps alone, exactly as the call makes them: reduce into a new flat
+            # buffer (the one MPI would send), broadcast from it to the other replicas.
+            work = np.dtype(dtype)
+            leaves = [[b] for b in bufs]
+            shapes = [tuple(b.shape) for b in leaves[0]]  # one replica's leaves
+
+            def local_steps(leaves=leaves, shapes=shapes, work=work) -> None:
+                flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
+                got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
+
+            row["local_us"] = _time_calls(clock, iters, refill, local_steps)
         if with_run:
             results: List[Any] = [None]
 
-            def step(bufs=bufs):
-                ctx = dv.get_replica_context()
-                return ctx.all_reduce("SUM", bufs[ctx.replica_id_in_sync_group - offset])
+            def step(bufs: List[np.ndarray] = bufs) -> Any:
+                ctx = dv.get_replica_context()  # always set inside strategy.run
+                return ctx.all_reduce("SUM", bufs[ctx.replica_id_in_sync_group - offset])  # type: ignore[union-attr]
 
             def run_call() -> None:
                 results[0] = strategy.run(step)
@@ -198,31 +227,37 @@ def _hierarchical(
 
 
 def _fmt_us(us: Optional[float]) -> str:
-    return "-" if us is None else f"{us:,.0f}"
+    if us is None:
+        return "-"
+    return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
 
-def _table(a: argparse.Namespace, rows: List[Dict], W: int, lib: str, notes: List[str]) -> str:
+def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, notes: List[str]) -> str:
     R = a.replicas
     lines = [
         f"# distvals MPI bench: {W} worker(s) x {R} replica(s) = {W * R} replicas in sync, {a.dtype} sum",
         f"# peers: plain mpi4py Allreduce(IN_PLACE) over {W} and over {W * R} processes ({lib})",
+        "# time: median over calls of the slowest process, microseconds",
+        "#   hier: the hierarchical all-reduce (single call); run: the same in strategy.run; 1 chunk: hier",
+        "#   with the pipeline off; local: its local reduce + broadcast alone; W+local: mpi W + local",
+        "#   run/W = run / mpi W; hier/sum = hier / (mpi W + local), at most 1 when nothing is wasted;",
+        "#   WxR/hier = mpi WxR / hier (above 1: the hierarchy beats one process per replica)",
         (
-            "# time: median over calls of the slowest process, microseconds; ratio = mpi WxR / hier "
-            "(above 1: hierarchical faster)"
-        ),
-        (
-            f"# {'bytes':>10} {'hier':>10} {'hier run':>10} {'mpi W':>10} {'mpi WxR':>10} {'ratio':>7} "
-            f"{'WxR/run':>7} {'W/hier':>7} {'wrong':>6}"
+            f"# {'bytes':>10} {'hier':>9} {'run':>9} {'1 chunk':>9} {'mpi W':>9} {'local':>9} {'W+local':>9} "
+            f"{'mpi WxR':>9} {'run/W':>6} {'hier/sum':>8} {'WxR/hier':>8} {'wrong':>5}"
         ),
     ]
     for r in rows:
         wxr = r.get("mpi_wxr_us")
-        ratio = f"{wxr / r['hier_us']:.2f}" if wxr else "-"
-        ratio_run = f"{wxr / r['run_us']:.2f}" if wxr and r.get("run_us") else "-"
+        local = r.get("local_us") or 0.0
+        both = r["mpi_w_us"] + local
+        run_w = f"{r['run_us'] / r['mpi_w_us']:.2f}" if r.get("run_us") else "-"
+        wxr_hier = f"{wxr / r['hier_us']:.2f}" if wxr else "-"
         lines.append(
-            f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>10} {_fmt_us(r.get('run_us')):>10} "
-            f"{_fmt_us(r['mpi_w_us']):>10} {_fmt_us(wxr):>10} {ratio:>7} {ratio_run:>7} "
-            f"{r['mpi_w_us'] / r['hier_us']:>7.2f} {r['wrong']:>6}"
+            f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>9} {_fmt_us(r.get('run_us')):>9} "
+            f"{_fmt_us(r.get('one_chunk_us')):>9} {_fmt_us(r['mpi_w_us']):>9} {_fmt_us(r.get('local_us')):>9} "
+            f"{_fmt_us(both):>9} {_fmt_us(wxr):>9} {run_w:>6} {r['hier_us'] / both:>8.2f} {wxr_hier:>8} "
+            f"{r['wrong']:>5}"
         )
     lines += [f"# note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -248,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     notes: List[str] = []
     hier = _hierarchical(strategy, plan, a.dtype, clock, not a.no_run)
     plain_w = _plain_allreduce(world, mpi, plan, a.dtype, a.timeout)
-    plain_wxr: List[Optional[Dict]] = [None] * len(plan)
+    plain_wxr: List[Optional[Dict[str, Any]]] = [None] * len(plan)
     extra = W * (a.replicas - 1)
     if a.no_spawn:
         notes.append("the WxR-process Allreduce was skipped (--no-spawn)")
@@ -281,6 +316,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "iters": iters,
                 "hier_us": h["time_us"],
                 "run_us": h.get("run_time_us"),
+                "one_chunk_us": h.get("one_chunk_us"),
+                "local_us": h.get("local_us"),
                 "mpi_w_us": pw["time_us"],
                 "mpi_wxr_us": pwr["time_us"] if pwr else None,
                 "wrong": wrong,

@@ -7,7 +7,7 @@ and the latency of small messages.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from .results import Report, Row, bus_factor
 
@@ -66,7 +66,7 @@ def _rank(name: str) -> Tuple[int, str]:
     return (order.index(name) if name in order else len(order), name)
 
 
-def _size_ticks(ax, sizes: Sequence[int]) -> None:
+def _size_ticks(ax: Any, sizes: Sequence[int]) -> None:
     from .table import format_size
 
     ticks = [s for s in sizes if s & (s - 1) == 0] or list(sizes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ __all__ = ["main", "measure"]
 NEVER = 2**64 - 1
 
 
-def measure(n: int, nbytes: int, rounds: int, dtype: str = "float32", op: str = "sum") -> dict:
+def measure(n: int, nbytes: int, rounds: int, dtype: str = "float32", op: str = "sum") -> Dict[str, Any]:
     """Median engine times (us) of in place, out of place plain and out of place as built."""
     import distvals
 
@@ -39,7 +39,7 @@ def measure(n: int, nbytes: int, rounds: int, dtype: str = "float32", op: str = 
     iters = bd.iterations(count * dt.itemsize, 1000, 5)
     warmup = bd.warmup_for(iters)
     built = _core.streaming_store_min_bytes()
-    times = {"in_place": [], "plain": [], "streaming": []}
+    times: Dict[str, List[float]] = {"in_place": [], "plain": [], "streaming": []}
     wrong = 0
     with distvals.ReplicaGroup(n) as g:
         e = g.engine
@@ -98,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{'plain/in':>9} {'built/in':>9} {'built/plain':>12} {'spread':>7}"
     )
     wrong = 0
-    rows: List[dict] = []
+    rows: List[Dict[str, Any]] = []
     for n in a.replicas:
         for s in a.sizes:
             r = measure(n, s, a.rounds, a.dtype)

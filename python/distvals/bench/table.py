@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .results import Report, Row, bus_factor
 
@@ -66,11 +66,11 @@ def _order(r: Row) -> Tuple[int, int, int, str]:
     return (1, peers.get(r.impl, 9), 0, r.impl)
 
 
-def _noise(b: Optional[dict]) -> Optional[float]:
+def _noise(b: Optional[Dict[str, Any]]) -> Optional[float]:
     return None if b is None else b.get("noise_pct")
 
 
-def over_bound(r: Row, b: Optional[dict]) -> bool:
+def over_bound(r: Row, b: Optional[Dict[str, Any]]) -> bool:
     """Whether a row beats its bound by more than the noise measured at its size."""
     if r.bound_pct is None:
         return False
@@ -78,7 +78,7 @@ def over_bound(r: Row, b: Optional[dict]) -> bool:
     return r.bound_pct > 100.0 + noise
 
 
-def _bound_label(b: dict) -> str:
+def _bound_label(b: Dict[str, Any]) -> str:
     if "threads" not in b:  # a version-1 report: a copy-based bound
         return "(memory bound, copy)"
     return f"(memory bound, {b['threads']} thr" + (", nt)" if b.get("streaming") else ")")
@@ -229,9 +229,9 @@ def format_strategy(report: Report, replicas: int) -> str:
     for nbytes in sorted({r.bytes for r in strat}):
         group = None
         for m in modes:
-            r = cell.get((nbytes, m, "strategy"))
-            if r is not None and r.group_py_us:
-                group = r.group_py_us if group is None else min(group, r.group_py_us)
+            s = cell.get((nbytes, m, "strategy"))
+            if s is not None and s.group_py_us:
+                group = s.group_py_us if group is None else min(group, s.group_py_us)
         line = f"{nbytes:>12} {_num(group):>10}"
         for m in modes:
             t = cell.get((nbytes, m, "strategy-trivial"))
@@ -243,9 +243,9 @@ def format_strategy(report: Report, replicas: int) -> str:
             )
         if tf:
             a0 = cell.get((nbytes, modes[0], "strategy"))
-            t = tf.get(nbytes)
-            sp = f"{t / a0.time_us:.1f}x" if t and a0 and a0.time_us > 0 else "-"
-            line += f" | {_num(t):>10} {sp:>9}"
+            tf_us = tf.get(nbytes)
+            sp = f"{tf_us / a0.time_us:.1f}x" if tf_us and a0 and a0.time_us > 0 else "-"
+            line += f" | {_num(tf_us):>10} {sp:>9}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -292,7 +292,7 @@ def format_speedups(report: Report, replicas: int) -> str:
     return "\n".join(lines)
 
 
-def _cache_line(m: dict) -> List[str]:
+def _cache_line(m: Dict[str, Any]) -> List[str]:
     caches = m.get("caches")
     if not caches:
         return []
@@ -339,7 +339,7 @@ def _header(report: Report, replicas: int) -> List[str]:
     return lines + _cache_line(m) + _load_line(m)
 
 
-def _load_line(m: dict) -> List[str]:
+def _load_line(m: Dict[str, Any]) -> List[str]:
     a, b = m.get("load_average_at_start"), m.get("load_average_at_end")
     if not a:
         return []

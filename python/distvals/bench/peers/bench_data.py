@@ -81,7 +81,7 @@ def resolve_dtype(name: str) -> np.dtype:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     if name == "bfloat16":
         try:
-            import ml_dtypes  # type: ignore[import-not-found]
+            import ml_dtypes
         except ImportError:
             raise ValueError("dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from None
         return np.dtype(ml_dtypes.bfloat16)
@@ -260,7 +260,7 @@ def parse_plan(text: str) -> List[Tuple[int, int]]:
     return plan
 
 
-def emit(event: str, **fields) -> None:
+def emit(event: str, **fields: object) -> None:
     """One JSON line on stdout, flushed at once so the benchmark sees progress."""
     rec: Dict[str, object] = {"event": event}
     rec.update(fields)

@@ -8,9 +8,13 @@ bench_data.emit). With ``--probe`` it runs without mpirun and only reports the v
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Optional, Sequence
 
 try:
-    import bench_data as bd
+    if TYPE_CHECKING:  # checked as part of the package; runs as a script beside bench_data.py
+        from . import bench_data as bd
+    else:
+        import bench_data as bd
     import numpy as np
 except ImportError as e:
     sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
@@ -21,7 +25,7 @@ __all__ = ["main"]
 _MPI_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
     op = bd.canonical_op(a.op)
     try:

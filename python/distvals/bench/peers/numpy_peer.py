@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Optional, Sequence
 
 try:
-    import bench_data as bd
+    if TYPE_CHECKING:  # checked as part of the package; runs as a script beside bench_data.py
+        from . import bench_data as bd
+    else:
+        import bench_data as bd
     import numpy as np
 except ImportError as e:  # the interpreter lacks numpy: report, do not crash
     sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
@@ -22,7 +26,7 @@ __all__ = ["main"]
 _UFUNC = {"sum": np.add, "mean": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
-def all_reduce(arrays, scratch, op: str) -> None:
+def all_reduce(arrays: Sequence[np.ndarray], scratch: np.ndarray, op: str) -> None:
     """Reduce ``arrays`` into ``scratch`` with numpy, then copy it into every array."""
     f = _UFUNC[op]
     n = len(arrays)
@@ -38,7 +42,7 @@ def all_reduce(arrays, scratch, op: str) -> None:
         np.copyto(a, scratch)
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
     op = bd.canonical_op(a.op)
     try:

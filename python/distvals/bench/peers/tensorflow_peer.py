@@ -11,11 +11,17 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 try:
-    import bench_data as bd
+    if TYPE_CHECKING:  # checked as part of the package; runs as a script beside bench_data.py
+        import numpy as np
+
+        from . import bench_data as bd
+    else:
+        import bench_data as bd
 except ImportError as e:
     sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
@@ -23,14 +29,14 @@ except ImportError as e:
 __all__ = ["main"]
 
 
-def _distribute(tf, strategy, arrays):
+def _distribute(tf: Any, strategy: Any, arrays: Sequence[np.ndarray]) -> Any:
     """A PerReplica value whose replica r holds ``arrays[r]`` on its own logical device."""
     return strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group])
     )
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
     op = bd.canonical_op(a.op)
     try:
@@ -66,14 +72,15 @@ def main(argv=None) -> int:
         return 0
     reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
 
-    def replica_fn(x):
+    def replica_fn(x: Any) -> Any:
         return tf.distribute.get_replica_context().all_reduce(reduce_op, x)
 
-    @tf.function
-    def step(v):
+    @tf.function  # type: ignore[untyped-decorator]
+    def step(v: Any) -> Any:
         return strategy.run(replica_fn, args=(v,))
 
     perf = time.perf_counter
+    arrays: Optional[List[np.ndarray]]
     for nbytes, iters in bd.parse_plan(a.plan):
         count = max(1, nbytes // dt.itemsize)
         arrays = [bd.make_input(n, r, count, a.dtype, op) for r in range(n)]

@@ -14,9 +14,13 @@ import os
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 try:
-    import bench_data as bd
+    if TYPE_CHECKING:  # checked as part of the package; runs as a script beside bench_data.py
+        from . import bench_data as bd
+    else:
+        import bench_data as bd
 except ImportError as e:
     sys.stdout.write('{"event": "missing", "reason": "' + str(e).replace('"', "'") + '"}\n')
     sys.exit(0)
@@ -26,7 +30,9 @@ __all__ = ["main"]
 _TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 
-def _worker(rank: int, n: int, init_file: str, dtype: str, op: str, plan, timeout: float) -> None:
+def _worker(
+    rank: int, n: int, init_file: str, dtype: str, op: str, plan: List[Tuple[int, int]], timeout: float
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -45,7 +51,7 @@ def _worker(rank: int, n: int, init_file: str, dtype: str, op: str, plan, timeou
             itemsize = torch.empty((), dtype=tdt).element_size()
             count = max(1, nbytes // itemsize)
 
-            def fresh():
+            def fresh() -> torch.Tensor:
                 if dtype == "bfloat16":  # numpy has no bfloat16: build it from int64
                     return torch.from_numpy(bd.input_values(n, rank, count, dtype, op)).to(tdt)
                 return torch.from_numpy(bd.make_input(n, rank, count, dtype, op))
@@ -80,7 +86,7 @@ def _worker(rank: int, n: int, init_file: str, dtype: str, op: str, plan, timeou
         dist.destroy_process_group()
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     a = bd.runner_parser(__doc__.splitlines()[0]).parse_args(argv)
     op = bd.canonical_op(a.op)
     try:
