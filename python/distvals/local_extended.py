@@ -70,7 +70,7 @@ class _SingleRunner:
         self,
         fn: Callable[..., Any],
         per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
-        entries: Sequence[Tuple[Any, Any]],
+        entries: Sequence[context.Entry],
         timeout: float,
     ) -> List[Any]:
         self.failures = []
@@ -126,8 +126,7 @@ def _unwrap(x: Any) -> Any:
     from .variables import Variable
 
     if isinstance(x, DistributedValues):
-        # (unused-ignore: for when values.py annotates _current)
-        x = x._current()  # type: ignore[no-untyped-call, unused-ignore]
+        x = x._current()
     if isinstance(x, Variable):
         x = x._read()
     return x

@@ -107,7 +107,7 @@ class InlineRunner:
     # State of the step in progress, set by ``step``: each replica's result, context
     # stack and pending request (a Request or its quick tuple form; None when running).
     _results: List[Any]
-    _stacks: List[List[Tuple[Any, Any]]]
+    _stacks: List[List[context.Entry]]
     _msgs: List[Any]
     _waiting: int
     _lost: bool
@@ -182,7 +182,7 @@ class InlineRunner:
         self,
         fn: Callable[..., Any],
         per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
-        entries: Sequence[Tuple[Any, Any]],
+        entries: Sequence[context.Entry],
         timeout: float,
     ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results (None for a failed one).

@@ -384,7 +384,7 @@ class ThreadRunner:
         self,
         fn: Callable[..., Any],
         per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
-        entries: Sequence[Tuple[Any, Any]],
+        entries: Sequence[context.Entry],
         timeout: float,
     ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results. Failures land in
