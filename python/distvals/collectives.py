@@ -24,7 +24,7 @@ implementation, not the strategy's code.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,7 +45,7 @@ ENGINE_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64",
 _F64 = np.dtype(np.float64)
 # Kinds numpy reduces element-wise: bool, integers, floats, complex, timedelta.
 REDUCIBLE_KINDS = frozenset("biufcm")
-_NUMPY_OPS = {
+_NUMPY_OPS: Dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.SUM: np.sum,
     ReduceOp.MEAN: np.mean,
     ReduceOp.MIN: np.min,
@@ -65,7 +65,8 @@ def work_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
     if op is ReduceOp.MEAN and dtype.kind in "iub":
         return _F64
     if not dtype.isnative and dtype.kind in "biufcm":
-        return dtype.newbyteorder("=")
+        native: np.dtype = dtype.newbyteorder("=")
+        return native
     return dtype
 
 
@@ -73,11 +74,11 @@ def normalize_axis(axis: Any, ndim: int, what: str, replica: int) -> int:
     """``axis`` in 0..max(ndim, 1)-1 (a 0-d value gathers like a 1-element vector)."""
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{what}: axis must be an int, got {type(axis).__name__}")
-    axis = int(axis)
+    index = int(axis)
     rank = max(ndim, 1)
-    if not -rank <= axis < rank:
-        raise ValueError(f"{what}: axis {axis} is out of range for replica {replica}'s value of rank {ndim}")
-    return axis % rank
+    if not -rank <= index < rank:
+        raise ValueError(f"{what}: axis {index} is out of range for replica {replica}'s value of rank {ndim}")
+    return index % rank
 
 
 def numpy_reduce(stacked: np.ndarray, op: ReduceOp, dtype: np.dtype) -> np.ndarray:

@@ -39,7 +39,9 @@ _DL_CUDA_MANAGED = 13
 _SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64")
 
 
-def _backend():
+def _backend() -> Any:
+    """``distvals._core.cuda`` (typed in its stub), or None in builds without it. Looked
+    up on every call, and typed as Any: tests stand a simulated backend in for it."""
     return getattr(_core, "cuda", None)
 
 
@@ -85,7 +87,7 @@ def physical_device(device: Union[int, str]) -> int:
     raise TypeError(f"device must be a CUDA ordinal or a name such as 'GPU:0', got {type(device).__name__}")
 
 
-def _require_backend():
+def _require_backend() -> Any:
     b = _backend()
     if b is None:
         raise RuntimeError(unavailable_reason())
@@ -93,7 +95,7 @@ def _require_backend():
 
 
 def _dtype(dtype: Any) -> np.dtype:
-    dt = np.dtype(dtype)
+    dt: np.dtype = np.dtype(dtype)
     if dt.name not in _SUPPORTED or dt.byteorder == ">":
         raise TypeError(f"dtype {dt} is not supported on GPU replicas; supported: {', '.join(_SUPPORTED)}")
     return dt
@@ -104,7 +106,8 @@ def _bfloat16() -> np.dtype:
         import ml_dtypes
     except ImportError:
         raise TypeError("a bfloat16 device array needs the ml_dtypes package for its numpy dtype") from None
-    return np.dtype(ml_dtypes.bfloat16)
+    dt: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    return dt
 
 
 def _shape(shape: Any) -> Tuple[int, ...]:
@@ -153,7 +156,7 @@ class DeviceArray:
         self._owner = b.DeviceBuffer(nbytes, self._device)
         self._ptr = int(self._owner.ptr)
         self._readonly = False
-        self._stream = None
+        self._stream: Optional[Tuple[int, int]] = None
 
     @classmethod
     def _view(
@@ -181,10 +184,13 @@ class DeviceArray:
     # ---- description -------------------------------------------------------------
     @property
     def shape(self) -> Tuple[int, ...]:
+        """The length of each dimension, as for a numpy array (``()`` for a 0-d array)."""
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The numpy dtype of the elements, one of the dtypes GPU replicas support (bfloat16
+        is ml_dtypes' numpy dtype)."""
         return self._dtype
 
     @property
@@ -194,14 +200,17 @@ class DeviceArray:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions, ``len(shape)``."""
         return len(self._shape)
 
     @property
     def size(self) -> int:
+        """The number of elements, the product of ``shape`` (1 for a 0-d array)."""
         return math.prod(self._shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of device memory the elements take, ``size * dtype.itemsize``."""
         return self.size * self._dtype.itemsize
 
     @property
@@ -211,6 +220,9 @@ class DeviceArray:
 
     @property
     def readonly(self) -> bool:
+        """True for a read-only array (a frozen view, or memory its producer's
+        ``__cuda_array_interface__`` marks read-only): ``copy_from`` and collectives that
+        write into it refuse it."""
         return self._readonly
 
     @property
@@ -264,7 +276,7 @@ class DeviceArray:
 
     # ---- interchange ------------------------------------------------------------------
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         if self._dtype.name == "bfloat16":
             # The protocol has no bfloat16 type string; consumers fall back to DLPack.
             raise AttributeError("a bfloat16 DeviceArray is exchanged through __dlpack__")
@@ -314,6 +326,9 @@ class OutputCache:
         self._lock = threading.Lock()  # per-replica callers ask from their own threads
 
     def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
+        """A new uninitialized DeviceArray of ``shape`` and ``dtype`` (a numpy dtype) on CUDA
+        device ``device``, in the memory of a dropped earlier array of the same shape,
+        dtype and device when there is one, else newly allocated."""
         with self._lock:
             return self._get(shape, dtype, device)
 
@@ -343,6 +358,8 @@ class OutputCache:
         return arr
 
     def clear(self) -> None:
+        """Forgets every buffer: dropped arrays' memory is freed rather than reused, and
+        arrays handed out before keep their memory but never return it to the cache."""
         with self._lock:
             self._free.clear()
             self._lent.clear()
@@ -373,7 +390,7 @@ _DL_DTYPES = {
 }
 
 
-def cuda_array_interface(obj: Any) -> Optional[dict]:
+def cuda_array_interface(obj: Any) -> Optional[Dict[str, Any]]:
     """``obj.__cuda_array_interface__``, or None when ``obj`` has none or the protocol
     fails: torch raises TypeError (not AttributeError) for bfloat16 tensors, which are
     then exchanged through DLPack."""
@@ -384,12 +401,12 @@ def cuda_array_interface(obj: Any) -> Optional[dict]:
     return cai if isinstance(cai, dict) else None
 
 
-def _from_cai(obj: Any, cai: dict, device: Optional[int], stream: Optional[int]) -> DeviceArray:
+def _from_cai(obj: Any, cai: Dict[str, Any], device: Optional[int], stream: Optional[int]) -> DeviceArray:
     shape = tuple(int(s) for s in cai["shape"])
     dtype = _dtype(np.dtype(cai["typestr"]))
     if cai.get("mask") is not None:
         raise TypeError("masked CUDA arrays are not supported")
-    strides = cai.get("strides")
+    strides: Any = cai.get("strides")  # None, or what the producer put there
     if not _is_c_contiguous(shape, strides, dtype.itemsize):
         raise ValueError(
             f"a CUDA array with strides {tuple(strides)} is not C-contiguous; make a contiguous copy first"

@@ -16,7 +16,7 @@ root) and then launches the collective once, for all of them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _core, config, options
 from .cuda import DeviceArray, OutputCache, as_device_array, unavailable_reason
@@ -41,6 +41,10 @@ def _stream_arg(stream: Any) -> Tuple[Optional[int], int]:
 
 
 _REQUIRED = object()
+_R = TypeVar("_R")
+# What a per-replica call hands the engine: kind, input, output, op, algorithm, root,
+# and what the call returns.
+_Prepared = Tuple[str, DeviceArray, DeviceArray, str, str, int, _R]
 
 
 class _Signature:
@@ -85,7 +89,7 @@ def _index(value: Any, n: int, name: str) -> int:
         raise TypeError(f"missing required argument '{name}'")
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = value.__index__()
+    v: int = value.__index__()
     if not 0 <= v < n:
         raise ValueError(f"{name} {v} is out of range for a group of {n}")
     return v
@@ -138,7 +142,9 @@ class CudaReplicaGroup:
             raise RuntimeError(f"GPU replicas need the CUDA backend: {unavailable_reason()}")
         names = [_core.parse_device(str(d)) for d in devices]
         timeout_seconds = options.parse_timeout_seconds(timeout_seconds)
-        self._group = backend.Group(names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access)
+        self._group: _core.cuda.Group = backend.Group(
+            names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access
+        )
         self._gpus: List[int] = list(self._group.gpus)
         self._outputs = OutputCache()
         self._streams: Dict[int, int] = {}  # replica -> the group's stream on its device
@@ -146,12 +152,16 @@ class CudaReplicaGroup:
     # ---- description ---------------------------------------------------------------
     @property
     def size(self) -> int:
+        """The number of replicas in the group, one per device name given to the
+        constructor (``num_replicas`` is the same property)."""
         return self._group.size
 
     num_replicas = size
 
     @property
     def devices(self) -> List[str]:
+        """Each replica's logical device name, canonical (``"GPU:0"``), in replica order;
+        ``gpus`` gives the CUDA device each one runs on."""
         return self._group.devices
 
     @property
@@ -161,6 +171,9 @@ class CudaReplicaGroup:
 
     @property
     def timeout_seconds(self) -> float:
+        """The longest a collective waits for the other replicas and for the GPUs, in
+        seconds: the constructor's ``timeout_seconds``, else ``DISTVALS_TIMEOUT_SECONDS``,
+        else 300; ``inf`` means no timeout."""
         return self._group.timeout_seconds
 
     @property
@@ -320,8 +333,8 @@ class CudaReplicaGroup:
         sig: _Signature,
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
-        prepare: Callable[[int, Dict[str, Any]], Tuple[Any, ...]],
-    ) -> Any:
+        prepare: Callable[[int, Dict[str, Any]], _Prepared[_R]],
+    ) -> _R:
         # Step 1: which replica calls. A call that names no valid replica cannot take part
         # in the meeting, so it aborts the collective: the others are released at once.
         try:
@@ -368,7 +381,7 @@ class CudaReplicaGroup:
         replica ``replica``'s part of an in-place all-reduce; every replica calls it from its
         own thread."""
 
-        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+        def prepare(r: int, b: Dict[str, Any]) -> _Prepared[None]:
             op, algorithm = _text(b["op"], "op"), _text(b["algorithm"], "algorithm")
             a = self._array(r, b["array"], True, "all_reduce", None)
             return "all_reduce", a, a, op, algorithm, 0, None
@@ -378,7 +391,7 @@ class CudaReplicaGroup:
     def replica_reduce(self, *args: Any, **kwargs: Any) -> None:
         """replica_reduce(replica, array, root=0, op="sum", timeout_seconds=None)."""
 
-        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+        def prepare(r: int, b: Dict[str, Any]) -> _Prepared[None]:
             root = self._check_root(b["root"])
             op = _text(b["op"], "op")
             a = self._array(r, b["array"], r == root, "reduce", None)
@@ -389,7 +402,7 @@ class CudaReplicaGroup:
     def replica_broadcast(self, *args: Any, **kwargs: Any) -> None:
         """replica_broadcast(replica, array, root=0, timeout_seconds=None)."""
 
-        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+        def prepare(r: int, b: Dict[str, Any]) -> _Prepared[None]:
             root = self._check_root(b["root"])
             a = self._array(r, b["array"], True, "broadcast", None)
             return "broadcast", a, a, "sum", "direct", root, None
@@ -400,7 +413,7 @@ class CudaReplicaGroup:
         """replica_all_gather(replica, array, timeout_seconds=None): a new array, every
         replica's array concatenated along axis 0."""
 
-        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+        def prepare(r: int, b: Dict[str, Any]) -> _Prepared[DeviceArray]:
             a = self._array(r, b["array"], False, "all_gather", None)
             shape = (self.size,) if not a.shape else (a.shape[0] * self.size,) + a.shape[1:]
             out = self._outputs.get(shape, a.dtype, self._gpus[r])
@@ -412,7 +425,7 @@ class CudaReplicaGroup:
         """replica_reduce_scatter(replica, array, op="sum", timeout_seconds=None): a new
         array, block ``replica`` of the reduction."""
 
-        def prepare(r: int, b: Dict[str, Any]) -> Tuple[Any, ...]:
+        def prepare(r: int, b: Dict[str, Any]) -> _Prepared[DeviceArray]:
             op = _text(b["op"], "op")
             a = self._array(r, b["array"], False, "reduce_scatter", None)
             out = self._outputs.get(self._scattered(a.shape, r), a.dtype, self._gpus[r])
@@ -427,14 +440,20 @@ class CudaReplicaGroup:
         self._group.abort(replica, why)
 
     def reset(self) -> None:
+        """Clear an abort (or a timeout) so the group runs collectives again; only while no
+        collective is in flight, and not once the group is closed (ClosedError)."""
         self._group.reset()
 
     @property
     def aborted(self) -> bool:
+        """True once a collective failed, timed out or was aborted, until ``reset()``;
+        meanwhile every collective raises AbortedError."""
         return self._group.aborted
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` has run (directly or by leaving a ``with`` block); every
+        later call raises ClosedError."""
         return self._group.closed
 
     def close(self) -> None:

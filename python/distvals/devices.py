@@ -96,7 +96,8 @@ def place_of_device(device: Union[str, int, None]) -> Place:
 def can_place(dtype: Any) -> bool:
     """True when values of ``dtype`` can live on a GPU (the engine's dtypes)."""
     dt = np.dtype(dtype)
-    return (dt in _DEVICE_DTYPES or dt.name == "bfloat16") and dt.isnative
+    ok: bool = (dt in _DEVICE_DTYPES or dt.name == "bfloat16") and dt.isnative
+    return ok
 
 
 # ---- telling values apart -----------------------------------------------------------------
@@ -180,11 +181,11 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
         a = _host_array(x)
         return np.array(a, copy=True) if copy else a
     if is_device_array(x):
-        a = _cuda.as_device_array(x)
-        if a.device == place:
-            return a.copy() if copy else a
-        out = _cuda.DeviceArray(a.shape, a.dtype, place)
-        _copy_device(out, 0, a)
+        d = _cuda.as_device_array(x)
+        if d.device == place:
+            return d.copy() if copy else d
+        out = _cuda.DeviceArray(d.shape, d.dtype, place)
+        _copy_device(out, 0, d)
         return out
     host = _contiguous(_host_array(x))
     return _cuda.to_device(host, place)
@@ -329,15 +330,15 @@ def pack(values: Sequence[Any], dtype: Any, device: Union[str, int, None]) -> An
             flat[o : o + a.size] = a.reshape(-1)
             o += a.size
         return out
-    out = _cuda.DeviceArray(shape, dt, place)
+    dev = _cuda.DeviceArray(shape, dt, place)
     o = 0
     for v in values:
         if is_device_array(v) and v.dtype == dt:
-            _copy_device(out, o, _cuda.as_device_array(v))
+            _copy_device(dev, o, _cuda.as_device_array(v))
         else:
-            _copy_up(out, o, _contiguous(to_host(v), dtype=dt))
+            _copy_up(dev, o, _contiguous(to_host(v), dtype=dt))
         o += v.size
-    return out
+    return dev
 
 
 def unpack(buf: Any, shapes: Sequence[Tuple[int, ...]]) -> List[Any]:

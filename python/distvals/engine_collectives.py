@@ -12,12 +12,19 @@ engine spreads the native work over its own threads (or streams).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .reduce_op import ReduceOp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .group import ReplicaGroup
+
+# leaves[r][i]: leaf i of replica r; out[r][i]: its result.
+_Leaves = Sequence[Sequence[Any]]
+_Out = List[List[Any]]
 
 __all__ = ["FUSE_LEAF_BYTES", "EngineCollectives"]
 
@@ -39,7 +46,7 @@ class EngineCollectives(Collectives):
     Subclasses provide the memory hooks below.
     """
 
-    def __init__(self, group: Any, num_local: int, places: Sequence[Optional[int]]) -> None:
+    def __init__(self, group: Optional[ReplicaGroup], num_local: int, places: Sequence[Optional[int]]) -> None:
         self.group = group
         self.num_local = num_local
         self.num_replicas = num_local
@@ -115,12 +122,12 @@ class EngineCollectives(Collectives):
     def _can_place(self, dtype: np.dtype) -> bool:
         return True
 
-    def _reduce_alone(self, op, leaves, i, dtype, work, out) -> None:
+    def _reduce_alone(self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, work: np.dtype, out: _Out) -> None:
         # One replica: the result is a copy of its value (float64 for integer MEAN).
         for r in range(len(leaves)):
             out[r][i] = self._copy(leaves[r][i], r, work)
 
-    def _reduce_numpy(self, op, leaves, i, dtype, out) -> None:
+    def _reduce_numpy(self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, out: _Out) -> None:
         """Dtypes the engine does not reduce: numpy over the stacked values, a copy each."""
         stacked = np.stack([self._host(leaves[r][i]) for r in range(len(leaves))])
         host = numpy_reduce(stacked, op, dtype)
@@ -131,29 +138,33 @@ class EngineCollectives(Collectives):
         """A host result where replica ``r``'s values live (no copy on the host)."""
         return self._copy(host, r)
 
-    def _reduce_leaf(self, op, leaves, i, dtype, work, algorithm, out) -> None:
+    def _reduce_leaf(
+        self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, work: np.dtype, algorithm: str, out: _Out
+    ) -> None:
         """One large leaf: straight from the replicas' arrays into new outputs."""
         n = len(leaves)
         engine_op = _engine_op(op, dtype, work)
         if work is dtype or work == dtype:
             ins = [self._engine_input(leaves[r][i], r) for r in range(n)]
             outs = [self._empty(ins[r].shape, work, r) for r in range(n)]
-            self.group.all_reduce(ins, engine_op, algorithm, out=outs)
+            self.group.all_reduce(ins, engine_op, algorithm, out=outs)  # type: ignore[union-attr]
         else:
             # A cast is a copy anyway: reduce in place in it.
             outs = [self._copy(leaves[r][i], r, work) for r in range(n)]
-            self.group.all_reduce(outs, engine_op, algorithm)
+            self.group.all_reduce(outs, engine_op, algorithm)  # type: ignore[union-attr]
         if engine_op != op.engine_name:
             outs = [self._divide(o, self.num_replicas, r) for r, o in enumerate(outs)]
         for r in range(n):
             out[r][i] = outs[r]
 
-    def _reduce_pack(self, op, leaves, pack, work, algorithm, out) -> None:
+    def _reduce_pack(
+        self, op: ReduceOp, leaves: _Leaves, pack: List[int], work: np.dtype, algorithm: str, out: _Out
+    ) -> None:
         n = len(leaves)
         dtype = leaves[0][pack[0]].dtype
         engine_op = _engine_op(op, dtype, work)
         bufs = [self._pack([leaves[r][i] for i in pack], work, r) for r in range(n)]
-        self.group.all_reduce(bufs, engine_op, algorithm)
+        self.group.all_reduce(bufs, engine_op, algorithm)  # type: ignore[union-attr]
         if engine_op != op.engine_name:
             bufs = [self._divide(b, self.num_replicas, r) for r, b in enumerate(bufs)]
         shapes = [tuple(leaves[0][i].shape) for i in pack]

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
 from . import _core, options
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import TypeGuard
+
+    from .cuda_group import CudaReplicaGroup
 
 __all__ = ["ReplicaGroup"]
 
@@ -19,10 +24,11 @@ def _devices(devices: Union[int, Sequence[str]]) -> Union[int, List[str]]:
         return int(devices)
     if isinstance(devices, str):
         raise TypeError("devices must be a list of device names or a replica count, not one string")
-    return [str(d) for d in devices]
+    # A bool gets here too (not iterable: TypeError).
+    return [str(d) for d in devices]  # type: ignore[union-attr]
 
 
-def _on_gpu(devices: Union[int, List[str]]) -> bool:
+def _on_gpu(devices: Union[int, List[str]]) -> TypeGuard[List[str]]:
     """True for a list of GPU devices; mixing CPU and GPU replicas is an error."""
     if isinstance(devices, int):
         return False
@@ -120,7 +126,7 @@ class ReplicaGroup:
         spin_us: int = -1,
     ):
         devs = _devices(devices)
-        self._group: Any
+        self._group: Union[_core.Group, CudaReplicaGroup]
         timeout_seconds = options.effective_timeout_seconds(timeout_seconds)
         if _on_gpu(devs):
             # GPU replicas run on the CUDA backend, behind the same method names.
@@ -169,19 +175,19 @@ class ReplicaGroup:
         """New arrays, one per replica: every replica's array concatenated along axis 0
         (0-d arrays give shape ``(N,)``)."""
         if stream is None:
-            return self._group.all_gather(buffers)  # type: ignore[no-any-return]
-        return self._on_stream("all_gather").all_gather(buffers, stream=stream)  # type: ignore[no-any-return]
+            return self._group.all_gather(buffers)
+        return self._on_stream("all_gather").all_gather(buffers, stream=stream)
 
     def reduce_scatter(self, buffers: Sequence[Any], op: str = "sum", *, stream: Any = None) -> List[Any]:
         """New arrays: replica r gets block r (of N along axis 0) of the reduction."""
         if stream is None:
-            return self._group.reduce_scatter(buffers, op)  # type: ignore[no-any-return]
-        return self._on_stream("reduce_scatter").reduce_scatter(buffers, op, stream=stream)  # type: ignore[no-any-return]
+            return self._group.reduce_scatter(buffers, op)
+        return self._on_stream("reduce_scatter").reduce_scatter(buffers, op, stream=stream)
 
-    def _on_stream(self, what: str) -> Any:
+    def _on_stream(self, what: str) -> CudaReplicaGroup:
         if not self._gpu:
             raise TypeError(f"{what}: stream= applies to GPU replicas; this group runs CPU replicas")
-        return self._group
+        return self._group  # type: ignore[return-value]  # _gpu: it is the CUDA group
 
     # ---- per-replica style: N threads, one per replica ----------------------------------
     # These take their arguments loosely and hand them to the engine as given: a call with
@@ -256,7 +262,7 @@ class ReplicaGroup:
     def __enter__(self) -> ReplicaGroup:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -54,8 +54,10 @@ def _torch_host(t: Any) -> np.ndarray:
         t = t.detach()
     if t.dtype == torch.bfloat16:
         # numpy has no bfloat16: view the bits, then as ml_dtypes' bfloat16.
-        return t.contiguous().view(torch.int16).numpy().view(_bfloat16())
-    return t.numpy() if t.is_contiguous() else t.contiguous().numpy()
+        bits: np.ndarray = t.contiguous().view(torch.int16).numpy().view(_bfloat16())
+        return bits
+    host: np.ndarray = t.numpy() if t.is_contiguous() else t.contiguous().numpy()
+    return host
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ collectives directly.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from .values import DistributedValues, Mirrored, PerReplica, contains_distribute
 __all__ = ["EXECUTION_MODES", "LocalExtended"]
 
 EXECUTION_MODES = ("auto", "inline", "threads")
-_EMPTY: dict = {}
+_EMPTY: Dict[str, Any] = {}
 _OPS = {name: op for op in ReduceOp for name in (op.name, op.name.lower(), op.name.capitalize())}
 _OPS.update({"prod": ReduceOp.PRODUCT, "PROD": ReduceOp.PRODUCT})
 
@@ -67,7 +67,11 @@ class _SingleRunner:
         return o
 
     def step(
-        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+        self,
+        fn: Callable[..., Any],
+        per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
+        entries: Sequence[context.Entry],
+        timeout: float,
     ) -> List[Any]:
         self.failures = []
         local = context._local
@@ -313,7 +317,9 @@ class LocalExtended(StrategyExtended):
         return self._coll.places
 
     # ---- run -----------------------------------------------------------------------------------
-    def _call_for_each_replica(self, fn: Callable, args: Sequence, kwargs: Optional[dict]) -> Any:
+    def _call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Optional[Dict[str, Any]]
+    ) -> Any:
         if not callable(fn):
             raise TypeError(f"strategy.run: fn must be callable, got {type(fn).__name__}")
         if not isinstance(args, (list, tuple)):
@@ -364,7 +370,7 @@ class LocalExtended(StrategyExtended):
             # Stale: the lock is ours now (a lock may be released by any thread).
             self._owner = me
 
-    def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
+    def _step(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         n = self._n
         group = self._quick if self._quick is not None else self._group
         if group is not None and group.aborted:
@@ -427,7 +433,7 @@ class LocalExtended(StrategyExtended):
         self._quick = self._quick_group()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
-            _leak(old.group)
+            _leak(old.group)  # type: ignore[attr-defined]
 
     # ---- meetings --------------------------------------------------------------------------------
     def _meet(self, ctx: context.ReplicaContext, request: Request) -> Any:
@@ -453,7 +459,7 @@ class LocalExtended(StrategyExtended):
                 return [Raise(_for_replica(e, r)) for r in range(n)]
             return [Raise(e)] * n
 
-    def _resolve_quick(self, requests: List[Request]) -> Optional[List[Any]]:
+    def _resolve_quick(self, requests: List[Any]) -> Optional[List[Any]]:
         """Every replica all-reduces one C-contiguous numpy array of one engine dtype and
         shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
@@ -558,7 +564,9 @@ class LocalExtended(StrategyExtended):
         out = self._meet(ctx, Request("variable update", (name, kind, op), local, (arrays, original)))
         return out[0]
 
-    def _merge_call(self, ctx: context.ReplicaContext, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+    def _merge_call(
+        self, ctx: context.ReplicaContext, merge_fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Any:
         if not callable(merge_fn):
             raise TypeError(f"merge_call: merge_fn must be callable, got {type(merge_fn).__name__}")
         strategy = self._container
@@ -1047,7 +1055,7 @@ def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.
 
 def _for_replica(e: MismatchError, r: int) -> MismatchError:
     err = MismatchError(str(e))
-    err.replica = r
+    err.replica = r  # type: ignore[attr-defined]
     return err
 
 

@@ -132,4 +132,5 @@ def check_leaves(value0: Any, leaves: Sequence[Sequence[Any]], what: str, axes: 
 def _dtype_name(dt: np.dtype) -> str:
     if not dt.isnative and dt.byteorder in "<>":
         return f"{dt.name} ({'big' if dt.byteorder == '>' else 'little'}-endian)"
-    return dt.name
+    name: str = dt.name
+    return name

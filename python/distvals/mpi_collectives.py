@@ -56,7 +56,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -65,6 +65,10 @@ from ._core import CollectiveTimeoutError, MismatchError
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll
 from .reduce_op import ReduceOp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine_collectives import EngineCollectives
+    from .group import ReplicaGroup
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives", "describe_call"]
 
@@ -174,7 +178,7 @@ class HierarchicalCollectives(Collectives):
 
     def __init__(
         self,
-        local: Any,
+        local: EngineCollectives,
         comm: Any,
         local_counts: Sequence[int],
         timeout: float,
@@ -187,8 +191,8 @@ class HierarchicalCollectives(Collectives):
         self._MPI = MPI
         self.local = local
         self._comm = comm
-        self.rank = comm.Get_rank()
-        self.num_workers = comm.Get_size()
+        self.rank: int = comm.Get_rank()
+        self.num_workers: int = comm.Get_size()
         self.local_counts = tuple(int(c) for c in local_counts)
         self.num_local = self.local_counts[self.rank]
         self.offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.local_counts)[:-1]]))
@@ -388,7 +392,9 @@ class HierarchicalCollectives(Collectives):
                 out[r][i] = res[r][0]
         return out
 
-    def _all_reduce_one_dtype(self, op, leaves, description, timeout) -> List[List[Any]]:
+    def _all_reduce_one_dtype(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str, timeout: Optional[float]
+    ) -> List[List[Any]]:
         work = work_dtype(leaves[0][0].dtype, op)
         if _native_mpi(_wire_dtype(work), _LOCAL_OP[op]):
             return self._all_reduce_packed(op, leaves, work, description, timeout)
@@ -472,9 +478,10 @@ class HierarchicalCollectives(Collectives):
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
         outs = [new_array((total,), work) for _ in range(n)]
         flat = outs[0]
-        group = self.local.group
+        # Not None where it is used: with more than one local replica.
+        group: ReplicaGroup = self.local.group  # type: ignore[assignment]
         on_engine = n > 1 and engine_supports(work)
-        jobs: List[MpiJob] = []
+        jobs: List[Optional[MpiJob]] = []
         wire_ok = _wire_dtype(work) == work
         # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI.
         for lo, hi in chunks:
@@ -492,7 +499,7 @@ class HierarchicalCollectives(Collectives):
             else:
                 # float16/bfloat16 cross as float32, synchronously.
                 self._mpi_all_reduce(flat[lo:hi], op, what, timeout, send=src)
-                jobs.append(None)  # type: ignore[arg-type]
+                jobs.append(None)
         # Step 3: as each chunk comes back, the other local replicas get a copy of it.
         for (lo, hi), job in zip(chunks, jobs):
             if job is not None:
@@ -554,7 +561,7 @@ class HierarchicalCollectives(Collectives):
             return flat
         # The engine reduces into the root's buffer: ours, seeded with replica 0's values.
         np.copyto(data, ins[0])
-        self.local.group.reduce([data] + ins[1:], root=0, op=op.engine_name)
+        self.local.group.reduce([data] + ins[1:], root=0, op=op.engine_name)  # type: ignore[union-attr]
         return flat
 
     def _local_spread(self, data: np.ndarray, shapes: List[Tuple[int, ...]], n: int) -> List[List[Any]]:
@@ -568,7 +575,7 @@ class HierarchicalCollectives(Collectives):
             from .host_collectives import new_array
 
             others = [new_array(data.shape, data.dtype) for _ in range(n - 1)]
-            self.local.group.broadcast([data] + others, root=0)
+            self.local.group.broadcast([data] + others, root=0)  # type: ignore[union-attr]
             rows = [data] + others
         elif n > 1:
             rows = [data] + [data.copy() for _ in range(n - 1)]

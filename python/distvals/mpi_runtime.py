@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
@@ -28,7 +29,7 @@ _NAP = 1e-4
 WAIT_SLICE = 0.1
 
 
-def load_mpi(what: str = "MultiWorkerMirroredStrategy"):
+def load_mpi(what: str = "MultiWorkerMirroredStrategy") -> ModuleType:
     """``mpi4py.MPI`` (initializing MPI), or ImportError saying how to install it."""
     try:
         from mpi4py import MPI
@@ -94,8 +95,8 @@ class MpiThread:
                 run()
             except BaseException as e:  # noqa: BLE001 - an MPI error reaches the waiting thread
                 job.error = e
-            job.done.set()
-            job = run = None
+            job.done.set()  # type: ignore[union-attr]  # submit() gave the job its event
+            del job, run
 
     def close(self) -> None:
         with self._cond:
@@ -150,7 +151,7 @@ class LocalMeeting:
             bufs = list(self._bufs)
         error: Optional[BaseException] = None
         try:
-            collective(bufs)
+            collective(bufs)  # type: ignore[arg-type]  # every replica has left its buffer
         except BaseException as e:  # noqa: BLE001 - handed to the waiting replicas, then raised
             error = e
         with cond:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,6 +35,12 @@ from .options import CommunicationOptions
 from .reduce_op import ReduceOp
 from .strategy import Strategy
 from .values import DistributedValues, PerReplica, regroup, select_replica
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine_collectives import EngineCollectives
+    from .input import InputContext, ValueContext
+    from .mpi_collectives import HierarchicalCollectives
+    from .multi_worker_input import WorkerDatasetsFromFunction, WorkerDistributedDataset
 
 __all__ = ["MPIClusterResolver", "MultiWorkerMirroredStrategy"]
 
@@ -58,11 +64,11 @@ class MPIClusterResolver:
     def is_chief(self) -> bool:
         return self.task_id == 0
 
-    def cluster_spec(self) -> dict:
+    def cluster_spec(self) -> Dict[str, List[str]]:
         """``{"worker": [host of worker 0, host of worker 1, ...]}``."""
         return {"worker": list(self.hosts)}
 
-    def num_accelerators(self) -> dict:
+    def num_accelerators(self) -> Dict[str, int]:
         """This worker's replicas, as ``{"CPU": count}``."""
         return {"CPU": self._local_counts[self.task_id]}
 
@@ -135,6 +141,8 @@ class _MultiWorkerExtended(LocalExtended):
     """The local replicas of one worker (as MirroredStrategy's) plus the workers' MPI
     communicator; every collective goes through ``HierarchicalCollectives``."""
 
+    _coll: HierarchicalCollectives
+
     def __init__(
         self,
         container_strategy: Strategy,
@@ -187,11 +195,12 @@ class _MultiWorkerExtended(LocalExtended):
                 stacklevel=3,
             )
 
-    def _make_collectives(self) -> Any:
+    def _make_collectives(self) -> HierarchicalCollectives:
         from .mpi_collectives import HierarchicalCollectives
 
         mpi = self._mpi
-        local = super()._make_collectives()
+        # The local replicas' collectives: a HostCollectives or a CudaCollectives.
+        local: EngineCollectives = super()._make_collectives()  # type: ignore[assignment]
         timeout = float(self._timeout)
         # A communicator of its own: the strategy's collectives never match the user's.
         comm, req = self._user_comm.Idup()
@@ -267,7 +276,7 @@ class _MultiWorkerExtended(LocalExtended):
             world, f"worker {self._rank} (MPI rank {world.Get_rank()} of {world.Get_size()}) failed: {message}"
         )
 
-    def _step(self, fn: Callable, args: Sequence, kwargs: dict) -> Any:
+    def _step(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         try:
             result = super()._step(fn, args, kwargs)
         except BaseException as e:
@@ -286,7 +295,9 @@ class _MultiWorkerExtended(LocalExtended):
             return wrap_single(result)
         return result
 
-    def _merge_call(self, ctx: context.ReplicaContext, merge_fn: Callable, args: tuple, kwargs: dict) -> Any:
+    def _merge_call(
+        self, ctx: context.ReplicaContext, merge_fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Any:
         if not self._wrap_results:
             return super()._merge_call(ctx, merge_fn, args, kwargs)
         # The only replica of this worker: its arrays reach merge_fn as PerReplica values,
@@ -402,6 +413,8 @@ class MultiWorkerMirroredStrategy(Strategy):
     ``mpirun -n 2 python train.py``.
     """
 
+    _extended: _MultiWorkerExtended
+
     def __init__(
         self,
         devices: Optional[Sequence[str]] = None,
@@ -432,7 +445,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             return nest.map_structure(lambda v: ext._gather_one(v, axis, "strategy.gather"), value)
         return ext._gather_one(value, axis, "strategy.gather")
 
-    def experimental_distribute_dataset(self, dataset: Any, options: Any = None):
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> WorkerDistributedDataset:
         """Splits every global batch over all replicas of all workers; this worker gets
         its replicas' parts (every worker must iterate the same dataset in the same
         order). See ``distvals.multi_worker_input``."""
@@ -440,14 +453,16 @@ class MultiWorkerMirroredStrategy(Strategy):
 
         return WorkerDistributedDataset(self, dataset, options)
 
-    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: Any = None
+    ) -> WorkerDatasetsFromFunction:
         """Calls ``dataset_fn(InputContext(num_workers, rank, num_replicas_in_sync))`` on
         every worker; consecutive elements go to this worker's consecutive replicas."""
         from .multi_worker_input import WorkerDatasetsFromFunction
 
         return WorkerDatasetsFromFunction(self, dataset_fn, options)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         """A PerReplica of ``value_fn(ValueContext(global replica id, num_replicas_in_sync))``
         for this worker's replicas."""
         from .input import ValueContext

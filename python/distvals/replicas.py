@@ -24,7 +24,10 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Type
+
+if TYPE_CHECKING:  # pragma: no cover
+    from _ctypes import CFuncPtr
 
 __all__ = [
     "QUICK",
@@ -53,7 +56,7 @@ class Request:
     __slots__ = ("extra", "kind", "params", "timeout", "value")
 
     def __init__(
-        self, kind: str, params: tuple, value: Any, extra: Any = None, timeout: Optional[float] = None
+        self, kind: str, params: Tuple[Any, ...], value: Any, extra: Any = None, timeout: Optional[float] = None
     ) -> None:
         self.kind = kind
         self.params = params
@@ -85,7 +88,7 @@ def as_request(m: Any) -> Request:
     """``m`` (a Request, or the quick tuple form) as a Request."""
     if type(m) is tuple and m[0] is QUICK_ALL_REDUCE:
         return Request("all_reduce", (m[1],), m[2], QUICK)
-    return m
+    return m  # type: ignore[no-any-return]
 
 
 def _show(p: Any) -> str:
@@ -158,6 +161,7 @@ def fork_generation() -> int:
 
 
 # ---- releasing a thread stuck in Python code --------------------------------------------
+_set_async_exc: Optional[CFuncPtr]
 try:
     _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     # A pointer, not py_object: clearing takes NULL, which py_object cannot express.
@@ -167,14 +171,15 @@ except (AttributeError, OSError):  # not CPython
     _set_async_exc = None
 
 
-def set_async_exception(thread_id: Optional[int], exc_type: Optional[type]) -> bool:
+def set_async_exception(thread_id: Optional[int], exc_type: Optional[Type[BaseException]]) -> bool:
     """Makes ``exc_type`` raise in thread ``thread_id`` at its next Python bytecode
     (``None`` clears a pending one). A thread blocked in C (a lock, a sleep) sees it
     only once the call returns. False where the interpreter cannot do it."""
     if _set_async_exc is None or thread_id is None:
         return False
     # id() of a live type object is its address; the type outlives the pending call.
-    return _set_async_exc(thread_id, None if exc_type is None else id(exc_type)) == 1
+    done: int = _set_async_exc(thread_id, None if exc_type is None else id(exc_type))
+    return done == 1
 
 
 def main_thread_id() -> Optional[int]:

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
@@ -55,7 +55,7 @@ __all__ = ["InlineRunner", "available"]
 
 _get_ident = threading.get_ident
 
-_EMPTY: dict = {}
+_EMPTY: Dict[str, Any] = {}
 _INF = math.inf
 _monotonic = time.monotonic
 # Markers a replica greenlet switches to the scheduler with when its function ends.
@@ -73,20 +73,24 @@ class InlineTimeout(BaseException):
     BaseException so that ``except Exception`` in the replica does not swallow it."""
 
 
-def _replica_main(task: Tuple[Callable, tuple, dict], runner: Any = None) -> None:
+# What a replica greenlet is switched into to run: (fn, args, kwargs).
+_Task = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
+
+
+def _replica_main(task: _Task, runner: Any = None) -> None:
     # The body of every replica greenlet: run a task, switch its outcome to the
     # scheduler (the parent), receive the next task. `runner` stays in this frame so
     # that the watchdog can tell whose step a thread is in (see _in_step_of).
     while True:
         fn, args, kwargs = task
-        task = None
+        task = None  # type: ignore[assignment]
         try:
             out: Tuple[Any, Any] = (_DONE, fn(*args, **kwargs))
         except _GreenletExit:
             return  # killed (an abandoned step's greenlet): end quietly
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the scheduler
             out = (_FAILED, e)
-        fn = args = kwargs = None
+        fn = args = kwargs = None  # type: ignore[assignment]
         task = _getcurrent().parent.switch(out)
 
 
@@ -99,6 +103,14 @@ class InlineRunner:
     """
 
     mode = "inline"
+
+    # State of the step in progress, set by ``step``: each replica's result, context
+    # stack and pending request (a Request or its quick tuple form; None when running).
+    _results: List[Any]
+    _stacks: List[List[context.Entry]]
+    _msgs: List[Any]
+    _waiting: int
+    _lost: bool
 
     def __init__(self, num_replicas: int, resolve: Callable[[List[Request]], List[Any]]) -> None:
         if _greenlet_module is None:
@@ -167,12 +179,17 @@ class InlineRunner:
         return gls
 
     def step(
-        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+        self,
+        fn: Callable[..., Any],
+        per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
+        entries: Sequence[context.Entry],
+        timeout: float,
     ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results (None for a failed one).
         Exceptions of the replicas land in ``failures``; a replica still running after
         ``timeout`` seconds raises StepTimeout here."""
         n = self.n
+        failures: List[Failure]
         self.failures = failures = []
         results: List[Any] = [None] * n
         local = context._local
@@ -184,11 +201,13 @@ class InlineRunner:
         self._greenlets = None
         self._results = results
         self._stacks = [[e] for e in entries]
+        msgs: List[Any]
         self._msgs = msgs = [None] * n
         self._waiting = 0
         self._lost = False
         # Each replica has a contextvars context of its own (the greenlet's). When the
         # caller has context variables, each replica starts the step from a copy of them.
+        base: Optional[contextvars.Context]
         base = contextvars.copy_context()
         if not len(base):
             base = None
@@ -298,7 +317,7 @@ class InlineRunner:
                 "without making that call; every replica must make the same collective, merge_call and "
                 "variable-update calls in the same order"
             )
-            err.replica = r
+            err.replica = r  # type: ignore[attr-defined]
             self._resume(r, gls[r], None, err)
 
     def _timeout_failures(self, failures: List[Failure], timeout: float, fired: int) -> None:
@@ -363,7 +382,7 @@ class InlineRunner:
                 return
             if tid == main_thread_id() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 self._fired = 2
-                signal.pthread_kill(tid, signal.SIGINT)
+                signal.pthread_kill(tid, signal.SIGINT)  # type: ignore[arg-type]
             else:
                 self._fired = 1
                 set_async_exception(tid, InlineTimeout)

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, CollectiveTimeoutError, MismatchError
@@ -40,7 +40,7 @@ from .replicas import (
 
 __all__ = ["ThreadRunner"]
 
-_EMPTY: dict = {}
+_EMPTY: Dict[str, Any] = {}
 _STOP = None
 _allocate_lock = _thread.allocate_lock
 _monotonic = time.monotonic
@@ -129,7 +129,7 @@ class _Meeting:
                 "function without making that call; every replica must make the same collective, "
                 "merge_call and variable-update calls in the same order"
             )
-            err.replica = replica
+            err.replica = replica  # type: ignore[attr-defined]
             raise err
 
     def meet(self, replica: int, request: Request, deadline: float, timeout: float) -> Any:
@@ -143,7 +143,7 @@ class _Meeting:
             self.count += 1
             last = self.count == self.n
             if last:
-                requests = list(self.requests)
+                requests: List[Any] = list(self.requests)
         if last:
             # The last to arrive resolves, holding no lock (resolve may take long).
             try:
@@ -204,7 +204,15 @@ class _Step:
         "timeout",
     )
 
-    def __init__(self, n: int, fn: Callable, resolve, order, timeout: float, on_fail) -> None:
+    def __init__(
+        self,
+        n: int,
+        fn: Callable[..., Any],
+        resolve: Callable[[List[Request]], List[Any]],
+        order: Iterator[int],
+        timeout: float,
+        on_fail: Callable[[int, str], None],
+    ) -> None:
         self.fn = fn
         self.meeting = _Meeting(n, resolve)
         self.results: List[Any] = [None] * n
@@ -269,7 +277,7 @@ def _worker_main(w: _Worker) -> None:
                 step.results[w.replica] = step.fn(*args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - every failure reaches the caller
                 step.fail(w.replica, e)
-                e = None
+                e = None  # type: ignore[assignment]
             finally:
                 step.meeting.finish(w.replica)
                 # Nothing of the step may stay referenced from this frame between steps
@@ -373,7 +381,11 @@ class ThreadRunner:
         set_async_exception(w.thread.ident, AbortedError)
 
     def step(
-        self, fn: Callable, per_replica: Sequence[Tuple[tuple, dict]], entries: Sequence[tuple], timeout: float
+        self,
+        fn: Callable[..., Any],
+        per_replica: Sequence[Tuple[Tuple[Any, ...], Optional[Dict[str, Any]]]],
+        entries: Sequence[context.Entry],
+        timeout: float,
     ) -> List[Any]:
         """Runs ``fn`` once per replica; returns the N results. Failures land in
         ``failures``; replicas still running ``timeout`` seconds after the start (or a
