@@ -16,6 +16,7 @@ import enum
 import importlib
 import inspect
 import pathlib
+import re
 import sys
 import types
 from typing import Any, Callable, List, Optional, Tuple
@@ -41,7 +42,9 @@ def _signature(name: str, obj: Any) -> str:
     except (TypeError, ValueError):
         sig = None
     if sig is not None:
-        return f"{name}({', '.join(_parameters(sig))}){_returns(sig)}"
+        text = f"{name}({', '.join(_parameters(sig))}){_returns(sig)}"
+        # A sentinel default prints its address, which changes from run to run.
+        return re.sub(r"<([\w.]+) object at 0x[0-9a-fA-F]+>", r"<\1 object>", text)
     first = (obj.__doc__ or "").strip().splitlines()
     if first and first[0].startswith(name.rsplit(".", 1)[-1] + "("):
         return name.rsplit(".", 1)[0] + "." + first[0] if "." in name else first[0]

@@ -201,7 +201,9 @@ def _hierarchical(
             leaves = [[b] for b in bufs]
             shapes = [tuple(b.shape) for b in leaves[0]]  # one replica's leaves
 
-            def local_steps(leaves=leaves, shapes=shapes, work=work) -> None:
+            def local_steps(
+                leaves: List[List[np.ndarray]] = leaves, shapes: List[Any] = shapes, work: np.dtype = work
+            ) -> None:
                 flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
                 got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
 
