@@ -121,13 +121,20 @@ def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
     return isinstance(runner, InlineRunner) and runs_in(runner, top)
 
 
+_variable_type: List[Any] = []  # [variables.Variable], once imported (it imports this module)
+
+
 def _unwrap(x: Any) -> Any:
     # A distributed value stands for the current replica's part, a variable for its value.
-    from .variables import Variable
-
+    if type(x) is np.ndarray:
+        return x
     if isinstance(x, DistributedValues):
         x = x._current()
-    if isinstance(x, Variable):
+    if not _variable_type:
+        from .variables import Variable
+
+        _variable_type.append(Variable)
+    if isinstance(x, _variable_type[0]):
         x = x._read()
     return x
 

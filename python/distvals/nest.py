@@ -71,7 +71,16 @@ def _rebuild(template: Any, items: List[Any]) -> Any:
 
 def pack_sequence_as(structure: Any, flat: Sequence[Any]) -> Any:
     """``structure`` with its leaves replaced, in order, by ``flat``."""
-    flat = list(flat)
+    if type(structure) is list and all(not isinstance(x, (list, tuple, dict)) for x in structure):
+        # A flat list of leaves (the common case): no walk.
+        if len(flat) != len(structure):
+            more = len(flat) - len(structure)
+            raise ValueError(
+                f"pack_sequence_as: {more} more leaves than the structure holds"
+                if more > 0
+                else "pack_sequence_as: fewer leaves than the structure holds"
+            )
+        return list(flat)
     it = iter(flat)
     result = _pack(structure, it)
     rest = sum(1 for _ in it)
@@ -121,26 +130,43 @@ def describe(x: Any) -> str:
 def structure_mismatch(a: Any, b: Any, path: str = "") -> Optional[str]:
     """None when ``a`` and ``b`` have the same nesting, else a description of the first
     difference (with its path)."""
-    where = path or "the top level"
-    a_nested, b_nested = is_nested(a), is_nested(b)
+    # The common case (the same nesting) builds no path text: it is made only for the
+    # difference found, from the keys on the way down.
+    keys: List[str] = []
+    why = _mismatch(a, b, keys)
+    if why is None:
+        return None
+    where = path + "".join(keys)
+    return f"at {where or 'the top level'}: {why}"
+
+
+def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
+    """The first difference below ``a`` and ``b``, without its place; ``keys`` gets the
+    path to it, outermost first."""
+    a_nested = isinstance(a, (list, tuple, dict))
+    b_nested = isinstance(b, (list, tuple, dict))
     if not a_nested and not b_nested:
         return None
     if a_nested != b_nested or (type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list))):
-        return f"at {where}: {describe(a)} vs {describe(b)}"
+        return f"{describe(a)} vs {describe(b)}"
     if isinstance(a, dict):
-        if set(a) != set(b):
-            return f"at {where}: dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+        if a.keys() != b.keys():
+            return f"dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
         for k in _sorted_keys(a):
-            why = structure_mismatch(a[k], b[k], f"{path}[{k!r}]")
+            why = _mismatch(a[k], b[k], keys)
             if why is not None:
+                keys.insert(0, f"[{k!r}]")
                 return why
         return None
     if len(a) != len(b):
-        return f"at {where}: {describe(a)} vs {describe(b)}"
-    for i, (x, y) in enumerate(zip(a, b)):
-        why = structure_mismatch(x, y, f"{path}[{i}]")
-        if why is not None:
-            return why
+        return f"{describe(a)} vs {describe(b)}"
+    for i, x in enumerate(a):
+        y = b[i]
+        if isinstance(x, (list, tuple, dict)) or isinstance(y, (list, tuple, dict)):
+            why = _mismatch(x, y, keys)
+            if why is not None:
+                keys.insert(0, f"[{i}]")
+                return why
     return None
 
 
