@@ -12,8 +12,9 @@ engine) does the work; between workers, one buffer per worker crosses MPI::
                       |                                    |
     step 3:      engine broadcast                      engine broadcast  (from the MPI buffer)
 
-With one local replica there is no step 1 or 3: MPI reads the replica's array and writes
-its result array directly.
+With one local replica there is no step 1 or 3: the replica's array is copied into its
+result array, chunk by chunk, and MPI all-reduces each chunk there in place while the next
+one is copied.
 
 Agreement without a second round trip
 -------------------------------------
@@ -445,11 +446,10 @@ class HierarchicalCollectives(Collectives):
         return [self.local._unpack(out[r], shapes) for r in range(n)]
 
     def _chunks(self, count: int, itemsize: int) -> List[Tuple[int, int]]:
-        """The pieces of a large buffer that cross MPI one by one: several chunks only when
-        some worker has several local replicas (a decision every worker makes alike, so
-        that every worker's MPI calls match), else one."""
-        if max(self.local_counts) == 1:
-            return [(0, count)]
+        """The pieces of a large buffer that cross MPI one by one (the same on every worker,
+        so that every worker's MPI calls match). With one local replica too: the copy of
+        chunk i+1 into the result overlaps MPI's work on chunk i (measured: a 64 MiB
+        all-reduce of 2 workers took 41-44 ms in 4 MiB chunks, 66-84 ms in one)."""
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
 
@@ -485,10 +485,16 @@ class HierarchicalCollectives(Collectives):
         wire_ok = _wire_dtype(work) == work
         # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI.
         for lo, hi in chunks:
+            src: Optional[np.ndarray] = None
             if n == 1:
-                src: Optional[np.ndarray] = ins[0][lo:hi]
+                if wire_ok:
+                    # MPI in place on the result buffer: a copy here is cheaper than the
+                    # one an out-of-place Allreduce makes of its own (and it overlaps the
+                    # previous chunk's MPI call).
+                    np.copyto(flat[lo:hi], ins[0][lo:hi])
+                else:
+                    src = ins[0][lo:hi]
             else:
-                src = None
                 if on_engine:
                     np.copyto(flat[lo:hi], ins[0][lo:hi])
                     group.reduce([flat[lo:hi]] + [x[lo:hi] for x in ins[1:]], root=0, op=op.engine_name)
