@@ -60,6 +60,9 @@ class HostCollectives(EngineCollectives):
         total = 0
         for x in xs:
             total += x.size
+        if total * dtype.itemsize < _POOL_MIN_BYTES:
+            # Small packs (most fused gradients of small layers): one call into numpy.
+            return np.concatenate([x.ravel() for x in xs], dtype=dtype, casting="unsafe")
         buf = new_array((total,), dtype)
         o = 0
         for x in xs:

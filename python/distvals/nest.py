@@ -54,7 +54,11 @@ def _flatten_into(x: Any, out: List[Any]) -> None:
                 out.append(item)
     elif isinstance(x, dict):
         for k in _sorted_keys(x):
-            _flatten_into(x[k], out)
+            item = x[k]
+            if isinstance(item, (list, tuple, dict)):
+                _flatten_into(item, out)
+            else:
+                out.append(item)
     else:
         out.append(x)
 
@@ -153,10 +157,12 @@ def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
         if a.keys() != b.keys():
             return f"dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
         for k in _sorted_keys(a):
-            why = _mismatch(a[k], b[k], keys)
-            if why is not None:
-                keys.insert(0, f"[{k!r}]")
-                return why
+            x, y = a[k], b[k]
+            if isinstance(x, (list, tuple, dict)) or isinstance(y, (list, tuple, dict)):
+                why = _mismatch(x, y, keys)
+                if why is not None:
+                    keys.insert(0, f"[{k!r}]")
+                    return why
         return None
     if len(a) != len(b):
         return f"{describe(a)} vs {describe(b)}"
