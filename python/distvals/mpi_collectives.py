@@ -64,6 +64,7 @@ import numpy as np
 from . import devices, nest
 from ._core import CollectiveTimeoutError, MismatchError
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
+from .host_collectives import new_array
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll
 from .reduce_op import ReduceOp
 
@@ -468,8 +469,6 @@ class HierarchicalCollectives(Collectives):
         into the buffer MPI sends; chunk i is broadcast from it to the other local
         replicas while MPI carries chunk i+1. Returns one flat result per local replica
         (replica 0's is the MPI buffer itself)."""
-        from .host_collectives import new_array
-
         n = self.num_local
         t, deadline = self._deadline(timeout)
         if len(leaves[0]) == 1:
@@ -547,8 +546,6 @@ class HierarchicalCollectives(Collectives):
             flat = np.empty(size, dtype=work)
             flat[: red.size] = devices.to_host(red).reshape(-1)
             return flat
-        from .host_collectives import new_array
-
         flat = new_array((size,), work)
         data = flat[:total]
         if n == 1:
@@ -578,8 +575,6 @@ class HierarchicalCollectives(Collectives):
             dev = [self.local._copy(data, r) for r in range(n)]
             rows = dev
         elif n > 1 and engine_supports(data.dtype):
-            from .host_collectives import new_array
-
             others = [new_array(data.shape, data.dtype) for _ in range(n - 1)]
             self.local.group.broadcast([data] + others, root=0)  # type: ignore[union-attr]
             rows = [data] + others
