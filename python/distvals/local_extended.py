@@ -42,6 +42,7 @@ from .reduce_op import ReduceOp, as_reduce_op
 from .replicas import QUICK, QUICK_ALL_REDUCE, Failure, Raise, Request, StepTimeout, as_request, fork_generation, names
 from .replicas import fork_counter as _forks
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
+from .variables import Variable
 
 __all__ = ["EXECUTION_MODES", "LocalExtended"]
 
@@ -121,20 +122,13 @@ def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
     return isinstance(runner, InlineRunner) and runs_in(runner, top)
 
 
-_variable_type: List[Any] = []  # [variables.Variable], once imported (it imports this module)
-
-
 def _unwrap(x: Any) -> Any:
     # A distributed value stands for the current replica's part, a variable for its value.
     if type(x) is np.ndarray:
         return x
     if isinstance(x, DistributedValues):
         x = x._current()
-    if not _variable_type:
-        from .variables import Variable
-
-        _variable_type.append(Variable)
-    if isinstance(x, _variable_type[0]):
+    if isinstance(x, Variable):
         x = x._read()
     return x
 
@@ -693,8 +687,6 @@ class LocalExtended(StrategyExtended):
         return list(parts)
 
     def _part_values(self, value: DistributedValues, what: str) -> List[Any]:
-        from .variables import Variable
-
         out = []
         for p in self._parts(value, what):
             if isinstance(p, Variable):
@@ -979,8 +971,6 @@ class LocalExtended(StrategyExtended):
 
 
 def _unwrap_part(x: Any) -> Any:
-    from .variables import Variable
-
     return x._read() if isinstance(x, Variable) else x
 
 

@@ -38,8 +38,21 @@ def _sorted_keys(d: Dict[Any, Any]) -> List[Any]:
         return list(d)
 
 
+def _plain(structure: Any) -> bool:
+    """A plain list or tuple of leaves (run's arguments, most often): no walk needed."""
+    kind = type(structure)
+    if kind is not list and kind is not tuple:
+        return False
+    for x in structure:  # noqa: SIM110 - a loop, not all(): it runs for every argument of every step
+        if isinstance(x, (list, tuple, dict)):
+            return False
+    return True
+
+
 def flatten(structure: Any) -> List[Any]:
     """The leaves of ``structure`` in a deterministic order."""
+    if _plain(structure):
+        return list(structure)
     out: List[Any] = []
     _flatten_into(structure, out)
     return out
@@ -75,16 +88,8 @@ def _rebuild(template: Any, items: List[Any]) -> Any:
 
 def pack_sequence_as(structure: Any, flat: Sequence[Any]) -> Any:
     """``structure`` with its leaves replaced, in order, by ``flat``."""
-    if type(structure) is list and all(not isinstance(x, (list, tuple, dict)) for x in structure):
-        # A flat list of leaves (the common case): no walk.
-        if len(flat) != len(structure):
-            more = len(flat) - len(structure)
-            raise ValueError(
-                f"pack_sequence_as: {more} more leaves than the structure holds"
-                if more > 0
-                else "pack_sequence_as: fewer leaves than the structure holds"
-            )
-        return list(flat)
+    if _plain(structure) and len(flat) == len(structure):
+        return list(flat) if type(structure) is list else tuple(flat)
     it = iter(flat)
     result = _pack(structure, it)
     rest = sum(1 for _ in it)

@@ -252,11 +252,6 @@ def select_replica(replica: int, structure: Any) -> Any:
         return structure
     if not structure:
         return structure
-    kind = type(structure)
-    if (kind is tuple or kind is list) and not any(isinstance(x, (list, tuple, dict)) for x in structure):
-        # Plain arguments (a tuple of values, the common case of run's args): no walk.
-        picked = [_part(replica, x) for x in structure]
-        return tuple(picked) if kind is tuple else picked
     # flatten gives leaves only, so each needs one look, not a walk of its own.
     return nest.pack_sequence_as(structure, [_part(replica, x) for x in nest.flatten(structure)])
 
@@ -272,17 +267,13 @@ def _part(replica: int, x: Any) -> Any:
 def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
     """True when ``structure`` holds a DistributedValues that is split per replica;
     ValueError when one has a different number of parts than ``num_replicas``."""
-    leaves: Any
+    leaves: List[Any]
     if isinstance(structure, DistributedValues):
         leaves = [structure]
     elif isinstance(structure, (list, tuple, dict)):
         if not structure:
             return False
-        kind = type(structure)
-        if (kind is tuple or kind is list) and not any(isinstance(x, (list, tuple, dict)) for x in structure):
-            leaves = structure  # plain arguments: already the leaves
-        else:
-            leaves = nest.flatten(structure)
+        leaves = nest.flatten(structure)
     else:
         return False
     found = False
