@@ -262,6 +262,9 @@ class LocalExtended(StrategyExtended):
             return None if group is None else group.engine
         return None
 
+    #: Whether MPI exchanges follow the local collectives (MultiWorkerMirroredStrategy).
+    _between_workers = False
+
     def _new_group(self) -> Any:
         from .group import ReplicaGroup
 
@@ -270,7 +273,9 @@ class LocalExtended(StrategyExtended):
         # microseconds of Python between two collectives starts the next one without a
         # wake-up. On threads they must not: replica threads take turns on the GIL, and
         # a waiter that spins holds the core its peer needs.
-        spin_us = 0 if getattr(self, "_execution", "threads") == "threads" else -1
+        # Between workers they must not either: an MPI exchange follows every local
+        # collective, and it needs the cores (its peers' too, on a shared machine).
+        spin_us = 0 if getattr(self, "_execution", "threads") == "threads" or self._between_workers else -1
         try:
             return ReplicaGroup(list(self._devices), timeout_seconds=self._options.timeout_seconds, spin_us=spin_us)
         except ValueError as e:
@@ -517,6 +522,11 @@ class LocalExtended(StrategyExtended):
             # to the scheduler in its quick tuple form, straight from here.
             if self._inline:
                 return _getcurrent().parent.switch((QUICK_ALL_REDUCE, op, value))
+            if self._n == 1:
+                # One local replica: nobody to meet, the collective at once.
+                out = self._resolve_quick([(QUICK_ALL_REDUCE, op, value)])
+                if out is not None:
+                    return out[0]
             return self._runner.meet(ctx._replica_id, Request("all_reduce", (op,), value, _QUICK))
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)

@@ -8,13 +8,47 @@ engine) does the work; between workers, one buffer per worker crosses MPI::
                   \\        /                           \\        /
     step 1:      engine reduce  ------------------->  engine reduce      (into the MPI buffer)
                       |                                    |
-    step 2:      MPI Allreduce   <===================>  MPI Allreduce    (in place)
+    step 2:      MPI all-reduce  <===================>  MPI all-reduce   (in place)
                       |                                    |
     step 3:      engine broadcast                      engine broadcast  (from the MPI buffer)
 
-With one local replica there is no step 1 or 3: the replica's array is copied into its
-result array, chunk by chunk, and MPI all-reduces each chunk there in place while the next
-one is copied.
+With one local replica there is no step 1 or 3: MPI reduces from the replica's array
+straight into its result array.
+
+A buffer can cross in chunks (``DISTVALS_MPI_CHUNK_BYTES``, the same on every worker), so
+that with several local replicas the local reduce of chunk i+1 and the broadcast of chunk
+i-1 run while MPI carries chunk i on the MPI thread. That pays only where the two phases
+use different resources (MPI over a network while spare cores reduce); on one 2-core
+machine with the exchanges below it lost about 20% (2 workers x 2 replicas, 16 MiB:
+24.8 ms in 4 MiB chunks against 20.2-20.8 ms in one; 64 MiB: 91-101 ms against 74-81 ms),
+so by default a buffer crosses in one piece (``python -m distvals.bench --mpi`` shows both).
+
+Large buffers: exchanges instead of MPI_Allreduce
+-------------------------------------------------
+Below 64 KiB a chunk crosses in one ``Iallreduce`` (polled against the timeout). From
+64 KiB, MPI_Allreduce costs more than it must here: Open MPI's nonblocking one is slow,
+the blocking one cannot be waited for against a deadline from the calling thread, and
+an all-reduce into a new result needs a copy first (in place) or inside MPI (out of
+place). So the workers exchange the data point to point and reduce it with numpy:
+
+- *Two workers, up to 512 KiB*: they swap whole chunks (one ``Isend`` and one ``Irecv``
+  each) and reduce; both reduce worker 0's values with worker 1's in that order, so that
+  every worker's result is the same bits.
+- *Larger, or more workers*: a ring. Each worker's chunk is cut into one piece per
+  worker; in W-1 steps every worker sends a partial reduction to its right neighbour
+  and adds its own values to the one it receives from its left (reduce-scatter, reading
+  the caller's array and writing the result), then W-1 steps pass the finished pieces
+  around, received straight into the result (all-gather). Each piece is reduced on one
+  path only, so every worker gets the same bits. With more than two workers the ring
+  runs when each piece is at least 1 MiB; smaller chunks keep MPI_Allreduce.
+
+The route depends only on what every worker agreed on (the chunk's size and dtype, the
+number of workers), so every worker makes the same MPI calls. Measured on 2 workers of
+one 2-core machine (new result from one array per worker, medians of three runs): 256 KiB
+194 us swapping, 203 us in the ring, 258 us copying into the result and Allreduce in
+place on the MPI thread; 1 MiB 355 / 334 / 427 us; 4 MiB 2.3 / 2.1 / 3.4 ms. And one
+worker's send buffer written just before (a gradient) or starting on a page boundary
+(the host pool's blocks) costs the exchange nothing more than MPI's own.
 
 Agreement without a second round trip
 -------------------------------------
@@ -65,22 +99,41 @@ from . import devices, nest
 from ._core import CollectiveTimeoutError, MismatchError
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll
+from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine_collectives import EngineCollectives
     from .group import ReplicaGroup
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives", "describe_call"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "PIPELINE_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives", "describe_call"]
 
-#: Chunk size of the pipelined hierarchical all-reduce of large buffers.
-DEFAULT_CHUNK_BYTES = 4 << 20
+#: Chunk size of the pipelined hierarchical all-reduce of large buffers; 0: one chunk
+#: (the pipeline off, see the module doc).
+DEFAULT_CHUNK_BYTES = 0
+#: The chunk size the benchmark compares the default with.
+PIPELINE_CHUNK_BYTES = 4 << 20
 #: Collectives up to this size carry their agreement inside the data call.
 SMALL_BYTES = 64 << 10
-#: Buffers of at least this many bytes go through blocking MPI calls on the MPI thread
-#: (Open MPI's blocking all-reduce is much faster than its nonblocking one for them).
+#: Buffers of at least this many bytes cross MPI by point-to-point exchanges of our own
+#: (module doc, "Large buffers"), or, where those do not apply, by blocking MPI calls
+#: on the MPI thread (Open MPI's blocking all-reduce is much faster than its
+#: nonblocking one for them).
 BLOCKING_MIN_BYTES = 64 << 10
+#: Two workers exchange whole buffers up to this size, halves above it (the ring of
+#: two: measured equal at 256 KiB, 3-15% faster from 1 MiB).
+PAIR_MAX_BYTES = 512 << 10
+#: With more than two workers the ring runs when each worker's piece is at least this.
+RING_MIN_PIECE_BYTES = 1 << 20
+# The tag of the point-to-point messages of the all-reduce (on the strategy's own
+# communicator, where nothing else sends point to point).
+_TAG = 0x6476
+_NUMPY_OPS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
 
 _monotonic = time.monotonic
 _F32 = np.dtype(np.float32)
@@ -160,7 +213,7 @@ class _Expected:
     """The call that followed a given call last time, as the MPI layer saw it: its
     signature and the size (flag included), dtype and op of its MPI buffer."""
 
-    __slots__ = ("count", "dtype", "flagged", "op", "signature")
+    __slots__ = ("count", "dtype", "flagged", "op", "signature", "wire")
 
     def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
         self.signature = signature
@@ -168,6 +221,29 @@ class _Expected:
         self.dtype = dtype
         self.op = op
         self.flagged = flagged
+        # Whether the buffer crosses MPI in its own dtype.
+        self.wire = _wire_dtype(dtype) == dtype
+
+
+class _ArraysKind:
+    """A kind of ``all_reduce_arrays`` call (op, dtype, shape): its description (as
+    ``all_reduce`` makes it), its work dtype (None: the general path), and for small
+    calls the flat buffer it crosses MPI in (the data, then the agreement flag), kept
+    from call to call, with ``data``, a view of the data part in the arrays' shape;
+    ``sig``, the description's signature; ``op``, the op between workers (SUM for MEAN)."""
+
+    __slots__ = ("data", "description", "flat", "op", "sig", "work")
+
+    def __init__(self, description: str, sig: int, op: ReduceOp, work: Optional[np.dtype], a: np.ndarray) -> None:
+        self.description = description
+        self.sig = sig
+        self.op = op
+        self.work = work
+        self.flat: Optional[np.ndarray] = None
+        self.data: np.ndarray = a
+        if work is not None and a.nbytes <= SMALL_BYTES:
+            self.flat = np.empty(a.size + 1, dtype=work)
+            self.data = self.flat[: a.size].reshape(a.shape)
 
 
 class HierarchicalCollectives(Collectives):
@@ -202,10 +278,11 @@ class HierarchicalCollectives(Collectives):
         self.num_replicas = int(sum(self.local_counts))
         self.places = local.places
         self.timeout = float(timeout)
-        self.chunk_bytes = max(1, int(chunk_bytes))
+        self.chunk_bytes = max(0, int(chunk_bytes))
         self._on_gpu = any(p is not None for p in self.places)
         self._mpi_thread = MpiThread()
         self._on_fatal = on_fatal
+        self._in_place = MPI.IN_PLACE
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
         # Agreement memory: signature of the last agreed call -> the call after it.
         self._last = 0
@@ -214,6 +291,10 @@ class HierarchicalCollectives(Collectives):
         # Counters for tests and the benchmark: data calls, agreement exchanges.
         self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
         self._what = "all_reduce"
+        # all_reduce_arrays: (op, dtype number, shape) -> what it remembers of such calls.
+        self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
+        # Receive buffer of the point-to-point exchanges.
+        self._scratch = np.empty(0, dtype=np.uint8)
 
     @property
     def group(self) -> Any:
@@ -252,13 +333,27 @@ class HierarchicalCollectives(Collectives):
     def _exchange(self, sig: int, description: str, what: str, timeout: Optional[float]) -> None:
         """Every worker's signature; on a difference, every worker's description, and a
         MismatchError naming the first difference on every worker."""
+        self._exchange_start(sig, description, what, timeout)()
+
+    def _exchange_start(self, sig: int, description: str, what: str, timeout: Optional[float]) -> Callable[[], None]:
+        """``_exchange`` in two halves: this one sends our signature; the function it
+        returns waits for every worker's and raises on a difference (so that local work
+        can run while the signatures travel)."""
         self.stats["exchanges"] += 1
         mine = np.array([sig, len(description.encode())], dtype=np.int64)
         table = np.empty((self.num_workers, 2), dtype=np.int64)
-        self._wait(self._comm.Iallgather(mine, table), what, timeout)
-        if np.all(table[:, 0] == sig):
-            return
-        # Rare: the workers disagree. Learn what each passed, to say so precisely.
+        req = self._comm.Iallgather(mine, table)
+
+        def finish() -> None:
+            self._wait(req, what, timeout)
+            if np.all(table[:, 0] == sig):
+                return
+            self._disagree(table, description, what, timeout)
+
+        return finish
+
+    def _disagree(self, table: np.ndarray, description: str, what: str, timeout: Optional[float]) -> None:
+        """The workers' signatures differ: learn what each passed, to say so precisely."""
         lengths = [int(x) for x in table[:, 1]]
         data = np.frombuffer(description.encode(), dtype=np.uint8)
         out = np.empty(sum(lengths), dtype=np.uint8)
@@ -282,11 +377,26 @@ class HierarchicalCollectives(Collectives):
         self._last = sig
 
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
+    def _route(self, nbytes: int, dtype: np.dtype) -> str:
+        """How a buffer of ``nbytes`` bytes of ``dtype`` (its wire dtype) crosses MPI:
+        "nonblocking" (Iallreduce, polled), "pair" or "ring" (point-to-point exchanges,
+        module doc), or "blocking" (Allreduce on the MPI thread). It depends only on what
+        every worker agreed on (size, dtype, number of workers), so that every worker
+        makes the same MPI calls."""
+        if nbytes < BLOCKING_MIN_BYTES:
+            return "nonblocking"
+        if dtype.kind in "fiuc":
+            if self.num_workers == 2:
+                return "pair" if nbytes <= PAIR_MAX_BYTES else "ring"
+            if nbytes // self.num_workers >= RING_MIN_PIECE_BYTES:
+                return "ring"
+        return "blocking"
+
     def _mpi_all_reduce(
         self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
     ) -> None:
-        """``buf`` all-reduced with ``op`` between the workers: in place, or from ``send``
-        (same size) into ``buf``. float16/bfloat16 travel as float32."""
+        """``buf`` all-reduced with ``op`` between the workers, on the calling thread: in
+        place, or from ``send`` (same size) into ``buf``. float16/bfloat16 travel as float32."""
         t, deadline = self._deadline(timeout)
         wire = _wire_dtype(buf.dtype)
         src = send
@@ -295,19 +405,111 @@ class HierarchicalCollectives(Collectives):
             target = buf
             buf = (send if send is not None else buf).astype(wire)
             src = None
-        mpi_op = self._ops[op]
         self.stats["data_calls"] += 1
-        sendbuf = self._MPI.IN_PLACE if src is None else src
-        if buf.nbytes < BLOCKING_MIN_BYTES:
-            if not poll(self._comm.Iallreduce(sendbuf, buf, mpi_op), deadline):
+        route = self._route(buf.nbytes, buf.dtype)
+        if route == "nonblocking":
+            sendbuf = self._MPI.IN_PLACE if src is None else src
+            if not poll(self._comm.Iallreduce(sendbuf, buf, self._ops[op]), deadline):
                 self._timed_out(what, t)
-        else:
-            job = MpiJob(buf, None)
-            comm = self._comm
-            self._mpi_thread.submit(job, lambda: comm.Allreduce(sendbuf, buf, mpi_op))
+        elif route == "blocking":
+            job = self._submit(buf, op, src, count=False)
             self._complete(job, what, t, deadline)
+        else:
+            comm = self._comm
+
+            def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
+                reqs = [comm.Irecv(into, source, _TAG), comm.Isend(out, dest, _TAG)]
+                if not poll_all(reqs, deadline):
+                    self._timed_out(what, t)
+
+            self._exchange_all_reduce(route, buf, op, src, exchange)
         if target is not None:
             target[...] = buf.astype(target.dtype)
+
+    def _exchange_all_reduce(
+        self,
+        route: str,
+        buf: np.ndarray,
+        op: ReduceOp,
+        send: Optional[np.ndarray],
+        exchange: Callable[[np.ndarray, np.ndarray, int, int], None],
+    ) -> None:
+        """The all-reduce of ``send`` (or ``buf``) into ``buf`` by point-to-point
+        ``exchange(out, into, dest, source)`` calls (each sends ``out`` to ``dest`` while it
+        receives ``into`` from ``source``) and numpy reductions; see the module doc."""
+        src = buf if send is None else send
+        fn = _NUMPY_OPS[op]
+        me, size = self.rank, self.num_workers
+        if route == "pair":
+            # Two workers: swap whole buffers, then reduce. Both reduce worker 0's values
+            # with worker 1's in that order, so that their results are the same bits
+            # (signed zeros under MIN and MAX, NaN payloads) as one ring would give.
+            peer = 1 - me
+            theirs = self._scratch_for(buf.size, buf.dtype, src)
+            exchange(src, theirs, peer, peer)
+            if me == 0:
+                fn(src, theirs, out=buf)
+            else:
+                fn(theirs, src, out=buf)
+            return
+        # Ring: worker k owns piece k+1 after the reduce-scatter. At step s of the
+        # reduce-scatter each worker sends the piece it reduced at step s-1 (its own
+        # values at step 0) to the right, receives the left worker's partial sum of the
+        # next piece, and adds its own values to it. The all-gather then passes the
+        # finished pieces around the ring, received straight into ``buf``.
+        bounds = [buf.size * k // size for k in range(size + 1)]
+        right, left = (me + 1) % size, (me - 1) % size
+        for step in range(size - 1):
+            sc, rc = (me - step) % size, (me - step - 1) % size
+            out = (src if step == 0 else buf)[bounds[sc] : bounds[sc + 1]]
+            lo, hi = bounds[rc], bounds[rc + 1]
+            theirs = self._scratch_for(hi - lo, buf.dtype, src[lo:hi])
+            exchange(out, theirs, right, left)
+            fn(src[lo:hi], theirs, out=buf[lo:hi])
+        for step in range(size - 1):
+            sc, rc = (me + 1 - step) % size, (me - step) % size
+            exchange(buf[bounds[sc] : bounds[sc + 1]], buf[bounds[rc] : bounds[rc + 1]], right, left)
+
+    def _scratch_for(self, count: int, dtype: np.dtype, like: np.ndarray) -> np.ndarray:
+        """A receive buffer of ``count`` elements, reused from call to call (one exchange
+        runs at a time: on the calling thread, or on the MPI thread while the caller
+        waits for it), placed at the same offset within a page as ``like``: the peer
+        sends the same piece of a buffer placed as ours, and a copy whose destination is
+        a few bytes past its source modulo 4096 stalls on every load (measured: 1 MiB
+        from a page-aligned buffer into one 16 bytes past a page took 4.5x as long)."""
+        need = count * dtype.itemsize
+        if self._scratch.nbytes < need + 4096:
+            self._scratch = np.empty(max(need + 4096, 2 * self._scratch.nbytes), dtype=np.uint8)
+        start = (like.ctypes.data - self._scratch.ctypes.data) % 4096
+        return self._scratch[start : start + need].view(dtype)
+
+    def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray], count: bool = True) -> MpiJob:
+        """Starts the all-reduce of ``buf`` (from ``send`` when given) on the MPI thread,
+        with blocking calls, routed as ``_route`` says."""
+        if count:
+            self.stats["data_calls"] += 1
+        job = MpiJob(buf, None)
+        comm = self._comm
+        mpi_op = self._ops[op]
+        sendbuf = self._MPI.IN_PLACE if send is None else send
+        route = self._route(buf.nbytes, buf.dtype)
+        run: Callable[[], None]
+        if route == "blocking":
+            run = lambda: comm.Allreduce(sendbuf, buf, mpi_op)  # noqa: E731
+        elif route == "nonblocking":
+            # The same MPI collective as the calling thread's (a blocking call would not
+            # match another worker's nonblocking one).
+            run = lambda: comm.Iallreduce(sendbuf, buf, mpi_op).Wait()  # noqa: E731
+        else:
+
+            def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
+                comm.Sendrecv(out, dest, _TAG, into, source, _TAG)
+
+            def run() -> None:
+                self._exchange_all_reduce(route, buf, op, send, exchange)
+
+        self._mpi_thread.submit(job, run)
+        return job
 
     def _complete(self, job: MpiJob, what: str, timeout: float, deadline: float) -> None:
         while not job.done.wait(WAIT_SLICE):  # type: ignore[union-attr]
@@ -328,19 +530,30 @@ class HierarchicalCollectives(Collectives):
         timeout: Optional[float],
         flagged: bool,
         send: Optional[np.ndarray] = None,
+        sig: Optional[int] = None,
     ) -> None:
         """The worker-level all-reduce of ``flat`` (this worker's local result, or the
         result buffer of ``send``), with the agreement of the module doc. ``flagged``:
-        ``flat`` ends with one extra element, the agreement flag's place."""
-        sig = self._sig(description)
+        ``flat`` ends with one extra element, the agreement flag's place. ``sig``: the
+        description's signature, when the caller knows it."""
+        if sig is None:
+            sig = self._sig(description)
         # Whether the expected call carries a flag is the same on every worker (the
         # memory is), so every worker takes the same path here.
         expected = self._expected.get(self._last)
         if expected is not None and expected.flagged:
             if expected.signature == sig:
-                flat[-1] = _AGREE[op]
-                self._mpi_all_reduce(flat, op, what, timeout)
-                if flat[-1] == _AGREE[op]:
+                agree = _AGREE[op]
+                flat[-1] = agree
+                if send is None and expected.wire and flat.dtype is expected.dtype:
+                    # The steady state of a training loop: one polled Iallreduce.
+                    self.stats["data_calls"] += 1
+                    t = self.timeout if timeout is None else timeout
+                    if not poll(self._comm.Iallreduce(self._in_place, flat, self._ops[op]), _monotonic() + t):
+                        self._timed_out(what, t)
+                else:
+                    self._mpi_all_reduce(flat, op, what, timeout)
+                if flat[-1] == agree:
                     self._last = sig
                     return
             else:
@@ -394,6 +607,63 @@ class HierarchicalCollectives(Collectives):
                 out[r][i] = res[r][0]
         return out
 
+    def all_reduce_arrays(
+        self,
+        op: ReduceOp,
+        ins: Sequence[np.ndarray],
+        outs: Sequence[np.ndarray],
+        timeout: Optional[float] = None,
+    ) -> None:
+        """``outs[r]`` = ``op`` over every replica's array of every worker, from one
+        C-contiguous host array per local replica, all of one dtype and shape (what a
+        step's ``ctx.all_reduce(op, x)`` passes). The same MPI calls as ``all_reduce``
+        of the same values, with less Python around them."""
+        a0 = ins[0]
+        key = (op, a0.dtype.num, a0.shape)
+        kind = self._arrays.get(key)
+        if kind is None:
+            kind = self._arrays_kind(op, a0, key)
+        self._what = "all_reduce"
+        if kind.flat is not None:
+            # Small: into the call's own flat buffer (data, then the agreement flag),
+            # across the workers in one call, then out to every replica.
+            data = kind.data
+            if len(ins) == 1:
+                np.copyto(data, a0)
+            else:
+                self._reduce_into(kind.op, [a.reshape(-1) for a in ins], kind.flat[:-1])
+            self._reduce_flat(kind.flat, kind.op, kind.description, "all_reduce", timeout, True, None, kind.sig)
+            if op is ReduceOp.MEAN:
+                for o in outs:
+                    np.divide(data, self.num_replicas, out=o)
+            else:
+                for o in outs:
+                    np.copyto(o, data)
+        elif kind.work is not None:
+            self._all_reduce_packed(
+                op, [[a] for a in ins], kind.work, kind.description, timeout, outs=[o.reshape(-1) for o in outs]
+            )
+        else:
+            res = self.all_reduce(op, [[a] for a in ins], timeout=timeout, value=a0)
+            for o, r in zip(outs, res):
+                np.copyto(o, r[0])
+
+    def _arrays_kind(self, op: ReduceOp, a: np.ndarray, key: Tuple[Any, ...]) -> _ArraysKind:
+        """What ``all_reduce_arrays`` remembers of a kind of call."""
+        work: Optional[np.dtype] = work_dtype(a.dtype, op)
+        if (
+            work != a.dtype
+            or not _native_mpi(_wire_dtype(a.dtype), _LOCAL_OP[op])
+            or self.num_workers == 1
+            or self._on_gpu
+        ):
+            work = None
+        if len(self._arrays) > 256:
+            self._arrays.clear()
+        description = describe_call("all_reduce", op, a, [a])
+        kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a)
+        return kind
+
     def _all_reduce_one_dtype(
         self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str, timeout: Optional[float]
     ) -> List[List[Any]]:
@@ -403,12 +673,19 @@ class HierarchicalCollectives(Collectives):
         return self._all_reduce_numpy(op, leaves, description, timeout)
 
     def _all_reduce_packed(
-        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, description: str, timeout: Optional[float]
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        work: np.dtype,
+        description: str,
+        timeout: Optional[float],
+        outs: Optional[List[np.ndarray]] = None,
     ) -> List[List[Any]]:
         """Every leaf of one dtype through one worker-level all-reduce: the local replicas'
         leaves are reduced into one flat host buffer (with room for the agreement flag
         when small), MPI reduces it across workers, and every local replica gets its
-        results from it."""
+        results from it. ``outs``: one flat array of the leaves' total size per local
+        replica (host replicas), where the results go (nothing is returned then)."""
         n = self.num_local
         shapes = [tuple(a.shape) for a in leaves[0]]
         total = sum(math.prod(s) for s in shapes)
@@ -419,11 +696,55 @@ class HierarchicalCollectives(Collectives):
             self._reduce_flat(flat, local_op, description, what, timeout, True)
             data = flat[:total]
             self._finish_mean(op, [data])
+            if outs is not None:
+                for o in outs:
+                    np.copyto(o, data)
+                return []
             return self._local_spread(data, shapes, n)
         # Large: agree first (one small exchange), then move the data.
         chunks = self._chunks(total, work.itemsize)
         if len(chunks) > 1:
             description += f" in chunks of {self.chunk_bytes} bytes"
+        # The signatures travel while the local replicas' values are reduced.
+        agreed = self._agree_large(description, total, work, local_op, what, timeout)
+        if self._on_gpu:
+            flat = self._local_reduce(local_op, leaves, work, total, 0)
+            agreed()
+            for lo, hi in chunks:
+                self._mpi_all_reduce(flat[lo:hi], local_op, what, timeout)
+            self._finish_mean(op, [flat])
+            return self._local_spread(flat, shapes, n)
+        given = outs is not None
+        if outs is None:
+            outs = [new_array((total,), work) for _ in range(n)]
+        if len(leaves[0]) == 1:
+            ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
+        else:
+            ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
+        if n == 1:
+            # No local steps: MPI reduces from the replica's values straight into its
+            # result, chunk by chunk.
+            agreed()
+            for lo, hi in chunks:
+                self._mpi_all_reduce(outs[0][lo:hi], local_op, what, timeout, send=ins[0][lo:hi])
+        elif len(chunks) == 1:
+            # Nothing to overlap: the three steps one after the other, on this thread.
+            self._reduce_chunk(local_op, ins, outs, 0, total)
+            agreed()
+            self._mpi_all_reduce(outs[0], local_op, what, timeout)
+            self._broadcast_chunk(outs, 0, total)
+        else:
+            self._pipeline(local_op, ins, outs, chunks, what, timeout, agreed)
+        self._finish_mean(op, outs)
+        if given:
+            return []
+        return [self.local._unpack(outs[r], shapes) for r in range(n)]
+
+    def _agree_large(
+        self, description: str, total: int, work: np.dtype, op: ReduceOp, what: str, timeout: Optional[float]
+    ) -> Callable[[], None]:
+        """The agreement of a large all-reduce: one signature exchange before the data.
+        Returns the function that completes it: call it before any data crosses MPI."""
         sig = self._sig(description)
         expected = self._expected.get(self._last)
         if expected is not None and expected.flagged:
@@ -433,99 +754,91 @@ class HierarchicalCollectives(Collectives):
             stand_in[-1] = _DISAGREE[expected.op]
             self._mpi_all_reduce(stand_in, expected.op, what, timeout)
             self.stats["flagged"] += 1
-        self._exchange(sig, description, what, timeout)
-        self._expected[self._last] = _Expected(sig, total, work, local_op, False)
-        self._last = sig
-        if self._on_gpu:
-            flat = self._local_reduce(local_op, leaves, work, total, 0)
-            for lo, hi in chunks:
-                self._mpi_all_reduce(flat[lo:hi], local_op, what, timeout)
-            self._finish_mean(op, [flat])
-            return self._local_spread(flat, shapes, n)
-        out = self._pipeline(local_op, leaves, work, total, chunks, what, timeout)
-        self._finish_mean(op, out)
-        return [self.local._unpack(out[r], shapes) for r in range(n)]
+        finish = self._exchange_start(sig, description, what, timeout)
+
+        def agreed() -> None:
+            finish()
+            self._expected[self._last] = _Expected(sig, total, work, op, False)
+            self._last = sig
+
+        return agreed
 
     def _chunks(self, count: int, itemsize: int) -> List[Tuple[int, int]]:
         """The pieces of a large buffer that cross MPI one by one (the same on every worker,
-        so that every worker's MPI calls match). With one local replica too: the copy of
-        chunk i+1 into the result overlaps MPI's work on chunk i (measured: a 64 MiB
-        all-reduce of 2 workers took 41-44 ms in 4 MiB chunks, 66-84 ms in one)."""
+        so that every worker's MPI calls match): with several local replicas, the local
+        reduce of chunk i+1 overlaps MPI's work on chunk i. One piece when chunk_bytes is 0."""
+        if self.chunk_bytes <= 0:
+            return [(0, count)]
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
+
+    def _reduce_into(self, op: ReduceOp, ins: List[np.ndarray], flat: np.ndarray) -> None:
+        """The local replicas' flat values of a small collective reduced into ``flat``
+        with numpy, on this thread: at these sizes waking the engine's threads costs more
+        than the arithmetic (measured, 2 replicas of 1 KiB: tens of microseconds against
+        one)."""
+        fn = _NUMPY_OPS[op]
+        fn(ins[0], ins[1], out=flat)
+        for x in ins[2:]:
+            fn(flat, x, out=flat)
+
+    def _reduce_chunk(self, op: ReduceOp, ins: List[np.ndarray], outs: List[np.ndarray], lo: int, hi: int) -> None:
+        """Step 1 for elements lo:hi: the local replicas' values reduced into ``outs[0]``
+        (the buffer MPI then works on). The engine all-reduces into every replica's result
+        at once, which moves fewer bytes than seeding ``outs[0]`` with replica 0's values
+        and reducing the others into it (measured, 2 replicas of 16 MiB with the broadcast
+        after it: 6.1-6.5 ms against 8.3-9.0 ms); the other results are overwritten by
+        step 3."""
+        if engine_supports(outs[0].dtype):
+            group: ReplicaGroup = self.local.group  # type: ignore[assignment]  # several local replicas
+            group.all_reduce([x[lo:hi] for x in ins], op.engine_name, out=[o[lo:hi] for o in outs])
+        else:
+            np.copyto(outs[0][lo:hi], numpy_reduce(np.stack([x[lo:hi] for x in ins]), op, outs[0].dtype))
+
+    def _broadcast_chunk(self, outs: List[np.ndarray], lo: int, hi: int) -> None:
+        """Step 3 for elements lo:hi: ``outs[0]``'s values copied to the other replicas'."""
+        if engine_supports(outs[0].dtype):
+            group: ReplicaGroup = self.local.group  # type: ignore[assignment]  # several local replicas
+            group.broadcast([o[lo:hi] for o in outs], root=0)
+        else:
+            for o in outs[1:]:
+                np.copyto(o[lo:hi], outs[0][lo:hi])
 
     def _pipeline(
         self,
         op: ReduceOp,
-        leaves: Sequence[Sequence[Any]],
-        work: np.dtype,
-        total: int,
+        ins: List[np.ndarray],
+        outs: List[np.ndarray],
         chunks: List[Tuple[int, int]],
         what: str,
         timeout: Optional[float],
-    ) -> List[np.ndarray]:
+        agreed: Callable[[], None],
+    ) -> None:
         """The three steps on host memory, chunk by chunk, so that they overlap: while MPI
-        carries chunk i (a blocking call on the MPI thread), the engine reduces chunk i+1
-        into the buffer MPI sends; chunk i is broadcast from it to the other local
-        replicas while MPI carries chunk i+1. Returns one flat result per local replica
-        (replica 0's is the MPI buffer itself)."""
-        n = self.num_local
+        carries chunk i (blocking calls on the MPI thread), the engine reduces chunk i+1
+        into the buffer MPI sends (replica 0's result); chunk i is broadcast from it to
+        the other local replicas while MPI carries chunk i+1."""
         t, deadline = self._deadline(timeout)
-        if len(leaves[0]) == 1:
-            ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
-        else:
-            ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
-        outs = [new_array((total,), work) for _ in range(n)]
         flat = outs[0]
-        # Not None where it is used: with more than one local replica.
-        group: ReplicaGroup = self.local.group  # type: ignore[assignment]
-        on_engine = n > 1 and engine_supports(work)
         jobs: List[Optional[MpiJob]] = []
-        wire_ok = _wire_dtype(work) == work
-        # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI.
+        wire_ok = _wire_dtype(flat.dtype) == flat.dtype
+        # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI (once
+        # the workers agree: ``agreed()`` after the first chunk's local reduce).
         for lo, hi in chunks:
-            src: Optional[np.ndarray] = None
-            if n == 1:
-                if wire_ok:
-                    # MPI in place on the result buffer: a copy here is cheaper than the
-                    # one an out-of-place Allreduce makes of its own (and it overlaps the
-                    # previous chunk's MPI call).
-                    np.copyto(flat[lo:hi], ins[0][lo:hi])
-                else:
-                    src = ins[0][lo:hi]
-            else:
-                if on_engine:
-                    np.copyto(flat[lo:hi], ins[0][lo:hi])
-                    group.reduce([flat[lo:hi]] + [x[lo:hi] for x in ins[1:]], root=0, op=op.engine_name)
-                else:
-                    np.copyto(flat[lo:hi], numpy_reduce(np.stack([x[lo:hi] for x in ins]), op, work))
+            self._reduce_chunk(op, ins, outs, lo, hi)
+            if lo == 0:
+                agreed()
             if wire_ok:
-                jobs.append(self._submit(flat[lo:hi], op, src))
+                jobs.append(self._submit(flat[lo:hi], op, None))
             else:
                 # float16/bfloat16 cross as float32, synchronously.
-                self._mpi_all_reduce(flat[lo:hi], op, what, timeout, send=src)
+                self._mpi_all_reduce(flat[lo:hi], op, what, timeout)
                 jobs.append(None)
         # Step 3: as each chunk comes back, the other local replicas get a copy of it.
         for (lo, hi), job in zip(chunks, jobs):
             if job is not None:
                 self._complete(job, what, t, deadline)
-            if n > 1:
-                if on_engine:
-                    group.broadcast([flat[lo:hi]] + [o[lo:hi] for o in outs[1:]], root=0)
-                else:
-                    for o in outs[1:]:
-                        np.copyto(o[lo:hi], flat[lo:hi])
-        return outs
-
-    def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray]) -> MpiJob:
-        """Starts the MPI all-reduce of ``buf`` (from ``send`` when given) on the MPI thread."""
-        self.stats["data_calls"] += 1
-        job = MpiJob(buf, None)
-        comm = self._comm
-        mpi_op = self._ops[op]
-        sendbuf = self._MPI.IN_PLACE if send is None else send
-        self._mpi_thread.submit(job, lambda: comm.Allreduce(sendbuf, buf, mpi_op))
-        return job
+            self._broadcast_chunk(outs, lo, hi)
 
     def _finish_mean(self, op: ReduceOp, bufs: Sequence[np.ndarray]) -> None:
         if op is ReduceOp.MEAN:
@@ -536,7 +849,8 @@ class HierarchicalCollectives(Collectives):
         self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, total: int, extra: int
     ) -> np.ndarray:
         """This worker's replicas' leaves (``total`` elements each) reduced with ``op`` into
-        one new flat host buffer, with ``extra`` more elements after the data."""
+        one new flat host buffer, with ``extra`` more elements after the data (host
+        replicas: small collectives only; large ones go by _reduce_chunk)."""
         size = total + extra
         n = self.num_local
         if self._on_gpu:
@@ -558,13 +872,7 @@ class HierarchicalCollectives(Collectives):
             ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
-        if not engine_supports(work):
-            # A dtype MPI reduces but the engine does not (int16...): numpy locally.
-            np.copyto(data, numpy_reduce(np.stack(ins), op, work))
-            return flat
-        # The engine reduces into the root's buffer: ours, seeded with replica 0's values.
-        np.copyto(data, ins[0])
-        self.local.group.reduce([data] + ins[1:], root=0, op=op.engine_name)  # type: ignore[union-attr]
+        self._reduce_into(op, ins, data)
         return flat
 
     def _local_spread(self, data: np.ndarray, shapes: List[Tuple[int, ...]], n: int) -> List[List[Any]]:
@@ -574,11 +882,8 @@ class HierarchicalCollectives(Collectives):
         if self._on_gpu:
             dev = [self.local._copy(data, r) for r in range(n)]
             rows = dev
-        elif n > 1 and engine_supports(data.dtype):
-            others = [new_array(data.shape, data.dtype) for _ in range(n - 1)]
-            self.local.group.broadcast([data] + others, root=0)  # type: ignore[union-attr]
-            rows = [data] + others
         elif n > 1:
+            # Small (large host buffers go by _broadcast_chunk): copies on this thread.
             rows = [data] + [data.copy() for _ in range(n - 1)]
         return [self.local._unpack(rows[r], shapes) for r in range(n)]
 

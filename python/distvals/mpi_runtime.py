@@ -17,7 +17,7 @@ import numpy as np
 
 from ._core import AbortedError
 
-__all__ = ["WAIT_SLICE", "LocalMeeting", "MpiJob", "MpiThread", "load_mpi", "poll", "report_and_abort"]
+__all__ = ["WAIT_SLICE", "LocalMeeting", "MpiJob", "MpiThread", "load_mpi", "poll", "poll_all", "report_and_abort"]
 
 _monotonic = time.monotonic
 # A polling wait first spins this long without pause, then yields the core between
@@ -175,7 +175,16 @@ def poll(req: Any, deadline: float, stop: Optional[Callable[[], None]] = None) -
     wait for may need ours), then short naps (a worker that is far behind must not cost
     a core for the whole wait).
     """
-    test = req.Test
+    return _poll(req.Test, deadline, stop)
+
+
+def poll_all(reqs: List[Any], deadline: float, stop: Optional[Callable[[], None]] = None) -> bool:
+    """``poll`` of several requests (a send and a receive): True once all completed."""
+    testall = reqs[0].Testall
+    return _poll(lambda: testall(reqs), deadline, stop)
+
+
+def _poll(test: Callable[[], bool], deadline: float, stop: Optional[Callable[[], None]]) -> bool:
     if test():
         return True
     now = _monotonic()

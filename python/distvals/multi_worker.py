@@ -104,8 +104,8 @@ class _WorkerReplicaContext(context.ReplicaContext):
 
 
 def _chunk_bytes() -> int:
-    """The pipeline's chunk size: ``DISTVALS_MPI_CHUNK_BYTES`` (the same on every worker),
-    else the default."""
+    """The pipeline's chunk size: ``DISTVALS_MPI_CHUNK_BYTES`` (the same on every worker;
+    0: one chunk, the pipeline off), else the default (0)."""
     from .mpi_collectives import DEFAULT_CHUNK_BYTES
 
     text = os.environ.get("DISTVALS_MPI_CHUNK_BYTES", "").strip()
@@ -114,9 +114,11 @@ def _chunk_bytes() -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"DISTVALS_MPI_CHUNK_BYTES must be a positive number of bytes, got {text!r}")
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"DISTVALS_MPI_CHUNK_BYTES must be a number of bytes (0: one chunk, the pipeline off), got {text!r}"
+        )
     return value
 
 
@@ -137,11 +139,43 @@ def _local_devices(devices: Any) -> List[str]:
     return canonical_devices(devices, "MultiWorkerMirroredStrategy")
 
 
+_BY_ENGINE_NAME = {op.engine_name: op for op in ReduceOp}
+
+
+class _WorkerQuick:
+    """What the quick all-reduce path of ``LocalExtended`` calls (an engine group's
+    ``all_reduce(ins, op, algorithm, out=)``, ``aborted``, ``reset``), for a worker: the
+    hierarchical all-reduce of one array per local replica, under the strategy's lock."""
+
+    __slots__ = ("_ext", "_group")
+
+    def __init__(self, ext: _MultiWorkerExtended) -> None:
+        self._ext = ext
+        # The local engine group (None with one local replica); a strategy that makes new
+        # collectives (after a fork) makes a new one of these too.
+        self._group = ext._group
+
+    @property
+    def aborted(self) -> bool:
+        group = self._group
+        return group is not None and bool(group.aborted)
+
+    def reset(self) -> None:
+        if self._group is not None:
+            self._group.reset()
+
+    def all_reduce(self, ins: List[np.ndarray], op: str, algorithm: str, out: List[np.ndarray]) -> None:
+        ext = self._ext
+        with ext._lock:
+            ext._coll.all_reduce_arrays(_BY_ENGINE_NAME[op], ins, out)
+
+
 class _MultiWorkerExtended(LocalExtended):
     """The local replicas of one worker (as MirroredStrategy's) plus the workers' MPI
     communicator; every collective goes through ``HierarchicalCollectives``."""
 
     _coll: HierarchicalCollectives
+    _between_workers = True
 
     def __init__(
         self,
@@ -216,6 +250,13 @@ class _MultiWorkerExtended(LocalExtended):
         return HierarchicalCollectives(
             local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
         )
+
+    def _quick_group(self) -> Any:
+        """The quick path of a step's ``ctx.all_reduce(op, x)`` (one numpy array per
+        replica): the hierarchical all-reduce of the arrays themselves (host replicas)."""
+        if self._via_root is not None or self._on_gpu:
+            return None
+        return _WorkerQuick(self)
 
     def _wait_setup(self, req: Any, timeout: float) -> None:
         """Waits for a request of the strategy's set-up (every worker constructs the

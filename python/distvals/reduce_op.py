@@ -42,6 +42,10 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 
+    # Members are singletons compared by identity, so the identity hash is a valid one;
+    # Enum's own is Python code, and a collective looks ops up in dicts several times.
+    __hash__ = object.__hash__
+
 
 _ENGINE = {
     ReduceOp.SUM: "sum",

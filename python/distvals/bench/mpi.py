@@ -16,8 +16,10 @@ default 2). For every size S (bytes per replica) the table shows the median time
 - ``local``: the hierarchical all-reduce's own local steps alone (engine reduce of the R
   buffers into the buffer MPI would send, engine broadcast from it), so that ``mpi W +
   local`` is what the three steps cost one after the other, with no overlap;
-- ``1 chunk``: ``hier`` with the pipeline off (one chunk, no overlap of the local steps
-  with MPI), for sizes the pipeline splits; ``hier`` below it is the pipeline's gain.
+- ``chunked``: ``hier`` with the pipeline on (4 MiB chunks: the local steps of one chunk
+  overlap MPI's work on another), for sizes it splits; below ``hier`` it would gain.
+  (When ``DISTVALS_MPI_CHUNK_BYTES`` turns the pipeline on, ``hier`` is chunked and this
+  column shows one chunk.)
 
 A call's time is the slowest process's time for that call. Every method starts from
 distinct values per replica (process) and is checked against a float64 reference in
@@ -184,19 +186,31 @@ def _hierarchical(
         call()
         row = {"time_us": 0.0, "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum"))}
         row["time_us"] = _time_calls(clock, iters, refill, call)
-        if len(coll._chunks(count, np.dtype(dtype).itemsize)) > 1:
-            # The same call with the pipeline off: one chunk, the three steps in sequence.
-            chunk_bytes, coll.chunk_bytes = coll.chunk_bytes, 1 << 62
+        from ..mpi_collectives import PIPELINE_CHUNK_BYTES
+
+        other = PIPELINE_CHUNK_BYTES if coll.chunk_bytes <= 0 else 0
+        chunk_bytes = coll.chunk_bytes
+        coll.chunk_bytes = other
+        split = len(coll._chunks(count, np.dtype(dtype).itemsize)) > 1
+        coll.chunk_bytes = chunk_bytes
+        if split or len(coll._chunks(count, np.dtype(dtype).itemsize)) > 1:
+            # The same call with the pipeline switched the other way.
+            coll.chunk_bytes = other
             try:
                 refill()
                 call()
                 row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum"))
-                row["one_chunk_us"] = _time_calls(clock, iters, refill, call)
+                row["chunked_us"] = _time_calls(clock, iters, refill, call)
             finally:
                 coll.chunk_bytes = chunk_bytes
         if n_local > 1:
-            # The local steps alone, exactly as the call makes them: reduce into a new flat
-            # buffer (the one MPI would send), broadcast from it to the other replicas.
+            # The local steps alone, exactly as the call makes them: small buffers reduced
+            # into a new flat buffer (the one MPI would send) and broadcast from it; large
+            # ones all-reduced into the replicas' new results, then broadcast from the
+            # first (where MPI would have worked in between).
+            from ..host_collectives import new_array
+            from ..mpi_collectives import SMALL_BYTES
+
             work = np.dtype(dtype)
             leaves = [[b] for b in bufs]
             shapes = [tuple(b.shape) for b in leaves[0]]  # one replica's leaves
@@ -204,8 +218,14 @@ def _hierarchical(
             def local_steps(
                 leaves: List[List[np.ndarray]] = leaves, shapes: List[Any] = shapes, work: np.dtype = work
             ) -> None:
-                flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
-                got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
+                if count * work.itemsize <= SMALL_BYTES:
+                    flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
+                    got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
+                    return
+                outs = [new_array((count,), work) for _ in range(n_local)]
+                coll._reduce_chunk(dv.ReduceOp.SUM, [row[0].reshape(-1) for row in leaves], outs, 0, count)
+                coll._broadcast_chunk(outs, 0, count)
+                got[0] = outs
 
             row["local_us"] = _time_calls(clock, iters, refill, local_steps)
         if with_run:
@@ -240,12 +260,12 @@ def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, 
         f"# distvals MPI bench: {W} worker(s) x {R} replica(s) = {W * R} replicas in sync, {a.dtype} sum",
         f"# peers: plain mpi4py Allreduce(IN_PLACE) over {W} and over {W * R} processes ({lib})",
         "# time: median over calls of the slowest process, microseconds",
-        "#   hier: the hierarchical all-reduce (single call); run: the same in strategy.run; 1 chunk: hier",
-        "#   with the pipeline off; local: its local reduce + broadcast alone; W+local: mpi W + local",
+        "#   hier: the hierarchical all-reduce (single call); run: the same in strategy.run; chunked: hier",
+        "#   pipelined in 4 MiB chunks; local: its local reduce + broadcast alone; W+local: mpi W + local",
         "#   run/W = run / mpi W; hier/sum = hier / (mpi W + local), at most 1 when nothing is wasted;",
         "#   WxR/hier = mpi WxR / hier (above 1: the hierarchy beats one process per replica)",
         (
-            f"# {'bytes':>10} {'hier':>9} {'run':>9} {'1 chunk':>9} {'mpi W':>9} {'local':>9} {'W+local':>9} "
+            f"# {'bytes':>10} {'hier':>9} {'run':>9} {'chunked':>9} {'mpi W':>9} {'local':>9} {'W+local':>9} "
             f"{'mpi WxR':>9} {'run/W':>6} {'hier/sum':>8} {'WxR/hier':>8} {'wrong':>5}"
         ),
     ]
@@ -257,7 +277,7 @@ def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, 
         wxr_hier = f"{wxr / r['hier_us']:.2f}" if wxr else "-"
         lines.append(
             f"  {r['bytes']:>10} {_fmt_us(r['hier_us']):>9} {_fmt_us(r.get('run_us')):>9} "
-            f"{_fmt_us(r.get('one_chunk_us')):>9} {_fmt_us(r['mpi_w_us']):>9} {_fmt_us(r.get('local_us')):>9} "
+            f"{_fmt_us(r.get('chunked_us')):>9} {_fmt_us(r['mpi_w_us']):>9} {_fmt_us(r.get('local_us')):>9} "
             f"{_fmt_us(both):>9} {_fmt_us(wxr):>9} {run_w:>6} {r['hier_us'] / both:>8.2f} {wxr_hier:>8} "
             f"{r['wrong']:>5}"
         )
@@ -318,7 +338,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "iters": iters,
                 "hier_us": h["time_us"],
                 "run_us": h.get("run_time_us"),
-                "one_chunk_us": h.get("one_chunk_us"),
+                "chunked_us": h.get("chunked_us"),
                 "local_us": h.get("local_us"),
                 "mpi_w_us": pw["time_us"],
                 "mpi_wxr_us": pwr["time_us"] if pwr else None,
