@@ -531,9 +531,17 @@ class LocalExtended(StrategyExtended):
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)
-        arrays = [self._convert(x) for x in leaves]
+        arrays = leaves
+        # Host replicas whose leaves are all numpy arrays (a structure of gradients):
+        # nothing to convert there and back.
+        for x in leaves:
+            if type(x) is not np.ndarray or self._on_gpu:
+                arrays = [self._convert(x) for x in leaves]
+                break
         _check_numbers(ctx._replica_id, leaves, arrays, "all_reduce", "reduce")
         out = self._meet(ctx, Request("all_reduce", (op,), value, (arrays, options), timeout))
+        if arrays is leaves:
+            return out[0] if single else nest.pack_sequence_as(value, out)
         if single:
             return kinds.restore(out[0], _unwrap(value))
         return nest.pack_sequence_as(value, [kinds.restore(o, _unwrap(x)) for o, x in zip(out, leaves)])
