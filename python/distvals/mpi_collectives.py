@@ -168,6 +168,29 @@ def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
                 f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} shape {key[3]}"
             )
         return text
+    # A plain list or tuple of leaves (batch_reduce_to's), or a dict of leaves (a model's
+    # gradients): remembered by their kind, keys, and each leaf's dtype and shape.
+    nkey: Any = None
+    t = type(value)
+    if t is list or t is tuple:
+        nkey = (t, len(value))
+    elif t is dict and not any(nest.is_nested(v) for v in value.values()):
+        nkey = (t, tuple(value))
+    if nkey is not None:
+        key = (kind, _op_name(op), nkey, tuple((a.dtype, a.shape) for a in leaves))
+        text = _NESTED_DESCRIPTIONS.get(key)
+        if text is None:
+            if len(_NESTED_DESCRIPTIONS) > 4096:
+                _NESTED_DESCRIPTIONS.clear()
+            text = _NESTED_DESCRIPTIONS[key] = _describe_nested(kind, op, value, leaves)
+        return text
+    return _describe_nested(kind, op, value, leaves)
+
+
+_NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
+
+
+def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
     paths = nest.paths(value)
     parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
     return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
