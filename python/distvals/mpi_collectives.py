@@ -71,8 +71,8 @@ changes:
   differs still sends a buffer of the expected size (with zeros), so the MPI call is
   well-formed on every worker.
 - When no call is expected, when a flag shows that some worker's call is not the
-  expected one, and for large collectives (where one 16-byte exchange costs under 1%),
-  the workers first exchange their signatures; equal signatures go on to the data call,
+  expected one, and for large collectives (whose 16-byte exchange travels while the
+  worker's local reduce runs), the workers first exchange their signatures; equal signatures go on to the data call,
   different ones exchange their descriptions and raise ``MismatchError`` naming the
   first difference, on every worker.
 
