@@ -35,6 +35,19 @@ def s3(request):
     s.close()
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Python's own SIGINT handler for every test here, as in an interactive program: a
+    process started in the background by a shell without job control (``cmd &`` in a
+    script, ``nohup``) begins with SIGINT ignored, and then the inline watchdog cannot
+    interrupt a blocked call on the main thread (see the SIG_IGN test below)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def tagged_step(tag: int):
     """Every replica all-reduces a value made of the step's tag and its id."""
     v = np.full(8, tag * 10 + replica_id(), np.int64)
@@ -314,6 +327,30 @@ def test_run_waits_at_most_the_timeout(execution):
         assert s.run(lambda: 5) == 5
     finally:
         s.close()
+
+
+def test_inline_timeout_with_sigint_ignored_ends_the_step_when_the_blocked_call_returns():
+    # With SIGINT ignored the watchdog cannot interrupt a C call blocked on the main thread
+    # (only a signal can); its exception lands as soon as the call returns: the step
+    # still ends with the timeout's error, and the next one works.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    opts = dv.CommunicationOptions(timeout_seconds=0.3)
+    with dv.MirroredStrategy(["CPU:0", "CPU:1"], communication_options=opts, execution="inline") as s:
+        release = threading.Event()
+
+        def fn():
+            if replica_id() == 1:
+                release.wait(1.0)
+            return dv.get_replica_context().all_reduce("sum", np.full(2, replica_id() + 1.0))
+
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="0.3 s"):
+            s.run(fn)
+        took = time.monotonic() - t0
+        assert 0.9 < took < 5, took
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.full(2, replica_id() + 1.0)))
+        for part in s.experimental_local_results(out):
+            np.testing.assert_array_equal(part, [3.0, 3.0])
 
 
 def test_inline_replicas_waiting_for_each_other_end_with_the_timeout():
