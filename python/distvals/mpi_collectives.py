@@ -13,42 +13,17 @@ engine) does the work; between workers, one buffer per worker crosses MPI::
     step 3:      engine broadcast                      engine broadcast  (from the MPI buffer)
 
 With one local replica there is no step 1 or 3: MPI reduces from the replica's array
-straight into its result array.
+straight into its result array. Buffers of 64 KiB and more cross MPI by point-to-point
+exchanges of our own (two workers swap, or a ring), straight into the result with no
+copy: see ``distvals.mpi_exchanges``.
 
 A buffer can cross in chunks (``DISTVALS_MPI_CHUNK_BYTES``, the same on every worker), so
 that with several local replicas the local reduce of chunk i+1 and the broadcast of chunk
 i-1 run while MPI carries chunk i on the MPI thread. That pays only where the two phases
 use different resources (MPI over a network while spare cores reduce); on one 2-core
-machine with the exchanges below it lost about 20% (2 workers x 2 replicas, 16 MiB:
-24.8 ms in 4 MiB chunks against 20.2-20.8 ms in one; 64 MiB: 91-101 ms against 74-81 ms),
-so by default a buffer crosses in one piece (``python -m distvals.bench --mpi`` shows both).
-
-Large buffers: exchanges instead of MPI_Allreduce
--------------------------------------------------
-Below 64 KiB a chunk crosses in one ``Iallreduce`` (polled against the timeout). From
-64 KiB, MPI_Allreduce costs more than it must here: Open MPI's nonblocking one is slow,
-the blocking one cannot be waited for against a deadline from the calling thread, and
-an all-reduce into a new result needs a copy first (in place) or inside MPI (out of
-place). So the workers exchange the data point to point and reduce it with numpy:
-
-- *Two workers, up to 512 KiB*: they swap whole chunks (one ``Isend`` and one ``Irecv``
-  each) and reduce; both reduce worker 0's values with worker 1's in that order, so that
-  every worker's result is the same bits.
-- *Larger, or more workers*: a ring. Each worker's chunk is cut into one piece per
-  worker; in W-1 steps every worker sends a partial reduction to its right neighbour
-  and adds its own values to the one it receives from its left (reduce-scatter, reading
-  the caller's array and writing the result), then W-1 steps pass the finished pieces
-  around, received straight into the result (all-gather). Each piece is reduced on one
-  path only, so every worker gets the same bits. With more than two workers the ring
-  runs when each piece is at least 1 MiB; smaller chunks keep MPI_Allreduce.
-
-The route depends only on what every worker agreed on (the chunk's size and dtype, the
-number of workers), so every worker makes the same MPI calls. Measured on 2 workers of
-one 2-core machine (new result from one array per worker, medians of three runs): 256 KiB
-194 us swapping, 203 us in the ring, 258 us copying into the result and Allreduce in
-place on the MPI thread; 1 MiB 355 / 334 / 427 us; 4 MiB 2.3 / 2.1 / 3.4 ms. And one
-worker's send buffer written just before (a gradient) or starting on a page boundary
-(the host pool's blocks) costs the exchange nothing more than MPI's own.
+machine, with the exchanges, it lost about 20% (2 workers x 2 replicas, 16 MiB: 24.8 ms
+in 4 MiB chunks against 20.2-20.8 ms in one; 64 MiB: 91-101 ms against 74-81 ms), so by
+default a buffer crosses in one piece (``python -m distvals.bench --mpi`` shows both).
 
 Agreement without a second round trip
 -------------------------------------
@@ -99,6 +74,7 @@ from . import devices, nest
 from ._core import CollectiveTimeoutError, MismatchError
 from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
+from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
@@ -115,26 +91,6 @@ DEFAULT_CHUNK_BYTES = 0
 PIPELINE_CHUNK_BYTES = 4 << 20
 #: Collectives up to this size carry their agreement inside the data call.
 SMALL_BYTES = 64 << 10
-#: Buffers of at least this many bytes cross MPI by point-to-point exchanges of our own
-#: (module doc, "Large buffers"), or, where those do not apply, by blocking MPI calls
-#: on the MPI thread (Open MPI's blocking all-reduce is much faster than its
-#: nonblocking one for them).
-BLOCKING_MIN_BYTES = 64 << 10
-#: Two workers exchange whole buffers up to this size, halves above it (the ring of
-#: two: measured equal at 256 KiB, 3-15% faster from 1 MiB).
-PAIR_MAX_BYTES = 512 << 10
-#: With more than two workers the ring runs when each worker's piece is at least this.
-RING_MIN_PIECE_BYTES = 1 << 20
-# The tag of the point-to-point messages of the all-reduce (on the strategy's own
-# communicator, where nothing else sends point to point).
-_TAG = 0x6476
-_NUMPY_OPS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
-}
-
 _monotonic = time.monotonic
 _F32 = np.dtype(np.float32)
 _LOCAL_OP = {
@@ -316,8 +272,8 @@ class HierarchicalCollectives(Collectives):
         self._what = "all_reduce"
         # all_reduce_arrays: (op, dtype number, shape) -> what it remembers of such calls.
         self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
-        # Receive buffer of the point-to-point exchanges.
-        self._scratch = np.empty(0, dtype=np.uint8)
+        # The point-to-point all-reduce of large buffers.
+        self._exchanges = Exchanges(self.rank, self.num_workers)
 
     @property
     def group(self) -> Any:
@@ -400,21 +356,6 @@ class HierarchicalCollectives(Collectives):
         self._last = sig
 
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
-    def _route(self, nbytes: int, dtype: np.dtype) -> str:
-        """How a buffer of ``nbytes`` bytes of ``dtype`` (its wire dtype) crosses MPI:
-        "nonblocking" (Iallreduce, polled), "pair" or "ring" (point-to-point exchanges,
-        module doc), or "blocking" (Allreduce on the MPI thread). It depends only on what
-        every worker agreed on (size, dtype, number of workers), so that every worker
-        makes the same MPI calls."""
-        if nbytes < BLOCKING_MIN_BYTES:
-            return "nonblocking"
-        if dtype.kind in "fiuc":
-            if self.num_workers == 2:
-                return "pair" if nbytes <= PAIR_MAX_BYTES else "ring"
-            if nbytes // self.num_workers >= RING_MIN_PIECE_BYTES:
-                return "ring"
-        return "blocking"
-
     def _mpi_all_reduce(
         self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
     ) -> None:
@@ -429,7 +370,7 @@ class HierarchicalCollectives(Collectives):
             buf = (send if send is not None else buf).astype(wire)
             src = None
         self.stats["data_calls"] += 1
-        route = self._route(buf.nbytes, buf.dtype)
+        route = self._exchanges.route(buf.nbytes, buf.dtype)
         if route == "nonblocking":
             sendbuf = self._MPI.IN_PLACE if src is None else src
             if not poll(self._comm.Iallreduce(sendbuf, buf, self._ops[op]), deadline):
@@ -441,81 +382,24 @@ class HierarchicalCollectives(Collectives):
             comm = self._comm
 
             def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
-                reqs = [comm.Irecv(into, source, _TAG), comm.Isend(out, dest, _TAG)]
+                reqs = [comm.Irecv(into, source, TAG), comm.Isend(out, dest, TAG)]
                 if not poll_all(reqs, deadline):
                     self._timed_out(what, t)
 
-            self._exchange_all_reduce(route, buf, op, src, exchange)
+            self._exchanges.all_reduce(route, buf, op, src, exchange)
         if target is not None:
             target[...] = buf.astype(target.dtype)
 
-    def _exchange_all_reduce(
-        self,
-        route: str,
-        buf: np.ndarray,
-        op: ReduceOp,
-        send: Optional[np.ndarray],
-        exchange: Callable[[np.ndarray, np.ndarray, int, int], None],
-    ) -> None:
-        """The all-reduce of ``send`` (or ``buf``) into ``buf`` by point-to-point
-        ``exchange(out, into, dest, source)`` calls (each sends ``out`` to ``dest`` while it
-        receives ``into`` from ``source``) and numpy reductions; see the module doc."""
-        src = buf if send is None else send
-        fn = _NUMPY_OPS[op]
-        me, size = self.rank, self.num_workers
-        if route == "pair":
-            # Two workers: swap whole buffers, then reduce. Both reduce worker 0's values
-            # with worker 1's in that order, so that their results are the same bits
-            # (signed zeros under MIN and MAX, NaN payloads) as one ring would give.
-            peer = 1 - me
-            theirs = self._scratch_for(buf.size, buf.dtype, src)
-            exchange(src, theirs, peer, peer)
-            if me == 0:
-                fn(src, theirs, out=buf)
-            else:
-                fn(theirs, src, out=buf)
-            return
-        # Ring: worker k owns piece k+1 after the reduce-scatter. At step s of the
-        # reduce-scatter each worker sends the piece it reduced at step s-1 (its own
-        # values at step 0) to the right, receives the left worker's partial sum of the
-        # next piece, and adds its own values to it. The all-gather then passes the
-        # finished pieces around the ring, received straight into ``buf``.
-        bounds = [buf.size * k // size for k in range(size + 1)]
-        right, left = (me + 1) % size, (me - 1) % size
-        for step in range(size - 1):
-            sc, rc = (me - step) % size, (me - step - 1) % size
-            out = (src if step == 0 else buf)[bounds[sc] : bounds[sc + 1]]
-            lo, hi = bounds[rc], bounds[rc + 1]
-            theirs = self._scratch_for(hi - lo, buf.dtype, src[lo:hi])
-            exchange(out, theirs, right, left)
-            fn(src[lo:hi], theirs, out=buf[lo:hi])
-        for step in range(size - 1):
-            sc, rc = (me + 1 - step) % size, (me - step) % size
-            exchange(buf[bounds[sc] : bounds[sc + 1]], buf[bounds[rc] : bounds[rc + 1]], right, left)
-
-    def _scratch_for(self, count: int, dtype: np.dtype, like: np.ndarray) -> np.ndarray:
-        """A receive buffer of ``count`` elements, reused from call to call (one exchange
-        runs at a time: on the calling thread, or on the MPI thread while the caller
-        waits for it), placed at the same offset within a page as ``like``: the peer
-        sends the same piece of a buffer placed as ours, and a copy whose destination is
-        a few bytes past its source modulo 4096 stalls on every load (measured: 1 MiB
-        from a page-aligned buffer into one 16 bytes past a page took 4.5x as long)."""
-        need = count * dtype.itemsize
-        if self._scratch.nbytes < need + 4096:
-            self._scratch = np.empty(max(need + 4096, 2 * self._scratch.nbytes), dtype=np.uint8)
-        start = (like.ctypes.data - self._scratch.ctypes.data) % 4096
-        return self._scratch[start : start + need].view(dtype)
-
     def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray], count: bool = True) -> MpiJob:
         """Starts the all-reduce of ``buf`` (from ``send`` when given) on the MPI thread,
-        with blocking calls, routed as ``_route`` says."""
+        with blocking calls, routed as ``Exchanges.route`` says."""
         if count:
             self.stats["data_calls"] += 1
         job = MpiJob(buf, None)
         comm = self._comm
         mpi_op = self._ops[op]
         sendbuf = self._MPI.IN_PLACE if send is None else send
-        route = self._route(buf.nbytes, buf.dtype)
+        route = self._exchanges.route(buf.nbytes, buf.dtype)
         run: Callable[[], None]
         if route == "blocking":
             run = lambda: comm.Allreduce(sendbuf, buf, mpi_op)  # noqa: E731
@@ -526,10 +410,10 @@ class HierarchicalCollectives(Collectives):
         else:
 
             def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
-                comm.Sendrecv(out, dest, _TAG, into, source, _TAG)
+                comm.Sendrecv(out, dest, TAG, into, source, TAG)
 
             def run() -> None:
-                self._exchange_all_reduce(route, buf, op, send, exchange)
+                self._exchanges.all_reduce(route, buf, op, send, exchange)
 
         self._mpi_thread.submit(job, run)
         return job
@@ -800,7 +684,7 @@ class HierarchicalCollectives(Collectives):
         with numpy, on this thread: at these sizes waking the engine's threads costs more
         than the arithmetic (measured, 2 replicas of 1 KiB: tens of microseconds against
         one)."""
-        fn = _NUMPY_OPS[op]
+        fn = NUMPY_OPS[op]
         fn(ins[0], ins[1], out=flat)
         for x in ins[2:]:
             fn(flat, x, out=flat)

@@ -1,7 +1,8 @@
 """Worker script: every route a buffer can take across the workers gives the reference
 result, the same bits on every worker.
 
-- ``HierarchicalCollectives._mpi_all_reduce`` on sizes that take each route (polled
+- ``HierarchicalCollectives._mpi_all_reduce`` on sizes that take each route of
+  ``distvals.mpi_exchanges`` (polled
   Iallreduce below 64 KiB; two workers swapping whole buffers up to 4 MiB; the ring of
   halves above, and the ring of any worker count when each piece is 1 MiB; blocking
   Allreduce between), in place and from a separate input, for every op and the dtypes
@@ -60,7 +61,7 @@ def main() -> int:
                 mine = value_for(rank, (count,), dtype, op, salt=count)
                 want = reference([value_for(w, (count,), dtype, op, salt=count) for w in range(size)], op)
                 wire = np.dtype(np.float32) if dt == np.float16 else dt
-                seen.add(coll._route(count * wire.itemsize, wire))
+                seen.add(coll._exchanges.route(count * wire.itemsize, wire))
                 for in_place in (True, False):
                     buf = mine.copy() if in_place else np.full(count, 99, dtype=dt)
                     src = None if in_place else mine.copy()
