@@ -533,11 +533,9 @@ class LocalExtended(StrategyExtended):
         leaves = [value] if single else nest.flatten(value)
         arrays = leaves
         # Host replicas whose leaves are all numpy arrays (a structure of gradients):
-        # nothing to convert there and back.
-        for x in leaves:
-            if type(x) is not np.ndarray or self._on_gpu:
-                arrays = [self._convert(x) for x in leaves]
-                break
+        # nothing to convert there and back. GPU replicas always convert.
+        if self._on_gpu or any(type(x) is not np.ndarray for x in leaves):
+            arrays = [self._convert(x) for x in leaves]
         _check_numbers(ctx._replica_id, leaves, arrays, "all_reduce", "reduce")
         out = self._meet(ctx, Request("all_reduce", (op,), value, (arrays, options), timeout))
         if arrays is leaves:

@@ -376,8 +376,7 @@ class HierarchicalCollectives(Collectives):
             if not poll(self._comm.Iallreduce(sendbuf, buf, self._ops[op]), deadline):
                 self._timed_out(what, t)
         elif route == "blocking":
-            job = self._submit(buf, op, src, count=False)
-            self._complete(job, what, t, deadline)
+            self._complete(self._submit(buf, op, src), what, t, deadline)
         else:
             comm = self._comm
 
@@ -390,11 +389,9 @@ class HierarchicalCollectives(Collectives):
         if target is not None:
             target[...] = buf.astype(target.dtype)
 
-    def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray], count: bool = True) -> MpiJob:
+    def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray]) -> MpiJob:
         """Starts the all-reduce of ``buf`` (from ``send`` when given) on the MPI thread,
-        with blocking calls, routed as ``Exchanges.route`` says."""
-        if count:
-            self.stats["data_calls"] += 1
+        with blocking calls, routed as ``Exchanges.route`` says (its caller counts it)."""
         job = MpiJob(buf, None)
         comm = self._comm
         mpi_op = self._ops[op]
@@ -538,7 +535,7 @@ class HierarchicalCollectives(Collectives):
             if len(ins) == 1:
                 np.copyto(data, a0)
             else:
-                self._reduce_into(kind.op, [a.reshape(-1) for a in ins], kind.flat[:-1])
+                self._reduce_small(kind.op, [a.reshape(-1) for a in ins], kind.flat[:-1])
             self._reduce_flat(kind.flat, kind.op, kind.description, "all_reduce", timeout, True, None, kind.sig)
             if op is ReduceOp.MEAN:
                 for o in outs:
@@ -679,7 +676,7 @@ class HierarchicalCollectives(Collectives):
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
 
-    def _reduce_into(self, op: ReduceOp, ins: List[np.ndarray], flat: np.ndarray) -> None:
+    def _reduce_small(self, op: ReduceOp, ins: List[np.ndarray], flat: np.ndarray) -> None:
         """The local replicas' flat values of a small collective reduced into ``flat``
         with numpy, on this thread: at these sizes waking the engine's threads costs more
         than the arithmetic (measured, 2 replicas of 1 KiB: tens of microseconds against
@@ -736,6 +733,7 @@ class HierarchicalCollectives(Collectives):
             if lo == 0:
                 agreed()
             if wire_ok:
+                self.stats["data_calls"] += 1
                 jobs.append(self._submit(flat[lo:hi], op, None))
             else:
                 # float16/bfloat16 cross as float32, synchronously.
@@ -779,7 +777,7 @@ class HierarchicalCollectives(Collectives):
             ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
-        self._reduce_into(op, ins, data)
+        self._reduce_small(op, ins, data)
         return flat
 
     def _local_spread(self, data: np.ndarray, shapes: List[Tuple[int, ...]], n: int) -> List[List[Any]]:

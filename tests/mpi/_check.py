@@ -118,3 +118,12 @@ def expect_raises(exc_type, fn, rank: int, what: str, *needles: str) -> BaseExce
             expect(needle in str(e), rank, f"{what}: message {str(e)!r} lacks {needle!r}")
         return e
     raise AssertionError(f"worker {rank}: {what}: no {exc_type.__name__} raised")
+
+
+def finish(rank: int, checks: int, strategy=None) -> int:
+    """Closes ``strategy`` (when given) and reports this worker's passed checks; returns
+    the script's exit status."""
+    if strategy is not None:
+        strategy.close()
+    print(f"worker {rank}: {checks} checks passed", flush=True)
+    return 0

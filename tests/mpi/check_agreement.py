@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import expect, expect_close, expect_raises, make_strategy, parse_args
+from _check import expect, expect_close, expect_raises, finish, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -91,9 +91,7 @@ def main() -> int:
         expect_close(ok, np.full(3, float(sum(range(total)))), rank, f"after the {what} mismatch")
         checks += 1
 
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    s.close()
-    return 0
+    return finish(rank, checks, s)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from _check import (
     expect,
     expect_close,
     expect_raises,
+    finish,
     make_strategy,
     parse_args,
     reference,
@@ -314,9 +315,7 @@ def main() -> int:
         expect_close(s.reduce("SUM", again, axis=None), float(total), rank, "a collective after a mismatch")
         checks += 2
 
-    s.close()
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    return 0
+    return finish(rank, checks, s)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import expect, expect_close, make_strategy, parse_args, reference, tolerance, value_for
+from _check import expect, expect_close, finish, make_strategy, parse_args, reference, tolerance, value_for
 from mpi4py import MPI
 
 import distvals as dv
@@ -111,8 +111,7 @@ def main() -> int:
             checks += 1
         s.close()
 
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    return 0
+    return finish(rank, checks)
 
 
 if __name__ == "__main__":

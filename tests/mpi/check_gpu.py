@@ -16,7 +16,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from _check import expect, expect_close, local_count, parse_args, value_for  # noqa: E402
+from _check import expect, expect_close, finish, local_count, parse_args, value_for  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import distvals as dv  # noqa: E402
@@ -87,9 +87,7 @@ def main() -> int:
             1e-5,
         )
         checks += 1
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    s.close()
-    return 0
+    return finish(rank, checks, s)
 
 
 if __name__ == "__main__":

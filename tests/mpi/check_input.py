@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, make_strategy, parse_args
+from _check import counts_of, expect, expect_close, finish, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -90,9 +90,7 @@ def main() -> int:
         expect_close(gathered, want, rank, f"from_function step {step}: gathered over workers")
         checks += 2
 
-    s.close()
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    return 0
+    return finish(rank, checks, s)
 
 
 if __name__ == "__main__":

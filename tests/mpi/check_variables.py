@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, expect_raises, make_strategy, parse_args
+from _check import counts_of, expect, expect_close, expect_raises, finish, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -135,9 +135,7 @@ def main() -> int:
             )
         checks += 1
 
-    s.close()
-    print(f"worker {rank}: {checks} checks passed", flush=True)
-    return 0
+    return finish(rank, checks, s)
 
 
 if __name__ == "__main__":
