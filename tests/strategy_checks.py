@@ -51,3 +51,30 @@ def frames_of(error: BaseException) -> list:
         if e is not None and e.__traceback__ is not None:
             names += [f.name for f in traceback.extract_tb(e.__traceback__)]
     return names
+
+
+def engine_all_reduces(monkeypatch, strategy) -> list:
+    """The list that gets (dtype name, elements, op) for every engine all-reduce the CPU
+    ``strategy`` makes from now on: those made leaf by leaf from Python and those made
+    in one call for a whole structure (distvals._core.all_reduce_leaves)."""
+    from distvals import host_collectives
+
+    calls: list = []
+    group = strategy.extended._group
+    one = group.all_reduce
+
+    def counting(buffers, op="sum", algorithm="auto", out=None):
+        calls.append((buffers[0].dtype.name, buffers[0].size, op))
+        return one(buffers, op, algorithm, out=out)
+
+    many = host_collectives._all_reduce_leaves
+
+    def traced(g, leaves, op, algorithm="auto", fuse_bytes=32768, bytes_per_pack=0):
+        trace: list = []
+        out = many(g, leaves, op, algorithm, fuse_bytes, bytes_per_pack, trace=trace)
+        calls.extend((dtype, count, op) for dtype, count in trace)
+        return out
+
+    monkeypatch.setattr(group, "all_reduce", counting)
+    monkeypatch.setattr(host_collectives, "_all_reduce_leaves", traced)
+    return calls

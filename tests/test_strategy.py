@@ -14,7 +14,7 @@ import types
 
 import numpy as np
 import pytest
-from strategy_checks import assert_usable, mirrored, replica_id
+from strategy_checks import assert_usable, engine_all_reduces, mirrored, replica_id
 
 import distvals as dv
 from distvals.device_names import canonical_devices as _canonical_devices
@@ -504,15 +504,7 @@ def test_all_reduce_every_replica_gets_the_result(s3, op):
 
 
 def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
-    group = s3.extended._group
-    original = group.all_reduce
-    calls = []
-
-    def counting(buffers, op="sum", algorithm="auto", out=None):
-        calls.append((buffers[0].dtype.name, buffers[0].size))
-        return original(buffers, op, algorithm, out=out)
-
-    monkeypatch.setattr(group, "all_reduce", counting)
+    calls = engine_all_reduces(monkeypatch, s3)
     xs = {
         "w": per_replica(3, shape=(3, 2), seed=1),
         "b": per_replica(3, shape=(2,), seed=2),
@@ -534,7 +526,7 @@ def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
         assert out["scale"].values[r] == 3.0
     # One single-call engine all-reduce per dtype, for every replica at once: float32
     # (w, b and the scalar packed together), int32 (k), float64 (the Python float).
-    assert sorted(calls) == [("float32", 6 + 2 + 1), ("float64", 1), ("int32", 4)]
+    assert sorted(c[:2] for c in calls) == [("float32", 6 + 2 + 1), ("float64", 1), ("int32", 4)]
 
 
 def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
@@ -542,18 +534,10 @@ def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
         ["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16), execution=execution
     )
     try:
-        group = s.extended._group
-        original = group.all_reduce
-        sizes = []
-
-        def counting(buffers, op="sum", algorithm="auto", out=None):
-            sizes.append(buffers[0].size)
-            return original(buffers, op, algorithm, out=out)
-
-        monkeypatch.setattr(group, "all_reduce", counting)
+        calls = engine_all_reduces(monkeypatch, s)
         leaves = [np.full(n, 1.0, np.float32) for n in (2, 2, 3, 8)]
         out = s.run(lambda: dv.get_replica_context().all_reduce("sum", leaves))
-        assert sizes == [4, 3, 8]
+        assert [c[1] for c in calls] == [4, 3, 8]
         for got, leaf in zip(out, leaves):
             np.testing.assert_array_equal(got.values[1], leaf * 2)
     finally:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from strategy_checks import engine_all_reduces
 
 import distvals as dv
 
@@ -141,15 +142,7 @@ def test_mean_assign_of_replica_ids_gives_half(s2):
 
 @pytest.mark.parametrize("agg", [SUM, MEAN])
 def test_replica_updates_all_reduce_through_the_engine(s3, agg, monkeypatch):
-    group = s3.extended._group
-    original = group.all_reduce
-    calls = []
-
-    def counting(buffers, op="sum", algorithm="auto", out=None):
-        calls.append(op)
-        return original(buffers, op, algorithm, out=out)
-
-    monkeypatch.setattr(group, "all_reduce", counting)
+    calls = engine_all_reduces(monkeypatch, s3)
     with s3.scope():
         v = dv.Variable(np.array([10.0, 20.0]), aggregation=agg)
     deltas = [np.array([r + 1.0, 2.0 * r]) for r in range(3)]

@@ -101,6 +101,10 @@ int group::size() const noexcept { return impl_->n; }
 const std::vector<device>& group::devices() const noexcept { return impl_->devices; }
 const group_options& group::options() const noexcept { return impl_->opts; }
 
+int group::set_linger_us(int us) noexcept {
+  return impl_->linger_us.exchange(std::clamp(us, 0, 100000), std::memory_order_relaxed);
+}
+
 // ---- checks shared by both styles ------------------------------------------------------------
 
 void group::impl::check_replica(const call_desc& d, int r, const buffer_view& in, const buffer_view& out) const {

@@ -31,6 +31,9 @@ struct __attribute__((visibility("hidden"))) group::impl {
   std::vector<device> devices;
   group_options opts;
   int spin_us = 20;  // spin before yield/block
+  // Extra time idle CPU workers keep spinning for the next collective (µs), set by a
+  // caller about to issue several collectives back to back (see group::set_linger_us).
+  std::atomic<int> linger_us{0};
 
   // ---- per-replica state -------------------------------------------------------
   // progress = (seq << 32) | steps completed in call `seq`. A replica sets it to

@@ -285,6 +285,22 @@ TEST_CASE("NaN and infinity propagate") {
   }
 }
 
+TEST_CASE("lingering workers: back-to-back calls stay right; the setting is clamped and returned") {
+  group_options o;
+  o.spin_us = 0;  // workers would sleep between calls but for the linger
+  auto g = B->make_group(3, o);
+  CHECK(g->set_linger_us(500) == 0);
+  for (int i = 0; i < 20; ++i) {
+    for (algorithm a : {algorithm::ring, algorithm::direct}) {
+      run_case(*g, {collective::all_reduce, a, dtype::float32, 70001, reduce_op::sum, style::single_call, i % 2 == 0, 0});
+    }
+  }
+  CHECK(g->set_linger_us(-5) == 500);
+  CHECK(g->set_linger_us(1 << 30) == 0);
+  CHECK(g->set_linger_us(0) == 100000);
+  run_case(*g, {collective::all_reduce, algorithm::direct, dtype::float32, 1009, reduce_op::max, style::single_call, true, 0});
+}
+
 int main(int argc, char** argv) {
   B = backend_from_args(argc, argv, cuda::host_model::options{2, {}, 4, {}});
   std::printf("backend: %s\n", B->name().c_str());

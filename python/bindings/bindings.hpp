@@ -21,6 +21,7 @@ void register_types(py::module_& m);
 void register_group(py::module_& m);
 void register_timing(py::module_& m);
 void register_pool(py::module_& m);
+void register_leaves(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// The group options' interrupt hook: on the main thread, runs Python's pending signal
@@ -52,6 +53,10 @@ py::dtype to_numpy(distvals::dtype t);
 
 /// A view of the array's memory for the engine (no copy).
 distvals::buffer_view view_of(const py::array& a, distvals::dtype t);
+
+/// An uninitialized C-contiguous array of `count` elements of `dt` in `shape`, from the
+/// host pool (see pool.cpp). Needs the GIL.
+py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
 
 /// The named parameters of a function taking *args and **kwargs, in order, with their
 /// defaults (an empty object: required).

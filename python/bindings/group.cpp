@@ -367,6 +367,8 @@ void register_group(py::module_& m) {
       })
       .def_property_readonly("timeout_seconds", [](const group& g) { return timeout_seconds(g.options().timeout); })
       .def_property_readonly("threads", [](const group& g) { return g.options().threads; })
+      .def("set_linger_us", &group::set_linger_us, py::arg("us"),
+           "Idle workers keep spinning this many more microseconds after a collective; returns the previous value.")
       // ---- single-call style ------------------------------------------------------
       .def("all_reduce",
            [](group& g, const py::sequence& bufs, const std::string& op, const std::string& algo,

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_group(m);
   distvals_py::register_timing(m);
   distvals_py::register_pool(m);
+  distvals_py::register_leaves(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);
 #endif

@@ -161,14 +161,17 @@ py::array pooled_empty(const py::object& shape_obj, const py::object& dtype_obj)
     if (d < 0) throw py::value_error("pooled_empty: negative dimension");
     count *= static_cast<std::size_t>(d);
   }
-  const std::size_t bytes = count * static_cast<std::size_t>(dt.itemsize());
   if (dt.attr("hasobject").cast<bool>()) throw py::type_error("pooled_empty: object dtypes cannot be pooled");
-  void* data = pool().take(bytes);
-  py::capsule owner(data, [](void* p) { pool().give(p); });
-  return py::array(dt, shape, {}, data, owner);
+  return pooled_array(dt, shape, count);
 }
 
 }  // namespace
+
+py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count) {
+  void* data = pool().take(count * static_cast<std::size_t>(dt.itemsize()));
+  py::capsule owner(data, [](void* p) { pool().give(p); });
+  return py::array(dt, shape, {}, data, owner);
+}
 
 void register_pool(py::module_& m) {
   m.def("pooled_empty", &pooled_empty, py::arg("shape"), py::arg("dtype"),

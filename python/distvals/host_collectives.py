@@ -14,7 +14,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core
-from .engine_collectives import EngineCollectives
+from .engine_collectives import FUSE_LEAF_BYTES, EngineCollectives
+from .reduce_op import ReduceOp
 
 __all__ = ["HostCollectives", "new_array"]
 
@@ -22,6 +23,7 @@ __all__ = ["HostCollectives", "new_array"]
 # is reused without page faults anyway.
 _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
+_all_reduce_leaves = _core.all_reduce_leaves
 
 
 def new_array(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -51,6 +53,16 @@ class HostCollectives(EngineCollectives):
 
     def _place_host(self, host: np.ndarray, r: int) -> np.ndarray:
         return host
+
+    def _all_reduce_in_one_call(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], algorithm: str, bytes_per_pack: int
+    ) -> Optional[List[List[Any]]]:
+        # The engine's own batch (distvals._core.all_reduce_leaves): it checks the leaves,
+        # packs the small ones, reduces into pooled outputs with the GIL released once and
+        # its threads kept awake between the calls. None for leaves it does not reduce as
+        # they are (integer MEAN, dtypes numpy reduces).
+        core: _core.Group = self.group._group  # type: ignore[union-attr,assignment]  # CPU replicas' engine group
+        return _all_reduce_leaves(core, leaves, op.engine_name, algorithm, FUSE_LEAF_BYTES, bytes_per_pack)
 
     def _engine_input(self, x: Any, r: int) -> np.ndarray:
         a = np.asarray(x)

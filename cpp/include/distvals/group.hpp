@@ -164,6 +164,14 @@ class DISTVALS_EXPORT group {
   const std::vector<device>& devices() const noexcept;
   /// The options in force (defaults resolved). Never throws; any thread.
   const group_options& options() const noexcept;
+  /// CPU: how long idle worker threads keep spinning for the next collective after one
+  /// ends, in microseconds, on top of options().spin_us (clamped to 0 .. 100000); returns
+  /// the previous value. A caller about to run several collectives back to back (the
+  /// leaves of one structure) raises it for them and puts it back afterwards: no call of
+  /// the batch then waits for a sleeping thread to wake up, and between batches the
+  /// workers sleep. Lowering it ends a spin in progress. No effect on GPU groups. Never
+  /// throws; any thread.
+  int set_linger_us(int us) noexcept;
 
   // ----- single-call style: any one thread, all N buffers -------------------------
 

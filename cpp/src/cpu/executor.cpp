@@ -340,9 +340,17 @@ void cpu_executor::worker_main(int index) noexcept {
     // Wait for a job: spin a little (back-to-back collectives), then block.
     auto has_job = [&]() { return me.go.load(std::memory_order_acquire) != seen || stopping_.load(); };
     if (!has_job()) {
-      const auto spin_end = clock_type::now() + std::chrono::microseconds(m_.spin_us * 4);
+      // The linger is read again while spinning: a caller that lowers it (its batch of
+      // collectives is over) lets the worker go to sleep at once.
+      const auto start = clock_type::now();
+      const auto spin_end = start + std::chrono::microseconds(m_.spin_us * 4);
       for (unsigned i = 1; !has_job(); ++i) {
-        if ((i & 63u) == 0 && clock_type::now() > spin_end) break;
+        if ((i & 63u) == 0) {
+          const auto now = clock_type::now();
+          if (now > spin_end && now > start + std::chrono::microseconds(m_.linger_us.load(std::memory_order_relaxed))) {
+            break;
+          }
+        }
         cpu::relax();
       }
       if (!has_job()) {

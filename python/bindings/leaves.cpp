@@ -1,0 +1,254 @@
+// distvals._core.all_reduce_leaves: the all-reduce of a structure's leaves in one call.
+//
+// A training step all-reduces many arrays at once (the gradients of every layer). Leaf
+// by leaf from Python, each leaf pays a pass through the interpreter and numpy (output
+// arrays, checks, slices: several microseconds each on a virtual machine) and an engine
+// call whose worker threads may have gone to sleep since the previous one. Here the
+// leaves are checked and planned first, small leaves of one dtype are packed into one
+// pooled buffer per replica (one engine call per pack, as tensor fusion does), large
+// ones are reduced straight into pooled outputs, the GIL is released once for all of
+// them, and the engine's workers linger between the calls instead of sleeping.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+
+namespace distvals_py {
+namespace {
+
+using distvals::buffer_view;
+using distvals::call_desc;
+using distvals::collective;
+using distvals::group;
+
+// How long the workers keep spinning between the calls of one batch: far more than
+// the gap between two calls (a memcpy at most), far less than anything worth a core.
+constexpr int batch_linger_us = 200;
+
+// One leaf index across the replicas: the arrays, their views, and where its result goes.
+struct leaf {
+  std::vector<py::array> in;  // one per replica, C-contiguous
+  std::vector<buffer_view> view;
+  distvals::dtype type = distvals::dtype::float32;
+  std::size_t count = 0;
+  std::vector<py::ssize_t> shape;
+  int pack = -1;           // index of its pack, or -1: reduced on its own
+  std::size_t offset = 0;  // elements before it in its pack
+};
+
+// Small leaves of one dtype reduced as one flat buffer per replica.
+struct pack {
+  distvals::dtype type = distvals::dtype::float32;
+  std::size_t count = 0;
+  std::vector<int> leaves;
+  std::vector<py::array> buf;  // one pooled flat array per replica
+};
+
+bool integral(distvals::dtype t) {
+  using distvals::dtype;
+  return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
+}
+
+// Keeps the group's workers spinning for the next call until destroyed.
+struct linger {
+  group& g;
+  int previous;
+  explicit linger(group& grp) : g(grp), previous(grp.set_linger_us(batch_linger_us)) {}
+  ~linger() { g.set_linger_us(previous); }
+  linger(const linger&) = delete;
+  linger& operator=(const linger&) = delete;
+};
+
+// The checked leaf `i` of every replica; None (nothing planned) when its dtype is not
+// one the engine reduces as it is, or an integer MEAN (which runs in float64).
+bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::reduce_op op, leaf& out) {
+  const int n = static_cast<int>(rows.size());
+  for (int r = 0; r < n; ++r) {
+    py::object x = rows[static_cast<std::size_t>(r)][i];
+    if (!py::isinstance<py::array>(x)) return false;
+    py::array a = py::reinterpret_borrow<py::array>(x);
+    if (!(py::detail::array_proxy(a.ptr())->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
+      a = py::array::ensure(a, py::array::c_style);  // a contiguous copy, as the engine needs
+    }
+    distvals::dtype t;
+    try {
+      t = to_dtype(a.dtype(), r);
+    } catch (const py::type_error&) {
+      return false;
+    }
+    if (r == 0) {
+      if (op == distvals::reduce_op::mean && integral(t)) return false;
+      out.type = t;
+      out.shape.assign(a.shape(), a.shape() + a.ndim());
+      out.count = static_cast<std::size_t>(a.size());
+    } else {
+      if (t != out.type) {
+        throw py::type_error("all_reduce: leaf " + std::to_string(i) + " of replica " + std::to_string(r) +
+                             " has dtype " + distvals::dtype_name(t) + ", replica 0's has " +
+                             distvals::dtype_name(out.type));
+      }
+      if (static_cast<std::size_t>(a.ndim()) != out.shape.size() ||
+          !std::equal(out.shape.begin(), out.shape.end(), a.shape())) {
+        throw py::value_error("all_reduce: leaf " + std::to_string(i) + " of replica " + std::to_string(r) +
+                              " has another shape than replica 0's");
+      }
+    }
+    out.view.push_back(view_of(a, t));
+    out.in.push_back(std::move(a));
+  }
+  return true;
+}
+
+// Assigns the small leaves to packs by dtype, in order of first appearance, each pack
+// at most `bytes_per_pack` bytes (0: no limit), as the Python collectives do.
+std::vector<pack> plan_packs(std::vector<leaf>& leaves, std::size_t fuse_bytes, std::size_t bytes_per_pack) {
+  std::vector<pack> packs;
+  std::vector<int> open;  // per dtype (by engine dtype number): the pack being filled, or -1
+  open.assign(distvals::dtype_count, -1);
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    leaf& l = leaves[i];
+    const std::size_t bytes = l.count * distvals::dtype_size(l.type);
+    if (bytes > fuse_bytes) continue;
+    int& p = open[static_cast<int>(l.type)];
+    if (p >= 0 && bytes_per_pack > 0 &&
+        (packs[static_cast<std::size_t>(p)].count * distvals::dtype_size(l.type) + bytes) > bytes_per_pack) {
+      p = -1;
+    }
+    if (p < 0) {
+      p = static_cast<int>(packs.size());
+      packs.emplace_back();
+      packs.back().type = l.type;
+    }
+    pack& k = packs[static_cast<std::size_t>(p)];
+    l.pack = p;
+    l.offset = k.count;
+    k.count += l.count;
+    k.leaves.push_back(static_cast<int>(i));
+  }
+  // A pack of one leaf would only add two copies: that leaf goes on its own.
+  for (pack& k : packs) {
+    if (k.leaves.size() == 1) {
+      leaves[static_cast<std::size_t>(k.leaves[0])].pack = -1;
+      k.leaves.clear();
+      k.count = 0;
+    }
+  }
+  return packs;
+}
+
+// Every replica's result of every leaf (new pooled arrays; a packed leaf's result is a
+// view of its pack), as a list per replica; None when some leaf is not for this path.
+py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std::string& op_name,
+                             const std::string& algo_name, std::size_t fuse_bytes, std::size_t bytes_per_pack,
+                             const py::object& trace) {
+  const int n = g.size();
+  if (static_cast<int>(py::len(leaves_in)) != n) {
+    throw py::value_error("all_reduce_leaves needs one list of leaves per replica: " + std::to_string(n) +
+                          " expected, got " + std::to_string(py::len(leaves_in)));
+  }
+  const distvals::reduce_op op = distvals::parse_reduce_op(op_name);
+  const distvals::algorithm algo = distvals::parse_algorithm(algo_name);
+  std::vector<py::sequence> rows;
+  rows.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    rows.push_back(py::reinterpret_borrow<py::sequence>(leaves_in[static_cast<std::size_t>(r)]));
+    if (py::len(rows.back()) != py::len(rows[0])) {
+      throw py::value_error("all_reduce_leaves: replica " + std::to_string(r) + " passes " +
+                            std::to_string(py::len(rows.back())) + " leaves, replica 0 passes " +
+                            std::to_string(py::len(rows[0])));
+    }
+  }
+  const std::size_t count = py::len(rows[0]);
+  // 1. Check every leaf before any data moves.
+  std::vector<leaf> leaves(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!take_leaf(rows, i, op, leaves[i])) return py::none();
+  }
+  // 2. Plan the packs and make every output (with the GIL: numpy arrays).
+  std::vector<pack> packs = plan_packs(leaves, count > 1 ? fuse_bytes : 0, bytes_per_pack);
+  for (pack& k : packs) {
+    if (k.leaves.empty()) continue;
+    const py::dtype dt = to_numpy(k.type);
+    for (int r = 0; r < n; ++r) k.buf.push_back(pooled_array(dt, {static_cast<py::ssize_t>(k.count)}, k.count));
+  }
+  std::vector<std::vector<py::array>> outs(static_cast<std::size_t>(n));
+  for (leaf& l : leaves) {
+    if (l.pack >= 0) continue;
+    const py::dtype dt = l.in[0].dtype();
+    for (int r = 0; r < n; ++r) outs[static_cast<std::size_t>(r)].push_back(pooled_array(dt, l.shape, l.count));
+  }
+  // 3. Without the GIL: fill the packs, then one engine call per pack and per large
+  // leaf, the workers lingering between them.
+  run_single(g, [&]() {
+    linger keep(g);
+    for (pack& k : packs) {
+      if (k.leaves.empty()) continue;
+      const std::size_t size = distvals::dtype_size(k.type);
+      std::vector<buffer_view> bufs;
+      for (int r = 0; r < n; ++r) {
+        auto* dst = static_cast<char*>(k.buf[static_cast<std::size_t>(r)].mutable_data());
+        for (int i : k.leaves) {
+          const leaf& l = leaves[static_cast<std::size_t>(i)];
+          std::memcpy(dst + l.offset * size, l.view[static_cast<std::size_t>(r)].data, l.count * size);
+        }
+        bufs.push_back(buffer_view{dst, k.count, k.type});
+      }
+      if (k.count == 0) continue;
+      g.run(call_desc{collective::all_reduce, k.type, op, algo, k.count, 0}, bufs, bufs);
+    }
+    std::size_t direct = 0;
+    for (const leaf& l : leaves) {
+      if (l.pack >= 0) continue;
+      std::vector<buffer_view> out;
+      for (int r = 0; r < n; ++r) {
+        const auto& a = outs[static_cast<std::size_t>(r)][direct];
+        out.push_back(buffer_view{const_cast<void*>(a.data()), l.count, l.type});
+      }
+      ++direct;
+      if (l.count == 0) continue;  // nothing to reduce: the empty output is the result
+      g.run(call_desc{collective::all_reduce, l.type, op, algo, l.count, 0}, l.view, out);
+    }
+  });
+  if (!trace.is_none()) {
+    // (dtype name, elements) of each engine call, in the order made: for tests.
+    for (const pack& k : packs) {
+      if (k.count > 0) trace.attr("append")(py::make_tuple(distvals::dtype_name(k.type), k.count));
+    }
+    for (const leaf& l : leaves) {
+      if (l.pack < 0 && l.count > 0) trace.attr("append")(py::make_tuple(distvals::dtype_name(l.type), l.count));
+    }
+  }
+  // 4. The results, leaf by leaf: a packed leaf's is a view of its pack.
+  py::list result;
+  for (int r = 0; r < n; ++r) {
+    py::list row;
+    std::size_t direct = 0;
+    for (const leaf& l : leaves) {
+      if (l.pack < 0) {
+        row.append(outs[static_cast<std::size_t>(r)][direct++]);
+        continue;
+      }
+      const py::array& buf = packs[static_cast<std::size_t>(l.pack)].buf[static_cast<std::size_t>(r)];
+      const auto* base = static_cast<const char*>(buf.data()) + l.offset * distvals::dtype_size(l.type);
+      row.append(py::array(buf.dtype(), l.shape, {}, base, buf));
+    }
+    result.append(std::move(row));
+  }
+  return std::move(result);
+}
+
+}  // namespace
+
+void register_leaves(py::module_& m) {
+  m.def("all_reduce_leaves", &all_reduce_leaves, py::arg("group"), py::arg("leaves"), py::arg("op"),
+        py::arg("algorithm") = "auto", py::arg("fuse_bytes") = 32768, py::arg("bytes_per_pack") = 0,
+        py::arg("trace") = py::none(),
+        "All-reduce of many leaves in one call: leaves[r][i] is leaf i of replica r. Returns new arrays "
+        "(results[r][i]); small leaves travel packed. None when a leaf's dtype is not reduced as it is "
+        "(unsupported, or integer MEAN): the caller then takes another path. "
+        "trace: a list that gets (dtype name, elements) for each engine call made.");
+}
+
+}  // namespace distvals_py

@@ -1,0 +1,142 @@
+"""distvals._core.all_reduce_leaves: the all-reduce of a structure's leaves in one engine
+call (small leaves packed per dtype, large ones straight into pooled outputs), and the
+group's linger setting it uses between the calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import distinct_values, reference, tolerance
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import distvals as dv
+from distvals import _core
+
+FUSE = 32 << 10
+
+
+def run(group, leaves, op="sum", fuse_bytes=FUSE, bytes_per_pack=0):
+    trace: list = []
+    out = _core.all_reduce_leaves(group._group, leaves, op, "auto", fuse_bytes, bytes_per_pack, trace=trace)
+    return out, trace
+
+
+def check(out, leaves, op):
+    n = len(leaves)
+    assert len(out) == n
+    for r in range(n):
+        assert len(out[r]) == len(leaves[0])
+        for i, got in enumerate(out[r]):
+            want = reference([leaves[j][i] for j in range(n)], op)
+            assert got.shape == leaves[0][i].shape and got.dtype == leaves[0][i].dtype, (r, i)
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tolerance(got.dtype), err_msg=f"{r},{i}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("op", ["sum", "mean", "min", "max", "prod"])
+def test_mixed_leaves_match_the_float64_reference_on_every_replica(n, op):
+    shapes = [(3, 2), (), (5,), (FUSE // 4 + 7,), (0,), (2, 2, 2)]
+    dtypes = ["float32", "float64", "float32", "float32", "float32", "float64"]
+    per_leaf = [distinct_values(n, s, d, op, seed=i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    leaves = [[per_leaf[i][r] for i in range(len(shapes))] for r in range(n)]
+    before = [[x.copy() for x in row] for row in leaves]
+    with dv.ReplicaGroup(n) as g:
+        out, trace = run(g, leaves, op)
+    check(out, before, op)
+    for row, kept in zip(leaves, before):  # the inputs are only read
+        for x, y in zip(row, kept):
+            np.testing.assert_array_equal(x, y)
+    # The small float32 leaves (3x2, 5 and the empty one) in one pack, the float64 ones
+    # (0-d, 2x2x2) in another; the large float32 leaf on its own.
+    assert sorted(trace) == sorted([("float32", 6 + 5 + 0), ("float64", 1 + 8), ("float32", FUSE // 4 + 7)])
+
+
+def test_integer_leaves_are_exact():
+    n = 3
+    leaves = [[np.arange(10, dtype=np.int64) * (r + 1), np.full(4, r - 1, np.int8)] for r in range(n)]
+    with dv.ReplicaGroup(n) as g:
+        out, _ = run(g, leaves)
+    for r in range(n):
+        np.testing.assert_array_equal(out[r][0], np.arange(10) * 6)
+        np.testing.assert_array_equal(out[r][1], np.full(4, 0, np.int8))
+
+
+def test_results_are_independent_writable_arrays(g2):
+    leaves = [[np.full(3, 1.0 + r, np.float32), np.full(2, 10.0 * r, np.float32)] for r in range(2)]
+    out, trace = run(g2, leaves)
+    assert trace == [("float32", 5)]
+    out[0][0][:] = -1.0  # a view of replica 0's pack: nothing else changes
+    np.testing.assert_array_equal(out[0][1], [10.0, 10.0])
+    np.testing.assert_array_equal(out[1][0], [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(out[1][1], [10.0, 10.0])
+
+
+def test_bytes_per_pack_splits_packs_in_order(g2):
+    leaves = [[np.full(k, 1.0 + r, np.float32) for k in (2, 2, 3, 8)] for r in range(2)]
+    out, trace = run(g2, leaves, bytes_per_pack=16)
+    assert trace == [("float32", 4), ("float32", 3), ("float32", 8)]
+    for r in range(2):
+        for got, k in zip(out[r], (2, 2, 3, 8)):
+            np.testing.assert_array_equal(got, np.full(k, 3.0, np.float32))
+
+
+def test_non_contiguous_leaves_are_reduced_from_a_copy(g2):
+    base = [np.arange(12, dtype=np.float64).reshape(3, 4) * (r + 1) for r in range(2)]
+    leaves = [[b[:, ::2], b.T] for b in base]
+    out, _ = run(g2, leaves)
+    for r in range(2):
+        np.testing.assert_array_equal(out[r][0], (base[0] * 3)[:, ::2])
+        np.testing.assert_array_equal(out[r][1], (base[0] * 3).T)
+
+
+@pytest.mark.parametrize(
+    "leaf, op",
+    [
+        (lambda r: np.arange(3, dtype=np.int32), "mean"),  # integer MEAN runs in float64
+        (lambda r: np.array([True, False]), "sum"),  # bool: numpy reduces it
+        (lambda r: np.arange(3, dtype=">f4"), "sum"),  # big-endian
+        (lambda r: [1.0, 2.0], "sum"),  # not an array
+    ],
+)
+def test_leaves_it_does_not_take_give_none_and_touch_nothing(g2, leaf, op):
+    leaves = [[np.ones(2, np.float32), leaf(r)] for r in range(2)]
+    assert run(g2, leaves, op)[0] is None
+
+
+def test_mismatches_name_the_leaf_and_the_replica(g2):
+    with pytest.raises(ValueError, match="one list of leaves per replica: 2 expected, got 1"):
+        run(g2, [[np.ones(2)]])
+    with pytest.raises(ValueError, match="replica 1 passes 1 leaves, replica 0 passes 2"):
+        run(g2, [[np.ones(2), np.ones(2)], [np.ones(2)]])
+    with pytest.raises(TypeError, match="leaf 1 of replica 1 has dtype float64, replica 0's has float32"):
+        run(g2, [[np.ones(2), np.ones(2, np.float32)], [np.ones(2), np.ones(2)]])
+    with pytest.raises(ValueError, match="leaf 0 of replica 1 has another shape"):
+        run(g2, [[np.ones((2, 3))], [np.ones((3, 2))]])
+
+
+def test_linger_is_set_for_the_batch_and_put_back(g2):
+    assert g2.set_linger_us(7) == 0
+    leaves = [[np.ones(FUSE, np.float32), np.ones(FUSE, np.float32)] for _ in range(2)]
+    run(g2, leaves)
+    assert g2.set_linger_us(0) == 7  # restored after the batch
+    assert g2.set_linger_us(10**9) == 0
+    assert g2.set_linger_us(0) == 100_000  # clamped
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(2, 4),
+    sizes=st.lists(st.integers(0, 3 * FUSE // 4), min_size=1, max_size=6),
+    dtype=st.sampled_from(["float32", "float64", "int32"]),
+    op=st.sampled_from(["sum", "max", "min"]),
+    per_pack=st.sampled_from([0, 64, 4096]),
+)
+def test_any_set_of_leaves_matches_the_reference(n, sizes, dtype, op, per_pack):
+    per_leaf = [distinct_values(n, (k,), dtype, op, seed=i) for i, k in enumerate(sizes)]
+    leaves = [[per_leaf[i][r] for i in range(len(sizes))] for r in range(n)]
+    with dv.ReplicaGroup(n) as g:
+        out, trace = run(g, leaves, op, bytes_per_pack=per_pack)
+    check(out, leaves, op)
+    # Every element crosses the engine exactly once.
+    assert sum(c for _, c in trace) == sum(sizes)
