@@ -202,11 +202,18 @@ class StrategyExtended:
         else:
             raise TypeError(f"extended.update: var must be a variable, got {type(var).__name__}")
         n = len(copies)
-        contains_distributed(args, n, "extended.update")
-        contains_distributed(kwargs, n, "extended.update")
+        args = tuple(args)
+        # Arguments without a per-replica value are the same for every copy: no walk.
+        split_args = contains_distributed(args, n, "extended.update")
+        split_kwargs = contains_distributed(kwargs, n, "extended.update")
         with context.CrossReplica(self._container):
             results = [
-                fn(c, *select_replica(i, tuple(args)), **select_replica(i, kwargs)) for i, c in enumerate(copies)
+                fn(
+                    c,
+                    *(select_replica(i, args) if split_args else args),
+                    **(select_replica(i, kwargs) if split_kwargs else kwargs),
+                )
+                for i, c in enumerate(copies)
             ]
         if not group:
             return tuple(results)

@@ -553,8 +553,8 @@ class Variable(metaclass=_VariableMeta):
             new = np.asarray(self._value + value, dtype=self._value.dtype)
         else:
             new = np.asarray(self._value - value, dtype=self._value.dtype)
-        if new is self._value or np.shares_memory(new, value):
-            new = new.copy()
+        # `new` is always a fresh array (a copy, or a ufunc's result): it shares memory
+        # with neither the old value nor the caller's.
         new.flags.writeable = False
         self._value = new
 
