@@ -493,11 +493,20 @@ class HierarchicalCollectives(Collectives):
                 op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, timeout=timeout
             )
         n = self.num_local
+        first = leaves[0]
+        if len(first) == 1 and not self._on_gpu and not nest.is_nested(value):
+            # One host array per replica: the quick path of all_reduce_arrays (the same
+            # description, so the same MPI calls), into new arrays.
+            ins = [row[0] for row in leaves]
+            kind = self._arrays_kind_of(op, ins)
+            if kind is not None and kind.work is not None:
+                outs = [new_array(ins[0].shape, ins[0].dtype) for _ in range(n)]
+                self._all_reduce_kind(kind, op, ins, outs, timeout, what)
+                return [[o] for o in outs]
         self._what = what
         # reduce and all_reduce are the same call between workers (a worker with one
         # local replica may reduce where another all-reduces): one description.
         description = describe_call("all_reduce", op, value, leaves[0])
-        first = leaves[0]
         dtypes = {work_dtype(a.dtype, op) for a in first}
         if len(dtypes) == 1 and all(_native_mpi(_wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
             work = dtypes.pop()
@@ -527,7 +536,33 @@ class HierarchicalCollectives(Collectives):
         kind = self._arrays.get(key)
         if kind is None:
             kind = self._arrays_kind(op, a0, key)
-        self._what = "all_reduce"
+        self._all_reduce_kind(kind, op, ins, outs, timeout, "all_reduce")
+
+    def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any]) -> Optional[_ArraysKind]:
+        """The kind of ``all_reduce_arrays`` call ``ins`` make, or None when they are not
+        C-contiguous numpy arrays of one dtype and shape."""
+        a0 = ins[0]
+        if type(a0) is not np.ndarray or not a0.flags.c_contiguous or not a0.dtype.isnative:
+            return None
+        dt, shape = a0.dtype, a0.shape
+        for a in ins[1:]:
+            if type(a) is not np.ndarray or a.dtype != dt or a.shape != shape or not a.flags.c_contiguous:
+                return None
+        key = (op, dt.num, shape)
+        kind = self._arrays.get(key)
+        return self._arrays_kind(op, a0, key) if kind is None else kind
+
+    def _all_reduce_kind(
+        self,
+        kind: _ArraysKind,
+        op: ReduceOp,
+        ins: Sequence[np.ndarray],
+        outs: Sequence[np.ndarray],
+        timeout: Optional[float],
+        what: str,
+    ) -> None:
+        a0 = ins[0]
+        self._what = what
         if kind.flat is not None:
             # Small: into the call's own flat buffer (data, then the agreement flag),
             # across the workers in one call, then out to every replica.
@@ -536,7 +571,7 @@ class HierarchicalCollectives(Collectives):
                 np.copyto(data, a0)
             else:
                 self._reduce_small(kind.op, [a.reshape(-1) for a in ins], kind.flat[:-1])
-            self._reduce_flat(kind.flat, kind.op, kind.description, "all_reduce", timeout, True, None, kind.sig)
+            self._reduce_flat(kind.flat, kind.op, kind.description, what, timeout, True, None, kind.sig)
             if op is ReduceOp.MEAN:
                 for o in outs:
                     np.divide(data, self.num_replicas, out=o)
