@@ -542,17 +542,17 @@ def test_strategy_level_rows_or_a_note(capsys, tmp_path):
         return
     modes = [core.mode_label(m) for m in core.strategy_modes()]
     assert doc["settings"]["execution_modes"] == modes
-    for level in ("strategy", "strategy-trivial"):
+    for level in ("strategy", "strategy-trivial", "strategy-structure"):
         rows = [r for r in doc["results"] if r["level"] == level]
         assert sorted((r["mode"], r["bytes"]) for r in rows) == sorted((m, b) for m in modes for b in (8, 4096))
     for r in doc["results"]:
-        if r["level"] == "strategy":
+        if r["level"] in ("strategy", "strategy-structure"):
             assert r["wrong"] == 0 and r["checked"] == 2 * r["count"] and r["time_us"] > 0
             assert r["group_py_us"] > 0
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     rc, out, _ = run_cli(capsys, "--load", str(path))
-    assert rc == 0 and "# strategy.run, N=2" in out
+    assert rc == 0 and "# strategy.run, N=2" in out and "structure" in out
     for m in modes:
         assert f"{m}: trivial" in out
 

@@ -53,7 +53,15 @@ def flatten(structure: Any) -> List[Any]:
     """The leaves of ``structure`` in a deterministic order."""
     if _plain(structure):
         return list(structure)
-    out: List[Any] = []
+    if type(structure) is dict:
+        # A flat dict (a model's gradients by name, most often): its values in key order.
+        out = [structure[k] for k in _sorted_keys(structure)]
+        for x in out:  # a loop, not any(): it runs for every step's structure
+            if isinstance(x, (list, tuple, dict)):
+                break
+        else:
+            return out
+    out = []
     _flatten_into(structure, out)
     return out
 
@@ -90,12 +98,26 @@ def pack_sequence_as(structure: Any, flat: Sequence[Any]) -> Any:
     """``structure`` with its leaves replaced, in order, by ``flat``."""
     if _plain(structure) and len(flat) == len(structure):
         return list(flat) if type(structure) is list else tuple(flat)
+    if type(structure) is dict and len(flat) == len(structure):
+        flat_dict = _pack_flat_dict(structure, flat)
+        if flat_dict is not None:
+            return flat_dict
     it = iter(flat)
     result = _pack(structure, it)
     rest = sum(1 for _ in it)
     if rest:
         raise ValueError(f"pack_sequence_as: {rest} more leaves than the structure holds")
     return result
+
+
+def _pack_flat_dict(structure: Dict[Any, Any], flat: Sequence[Any]) -> Optional[Dict[Any, Any]]:
+    """``pack_sequence_as`` of a dict whose values are all leaves (None when some is not):
+    the leaves come in sorted key order, the dict keeps its own order."""
+    for x in structure.values():
+        if isinstance(x, (list, tuple, dict)):
+            return None
+    by_key = dict(zip(_sorted_keys(structure), flat))
+    return {k: by_key[k] for k in structure}
 
 
 def _pack(x: Any, it: Iterator[Any]) -> Any:
@@ -161,6 +183,11 @@ def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
     if isinstance(a, dict):
         if a.keys() != b.keys():
             return f"dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+        for k, x in a.items():
+            if isinstance(x, (list, tuple, dict)) or isinstance(b[k], (list, tuple, dict)):
+                break
+        else:
+            return None  # the same keys, leaves only (no need to sort them)
         for k in _sorted_keys(a):
             x, y = a[k], b[k]
             if isinstance(x, (list, tuple, dict)) or isinstance(y, (list, tuple, dict)):

@@ -329,12 +329,15 @@ def regroup(
             _mismatch(per_replica, r, what)
     flats = [nest.flatten(v) for v in per_replica]
     leaves: List[Any] = []
+    # PerReplica leaves (a step's results) are made without the constructor's checks:
+    # each column is a tuple of the right length by construction.
+    make = PerReplica._of if wrap is PerReplica else wrap
     for column in zip(*flats):
         c0 = column[0]
         if not always_wrap and all(c is c0 for c in column):
             leaves.append(c0)
         else:
-            leaves.append(wrap(column))
+            leaves.append(make(column))
     return nest.pack_sequence_as(v0, leaves)
 
 

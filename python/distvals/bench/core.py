@@ -241,6 +241,20 @@ def measure_strategy(
     # A trivial step costs microseconds at every size: enough calls for a stable median.
     t_iters = max(iters, _TRIVIAL_MIN_ITERS)
     trivial_us = _python_loop_us(lambda: run(trivial, args=(values,)), t_iters, bd.warmup_for(t_iters))
+    # The same bytes as a structure of several arrays (a model's gradients): a dict of
+    # six consecutive pieces of each replica's array, views of it.
+    structures = [_as_structure(a) for a in arrays]
+
+    def structure_step(x: Any) -> Any:
+        ctx = distvals.get_replica_context()
+        return ctx.all_reduce(reduce_op, structures[ctx.replica_id_in_sync_group])  # type: ignore[union-attr]
+
+    _refill(arrays, dtype, op)  # the group's in-place calls above changed them
+    out = run(structure_step, args=(values,))
+    joined = [np.concatenate([d[k].reshape(-1) for k in sorted(d)]) for d in strategy.experimental_local_results(out)]
+    structure_wrong = bd.count_wrong(joined, n, dtype, op)
+    del out, joined
+    structure_us = _python_loop_us(lambda: run(structure_step, args=(values,)), iters, warmup)
     nbytes = count * arrays[0].itemsize
     common: Dict[str, Any] = dict(
         impl="distvals",
@@ -264,7 +278,30 @@ def measure_strategy(
             **common,
         ),
         Row(level="strategy-trivial", time_us=trivial_us, iters=t_iters, wrong=0, checked=0, **common),
+        Row(
+            level="strategy-structure",
+            time_us=structure_us,
+            iters=iters,
+            wrong=structure_wrong,
+            checked=n * count,
+            group_py_us=min(group_us) if group_us else None,
+            **common,
+        ),
     ]
+
+
+def _as_structure(a: np.ndarray) -> Dict[str, np.ndarray]:
+    """``a`` as six consecutive pieces (a half, a quarter, ... and the rest), views of it,
+    in a dict whose sorted keys give them in order."""
+    flat = a.reshape(-1)
+    count = flat.size
+    sizes = [count // 2, count // 4, count // 8, count // 16, count // 32]
+    sizes.append(count - sum(sizes))
+    out, lo = {}, 0
+    for i, k in enumerate(sizes):
+        out[f"w{i}"] = flat[lo : lo + k]
+        lo += k
+    return out
 
 
 def sweep_distvals(

@@ -32,7 +32,8 @@ class Row:
 
     ``out_of_place``: a group row from the inputs into separate output arrays.
     Strategy rows: ``level`` is ``"strategy"`` (``run`` of a function calling
-    ``ReplicaContext.all_reduce``) or ``"strategy-trivial"`` (``run`` of a function that
+    ``ReplicaContext.all_reduce``), ``"strategy-structure"`` (the same bytes as a dict of
+    six arrays) or ``"strategy-trivial"`` (``run`` of a function that
     does nothing), ``mode`` the strategy's execution mode and ``group_py_us`` the median
     of ``ReplicaGroup.all_reduce`` of the same arrays, timed from Python in the same run.
     """
@@ -74,7 +75,7 @@ class Row:
         """Short name: ``distvals ring``, ``distvals strategy``, ``tensorflow``..."""
         if self.impl == "distvals":
             if self.level != "group":
-                name = "strategy" if self.level == "strategy" else "run trivial"
+                name = {"strategy": "strategy", "strategy-structure": "structure"}.get(self.level, "run trivial")
                 return f"distvals {name}" + (f" {self.mode}" if self.mode and self.mode != "default" else "")
             return (
                 f"distvals {self.algorithm}"

@@ -203,7 +203,9 @@ def format_out_of_place(report: Report, replicas: int) -> str:
 def format_strategy(report: Report, replicas: int) -> str:
     """strategy.run per execution mode, side by side: trivial, with all_reduce, ratio."""
     rows = [r for r in report.rows if r.replicas == replicas]
-    strat = [r for r in rows if r.impl == "distvals" and r.level in ("strategy", "strategy-trivial")]
+    strat = [
+        r for r in rows if r.impl == "distvals" and r.level in ("strategy", "strategy-trivial", "strategy-structure")
+    ]
     if not strat:
         return ""
     modes: List[str] = []
@@ -216,13 +218,14 @@ def format_strategy(report: Report, replicas: int) -> str:
     lines = [
         (
             f"# strategy.run, N={replicas}: median us per call from Python. trivial: fn does nothing; "
-            "all_reduce: fn calls ctx.all_reduce on its replica's array; ratio: all_reduce / one "
-            "ReplicaGroup.all_reduce of the same arrays (from Python, in place, same run)"
+            "all_reduce: fn calls ctx.all_reduce on its replica's array; structure: on the same bytes as a "
+            "dict of 6 arrays; ratios: to one ReplicaGroup.all_reduce of the same arrays (from Python, in "
+            "place, same run)"
         )
     ]
     head = f"#{'size':>11} {'group':>10}"
     for m in modes:
-        head += f" | {m + ': trivial':>17} {'all_reduce':>10} {'ratio':>7}"
+        head += f" | {m + ': trivial':>17} {'all_reduce':>10} {'ratio':>7} {'structure':>10} {'ratio':>7}"
     if tf:
         head += f" | {'tensorflow':>10} {'tf/' + modes[0]:>9}"
     lines.append(head)
@@ -236,10 +239,13 @@ def format_strategy(report: Report, replicas: int) -> str:
         for m in modes:
             t = cell.get((nbytes, m, "strategy-trivial"))
             a = cell.get((nbytes, m, "strategy"))
+            st = cell.get((nbytes, m, "strategy-structure"))
             ratio = a.ratio_to_group if a is not None else None
+            st_ratio = st.ratio_to_group if st is not None else None
             line += (
                 f" | {_num(t.time_us if t else None):>17} {_num(a.time_us if a else None):>10} "
-                f"{(f'{ratio:.2f}x' if ratio else '-'):>7}"
+                f"{(f'{ratio:.2f}x' if ratio else '-'):>7} {_num(st.time_us if st else None):>10} "
+                f"{(f'{st_ratio:.2f}x' if st_ratio else '-'):>7}"
             )
         if tf:
             a0 = cell.get((nbytes, modes[0], "strategy"))
