@@ -529,6 +529,66 @@ def test_all_reduce_nested_structure_and_fusion(s3, monkeypatch):
     assert sorted(c[:2] for c in calls) == [("float32", 6 + 2 + 1), ("float64", 1), ("int32", 4)]
 
 
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX"])
+def test_a_structure_of_arrays_is_reduced_in_one_engine_call(s3, op, monkeypatch):
+    calls = engine_all_reduces(monkeypatch, s3)
+    w, b, big = per_replica(3, shape=(4, 3), seed=1), per_replica(3, seed=2), per_replica(3, shape=(9000,), seed=3)
+
+    def fn():
+        r = replica_id()
+        value = {"layer": [w.values[r], b.values[r]], "big": big.values[r], "pair": Pair(b.values[r], w.values[r])}
+        return dv.get_replica_context().all_reduce(op, value)
+
+    out = s3.run(fn)
+    assert list(out) == ["layer", "big", "pair"] and isinstance(out["pair"], Pair)
+    for r in range(3):
+        for got, parts in [
+            (out["layer"][0], w),
+            (out["layer"][1], b),
+            (out["big"], big),
+            (out["pair"].first, b),
+            (out["pair"].second, w),
+        ]:
+            np.testing.assert_allclose(got.values[r], ref(parts.values, op), rtol=1e-6)
+            assert got.values[r].dtype == np.float32
+    # The small leaves packed into one call, the large one on its own.
+    assert sorted(c[:2] for c in calls) == [("float32", 12 + 3 + 3 + 12), ("float32", 9000)]
+    assert {c[2] for c in calls} == {op.lower()}
+
+
+@pytest.mark.parametrize(
+    "other, why",
+    [
+        (lambda r: {"a": np.ones(2), "c": np.ones(2)}, "different structures"),
+        (lambda r: {"a": np.ones(2), "b": [np.ones(2), np.ones(2)]}, "different structures"),
+        (lambda r: {"a": np.ones(2), "b": np.ones(3)}, "passed shape"),
+        (lambda r: np.ones(2), "different structures"),
+    ],
+)
+def test_structures_that_differ_between_replicas_are_named(s3, other, why):
+    def fn():
+        r = replica_id()
+        value = other(r) if r == 2 else {"a": np.ones(2), "b": np.ones(2)}
+        return dv.get_replica_context().all_reduce("sum", value)
+
+    with pytest.raises(dv.MismatchError, match=why) as info:
+        s3.run(fn)
+    assert "replica 2" in str(info.value)
+    assert_usable(s3)
+
+
+def test_a_replica_failing_before_a_structure_all_reduce_releases_the_others(s3):
+    def fn():
+        r = replica_id()
+        if r == 1:
+            raise KeyError("boom")
+        return dv.get_replica_context().all_reduce("sum", [np.ones(2) * r, np.ones(3)])
+
+    with pytest.raises(KeyError, match="replica 1: .*boom"):
+        s3.run(fn)
+    assert_usable(s3)
+
+
 def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
     s = dv.MirroredStrategy(
         ["CPU:0", "CPU:1"], communication_options=dv.CommunicationOptions(bytes_per_pack=16), execution=execution

@@ -39,7 +39,18 @@ from .options import (
     ReductionToOneDevice,
 )
 from .reduce_op import ReduceOp, as_reduce_op
-from .replicas import QUICK, QUICK_ALL_REDUCE, Failure, Raise, Request, StepTimeout, as_request, fork_generation, names
+from .replicas import (
+    QUICK,
+    QUICK_ALL_REDUCE,
+    QUICK_TREE,
+    Failure,
+    Raise,
+    Request,
+    StepTimeout,
+    as_request,
+    fork_generation,
+    names,
+)
 from .replicas import fork_counter as _forks
 from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
 from .variables import Variable
@@ -218,6 +229,7 @@ class LocalExtended(StrategyExtended):
             c._ext = self
         self._runner = self._make_runner()
         self._inline = self._execution == "inline" and self._n > 1
+        self._quick_tree = self._quick_tree_ok()
         # One collective at a time per strategy: a step's meetings and cross-replica calls
         # from other threads (a logging thread's strategy.reduce) take turns.
         self._lock = threading.RLock()
@@ -261,6 +273,15 @@ class LocalExtended(StrategyExtended):
             group = self._coll.group
             return None if group is None else group.engine
         return None
+
+    def _quick_tree_ok(self) -> bool:
+        """Whether inline replicas' all-reduces of structures of numpy arrays may go to
+        the host engine in one call (QUICK_TREE requests): several CPU replicas of one
+        process, reduced together."""
+        from .host_collectives import HostCollectives
+
+        coll = self._coll
+        return self._inline and type(coll) is HostCollectives and coll.group is not None and self._via_root is None
 
     #: Whether MPI exchanges follow the local collectives (MultiWorkerMirroredStrategy).
     _between_workers = False
@@ -437,6 +458,7 @@ class LocalExtended(StrategyExtended):
         old = self._coll
         self._coll = self._make_collectives()
         self._quick = self._quick_group()
+        self._quick_tree = self._quick_tree_ok()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
             _leak(old.group)  # type: ignore[attr-defined]
@@ -470,6 +492,9 @@ class LocalExtended(StrategyExtended):
         shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
         differs (the general path then checks and reports it)."""
+        q0 = requests[0]
+        if type(q0) is tuple and q0[0] is QUICK_TREE:
+            return self._resolve_quick_tree(requests)
         ins = []
         for q in requests:
             if type(q) is tuple:
@@ -500,6 +525,27 @@ class LocalExtended(StrategyExtended):
         self._quick.all_reduce(ins, name, self._algorithm, out=outs)
         return outs
 
+    def _resolve_quick_tree(self, requests: List[Any]) -> Optional[List[Any]]:
+        """Every replica all-reduces a structure of numpy arrays, the same nesting, with
+        the same op: one call into the engine for all leaves (it checks their dtypes and
+        shapes before any data moves), and each replica's outcome is its list of result
+        leaves. None when anything differs or a leaf is not for the engine as it is (the
+        general path then checks, reports or reduces it)."""
+        q0 = requests[0]
+        op, v0, l0 = q0[1], q0[2], q0[3]
+        for q in requests[1:]:
+            if type(q) is not tuple or q[0] is not QUICK_TREE or q[1] is not op or len(q[3]) != len(l0):
+                return None
+            if nest.structure_mismatch(v0, q[2]) is not None:
+                return None
+        coll: Any = self._coll
+        try:
+            return coll._all_reduce_in_one_call(  # type: ignore[no-any-return]
+                op, [q[3] for q in requests], self._algorithm, self._options.bytes_per_pack
+            )
+        except (TypeError, ValueError):
+            return None  # leaves that differ: the general path names them
+
     def _convert(self, leaf: Any) -> Any:
         """A leaf (inside the replica) as the collectives take it."""
         x = _unwrap(leaf)
@@ -528,6 +574,17 @@ class LocalExtended(StrategyExtended):
                 if out is not None:
                     return out[0]
             return self._runner.meet(ctx._replica_id, Request("all_reduce", (op,), value, _QUICK))
+        if options is None and self._quick_tree and isinstance(value, (list, tuple, dict)):
+            # A structure of numpy arrays of number dtypes (a model's gradients): to the
+            # scheduler in the quick tree form, straight from here.
+            leaves = nest.flatten(value)
+            for x in leaves:
+                if type(x) is not np.ndarray or x.dtype.num not in _QUICK_NUMS:
+                    break
+            else:
+                if leaves:
+                    out = _getcurrent().parent.switch((QUICK_TREE, op, value, leaves))
+                    return nest.pack_sequence_as(value, out)
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "QUICK",
     "QUICK_ALL_REDUCE",
+    "QUICK_TREE",
     "Failure",
     "Request",
     "Resolve",
@@ -82,12 +83,19 @@ class Request:
 # wherever the general path needs one.
 QUICK_ALL_REDUCE = object()
 QUICK = ("quick",)  # the ``extra`` of a Request made from the quick form
+# (QUICK_TREE, op, structure, leaves): an all-reduce of a list, tuple or dict of numpy
+# arrays without options, its leaves already flattened; its outcome is the list of
+# result leaves, as the general path's.
+QUICK_TREE = object()
 
 
 def as_request(m: Any) -> Request:
-    """``m`` (a Request, or the quick tuple form) as a Request."""
-    if type(m) is tuple and m[0] is QUICK_ALL_REDUCE:
-        return Request("all_reduce", (m[1],), m[2], QUICK)
+    """``m`` (a Request, or one of the quick tuple forms) as a Request."""
+    if type(m) is tuple:
+        if m[0] is QUICK_ALL_REDUCE:
+            return Request("all_reduce", (m[1],), m[2], QUICK)
+        if m[0] is QUICK_TREE:
+            return Request("all_reduce", (m[1],), m[2], (m[3], None))
     return m  # type: ignore[no-any-return]
 
 
