@@ -7,7 +7,7 @@ update) becomes a ``Request``; once every replica has made one, ``_resolve`` che
 they agree (``distvals.meeting``) and runs the collective once for all of them on the
 strategy's ``Collectives`` (host engine, CUDA engine or MPI; chosen in the constructor).
 Cross-replica methods (``reduce``, ``gather``, ``extended.reduce_to``...) call the same
-collectives directly.
+collectives directly (``distvals.cross_replica``, its base class).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from .collectives import (
     normalize_axis,
     numpy_reduce,
     type_name,
-    work_dtype,
 )
+from .cross_replica import CrossReplicaExtended
 from .errors import replica_error
-from .extended import StrategyExtended
 from .meeting import check_calls, check_leaves, check_structures
 from .options import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -52,7 +51,7 @@ from .replicas import (
     names,
 )
 from .replicas import fork_counter as _forks
-from .values import DistributedValues, Mirrored, PerReplica, contains_distributed, regroup, select_replica
+from .values import DistributedValues, PerReplica, contains_distributed, regroup, select_replica
 from .variables import Variable
 
 __all__ = ["EXECUTION_MODES", "LocalExtended"]
@@ -144,30 +143,7 @@ def _unwrap(x: Any) -> Any:
     return x
 
 
-def _first_difference(
-    shapes: Sequence[Tuple[int, ...]], dtypes: Sequence[Any], what: str, axis: Optional[int] = None
-) -> None:
-    """Cross-replica checks of the parts of one value (TypeError for dtypes, ValueError
-    for shapes), naming the first replica that differs."""
-    s0, d0 = shapes[0], dtypes[0]
-    for r, (s, d) in enumerate(zip(shapes, dtypes)):
-        if d != d0:
-            raise TypeError(
-                f"{what}: replica {r} has dtype {d}, replica 0 has {d0}; every replica's value needs the same dtype"
-            )
-        if axis is None:
-            if s != s0:
-                raise ValueError(
-                    f"{what}: replica {r} has shape {s}, replica 0 has {s0}; every replica's value needs the same shape"
-                )
-        elif len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != axis):
-            raise ValueError(
-                f"{what}: replica {r} has shape {tuple(s)}, replica 0 has shape {tuple(s0)}; "
-                f"shapes may differ only along axis {axis}"
-            )
-
-
-class LocalExtended(StrategyExtended):
+class LocalExtended(CrossReplicaExtended):
     """N replicas in this process; ``collectives`` runs their collectives."""
 
     def __init__(
@@ -749,314 +725,10 @@ class LocalExtended(StrategyExtended):
             return [Raise(e)] + [Raise(released)] * (len(requests) - 1)
         return [select_replica(r, result) for r in range(len(requests))]
 
-    # ---- cross-replica collectives ---------------------------------------------------------------
-    def _parts(self, value: DistributedValues, what: str) -> List[Any]:
-        parts = value.values
-        if len(parts) != self._n:
-            raise ValueError(
-                f"{what}: a {type(value).__name__} with {len(parts)} values cannot be combined by a "
-                f"strategy with {self._n} replicas"
-            )
-        return list(parts)
-
-    def _part_values(self, value: DistributedValues, what: str) -> List[Any]:
-        out = []
-        for p in self._parts(value, what):
-            if isinstance(p, Variable):
-                p = p._read()
-            out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
-        return out
-
-    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        if not isinstance(value, DistributedValues):
-            return self._reduce_plain(op, value, axis, what)
-        parts = self._part_values(value, what)
-        original = _unwrap_part(value.values[0])
-        if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
-            return kinds.restore(self._coll_copy(parts[0]), original)
-        with self._lock:
-            if axis is None:
-                _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
-                dt = parts[0].dtype
-                if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
-                    out = _numpy_objects(op, parts, value.values[0], what)
-                else:
-                    out = self._coll.reduce(op, parts)
-            else:
-                out = self._reduce_along(op, parts, axis, what)
-        return kinds.restore(out, original)
-
-    def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
-        """``strategy.reduce`` of a nested structure whose leaves are all distributed
-        values: one all-reduce for every leaf (small leaves packed), described with the
-        whole structure, so that processes of a multi-worker strategy that pass different
-        keys or nestings are told so. None when some leaf is not distributed (or is a
-        Mirrored under MEAN, which needs no collective): then leaf by leaf."""
-        leaves = nest.flatten(value)
-        if (
-            not leaves
-            or not all(
-                isinstance(x, DistributedValues) and not (isinstance(x, Mirrored) and op is ReduceOp.MEAN)
-                for x in leaves
-            )
-            or self._via_root is not None
-        ):
-            return None
-        parts = [self._as_parts(x, what) for x in leaves]
-        for ps in parts:
-            _first_difference([tuple(p.shape) for p in ps], [p.dtype for p in ps], what)
-            dt = ps[0].dtype
-            if dt.hasobject or dt.kind not in REDUCIBLE_KINDS:
-                return None
-        n = len(parts[0])
-        rows = [[ps[r] for ps in parts] for r in range(n)]
-        with self._lock:
-            results = self._all_reduce_leaves(
-                op, rows, self._algorithm, 0, nest.pack_sequence_as(value, [ps[0] for ps in parts])
-            )
-        firsts = [_unwrap_part(x.values[0]) for x in leaves]
-        return nest.pack_sequence_as(value, [kinds.restore(o, f) for o, f in zip(results[0], firsts)])
-
-    def _as_parts(self, value: DistributedValues, what: str) -> List[Any]:
-        return self._part_values(value, what)
-
-    def _coll_copy(self, x: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            return np.array(x, copy=True)
-        from . import devices
-
-        return devices.copy(x)
-
-    def _reduce_along(self, op: ReduceOp, parts: List[Any], axis: int, what: str) -> Any:
-        """``strategy.reduce`` with an axis: each part reduced along it (on the host), then
-        across replicas; MEAN is the global mean over every element along the axis."""
-        from . import devices
-
-        hosts = [devices.to_host(p) for p in parts]
-        axes = [normalize_axis(axis, h.ndim, what, r) for r, h in enumerate(hosts)]
-        if op is ReduceOp.MEAN:
-            numer = [np.asarray(np.sum(h, axis=a, dtype=work_dtype(h.dtype, op))) for h, a in zip(hosts, axes)]
-            count = self._coll.total(sum(h.shape[a] if h.ndim else 1 for h, a in zip(hosts, axes)))
-            total = self._coll.reduce(ReduceOp.SUM, self._to_places(numer))
-            total = devices.to_host(total)
-            out = np.asarray(total / total.dtype.type(count) if count else total * np.nan)
-        else:
-            local = [_local_reduce(op, h, a) for h, a in zip(hosts, axes)]
-            out = devices.to_host(self._coll.reduce(op, self._to_places(local)))
-        if any(devices.is_device_array(p) for p in parts):
-            return devices.to_replica_device(out, self._places[0])
-        return out
-
-    def _to_places(self, hosts: List[np.ndarray]) -> List[Any]:
-        from . import devices
-
-        if not self._on_gpu:
-            return hosts
-        return [
-            devices.to_replica_device(h, p) if devices.can_place(h.dtype) else h for h, p in zip(hosts, self._places)
-        ]
-
-    def _reduce_plain(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        if op in (ReduceOp.SUM, ReduceOp.PRODUCT) and self._total_replicas() > 1:
-            raise ValueError(
-                f"{what}: a non-distributed value cannot be reduced with {op.name} across "
-                f"{self._total_replicas()} replicas (it is not one value per replica); pass a PerReplica, such "
-                "as the result of strategy.run"
-            )
-        if axis is None:
-            return value
-        from . import devices
-
-        a = kinds.to_numpy(_unwrap_part(value))
-        ax = normalize_axis(axis, a.ndim, what, 0)
-        if a.ndim == 0:
-            out = a
-        elif op is ReduceOp.MEAN:
-            out = np.asarray(np.mean(a, axis=ax))
-        else:
-            out = _local_reduce(op, a, ax)
-        if devices.is_device_array(value):
-            # A GPU value was reduced on the host; its result goes back where it came from.
-            return devices.to_replica_device(out, devices.place_of(value))
-        return kinds.restore(out, _unwrap_part(value))
-
-    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
-        if not isinstance(value, DistributedValues):
-            a = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
-            normalize_axis(axis, a.ndim, what, 0)
-            return kinds.restore(a, _unwrap_part(value)) if not isinstance(value, np.ndarray) else a
-        parts = self._part_values(value, what)
-        ax = normalize_axis(axis, parts[0].ndim, what, 0)
-        for r, p in enumerate(parts):
-            if p.ndim != parts[0].ndim:
-                raise ValueError(
-                    f"{what}: replica {r} has rank {p.ndim}, replica 0 has rank {parts[0].ndim}; "
-                    f"shapes may differ only along axis {ax}"
-                )
-        _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what, ax)
-        with self._lock:
-            out = self._coll.gather(parts, ax)
-        return kinds.restore(out, _unwrap_part(value.values[0]))
-
-    def _place_of(self, device: str) -> Optional[int]:
-        """The place of a destination device: a replica's own CUDA device, else as named."""
-        from . import devices
-
-        if device in self._devices:
-            return self._places[self._devices.index(device)]
-        return devices.place_of_device(device)
-
-    def _placed(self, result: Any, original: Any) -> Any:
-        """A result bound for replicas' devices: a device array stays one when the value
-        came from numpy or Python (it lives where its destination is); otherwise it goes
-        back to the original's framework."""
-        from . import devices
-
-        if self._on_gpu and devices.is_device_array(result) and kinds.framework_of(original) in ("numpy", "other"):
-            return result
-        return kinds.restore(result, original)
-
-    def _put(self, value: Any, device: str, copy: bool) -> Any:
-        """``value`` on ``device`` (a copy when ``copy``): a device array on a GPU
-        destination, host memory on a CPU one, in the framework of ``value``."""
-        from . import devices
-
-        place = self._place_of(device) if self._on_gpu else None
-        v = kinds.to_engine_value(value) if self._on_gpu else kinds.to_numpy(value)
-        if place is None or not devices.can_place(v.dtype):
-            host = devices.to_host(v)
-            out = np.array(host, copy=True) if copy else host
-        else:
-            out = devices.to_replica_device(v, place, copy=copy)
-        return self._placed(out, value)
-
-    def _spread(self, out: Any, dests: List[str]) -> Any:
-        """``out`` on every destination: the value itself for one, a Mirrored of copies."""
-        if len(dests) == 1:
-            return self._put(out, dests[0], copy=False)
-        return Mirrored(tuple(self._put(out, d, copy=i > 0) for i, d in enumerate(dests)))
-
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
-        """Reduces ``value`` (a PerReplica, or a plain value present on every replica) onto
-        ``destinations``: a Mirrored with one copy per destination device, or the value
-        itself for one destination; each copy lives on its destination device."""
-        self._require_cross_replica("extended.reduce_to")
-        op = as_reduce_op(reduce_op)
-        if options is not None and not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
-        dests = self._destinations(destinations, "reduce_to")
-        if not isinstance(value, DistributedValues):
-            out = self._reduce_plain(op, value, None, "reduce_to")
-            if len(dests) == self._n and dests == list(self._devices) and self._n > 1:
-                return Mirrored(tuple(self._broadcast_value(out)))
-            return self._spread(out, dests)
-        if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
-            return self._spread(_unwrap_part(value.values[0]), dests)
-        parts = self._part_values(value, "reduce_to")
-        original = _unwrap_part(value.values[0])
-        if dests == list(self._devices) and self._n > 1:
-            _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], "reduce_to")
-            with self._lock:
-                outs = self._all_reduce_leaves(op, [[p] for p in parts], self._algorithm, 0)
-            return Mirrored(tuple(self._placed(o[0], original) for o in outs))
-        out = kinds.restore(self._reduce_one(op, value, None, "reduce_to"), original)
-        return self._spread(out, dests)
-
-    def _broadcast_value(self, value: Any) -> List[Any]:
-        """N copies of ``value``, one where each replica's values live."""
-        v = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
-        # Local copies only (a value every process already has): the collectives of this
-        # process, never the ones across processes.
-        local = getattr(self._coll, "local", self._coll)
-        with self._lock:
-            outs = local.broadcast([[v]] * self._n, 0)
-        return [self._placed(o[0], _unwrap_part(value)) for o in outs]
-
-    def batch_reduce_to(
-        self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]], options: Any = None
-    ) -> List[Any]:
-        """``reduce_to`` for a list of (value, destinations) pairs."""
-        self._require_cross_replica("extended.batch_reduce_to")
-        if not isinstance(value_destination_pairs, (list, tuple)):
-            raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
-        op = as_reduce_op(reduce_op)
-        if options is not None and not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
-        out: List[Any] = [None] * len(value_destination_pairs)
-        fused: List[int] = []
-        for i, pair in enumerate(value_destination_pairs):
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise TypeError(f"batch_reduce_to: item {i} is not a (value, destinations) pair")
-            value, dests = pair
-            # Which items travel together depends on the values alone (never on local
-            # replica counts or destinations), so that every process of a multi-worker
-            # strategy makes the same collective calls.
-            if (
-                isinstance(value, DistributedValues)
-                and self._via_root is None
-                and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)
-            ):
-                fused.append(i)
-            else:
-                out[i] = self.reduce_to(op, value, dests, options)
-        if fused:
-            # Every distributed value in one all-reduce: the small leaves travel packed
-            # (one engine call per dtype), as TensorFlow's batch_reduce_to fuses gradients.
-            values = [value_destination_pairs[i][0] for i in fused]
-            parts = [self._part_values(v, "batch_reduce_to") for v in values]
-            for k, ps in enumerate(parts):
-                _first_difference(
-                    [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
-                )
-            leaves = [[ps[r] for ps in parts] for r in range(self._n)]
-            opts = self._options if options is None else self._options.merge(options)
-            with self._lock:
-                results = self._all_reduce_leaves(
-                    op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
-                )
-            for k, i in enumerate(fused):
-                original = _unwrap_part(values[k].values[0])
-                dests = self._destinations(value_destination_pairs[i][1], "batch_reduce_to")
-                if dests == list(self._devices):
-                    out[i] = Mirrored(tuple(self._placed(results[r][k], original) for r in range(self._n)))
-                else:
-                    out[i] = self._spread(kinds.restore(results[0][k], original), dests)
-        return out
-
-    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
-        """Copies a non-distributed ``tensor`` to every destination device: a Mirrored
-        (or the value itself for one destination)."""
-        self._require_cross_replica("extended.broadcast_to")
-        if isinstance(tensor, PerReplica):
-            raise ValueError("broadcast_to: the value is a PerReplica; reduce it first (reduce_to)")
-        dests = self._destinations(destinations, "broadcast_to")
-        value = _unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else _unwrap_part(tensor)
-        if len(dests) == 1:
-            return self._put(value, dests[0], copy=False) if self._on_gpu else value
-        if dests == list(self._devices):
-            return Mirrored(tuple(self._broadcast_value(value)))
-        return self._spread(value, dests)
-
     def close(self) -> None:
         self._closed = True
         self._runner.close()
         self._coll.close()
-
-
-def _unwrap_part(x: Any) -> Any:
-    return x._read() if isinstance(x, Variable) else x
-
-
-def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int) -> np.ndarray:
-    if a.ndim == 0:
-        return a
-    if op is ReduceOp.SUM:
-        return np.asarray(np.sum(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
-    if op is ReduceOp.PRODUCT:
-        return np.asarray(np.prod(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
-    if op is ReduceOp.MIN:
-        return np.asarray(np.min(a, axis=axis))
-    return np.asarray(np.max(a, axis=axis))
 
 
 def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], what: str, verb: str) -> None:
@@ -1103,24 +775,6 @@ _QUICK_NUMS = frozenset(
         "complex128",
     )
 )
-
-
-def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
-    """Parts numpy cannot reduce as numbers: Python objects that support the operation
-    (Fraction, Decimal) are reduced by numpy; anything else is a TypeError naming it."""
-    a = parts[0]
-    if not a.dtype.hasobject:
-        raise TypeError(
-            f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name}; "
-            "pass numbers or arrays of numbers"
-        )
-    try:
-        return numpy_reduce(np.stack(parts), op, a.dtype)
-    except TypeError as e:
-        raise TypeError(
-            f"{what}: cannot reduce replica 0's value of type {type_name(first, a)} with {op.name} "
-            f"({e}); pass numbers or arrays of numbers"
-        ) from None
 
 
 def _for_replica(e: MismatchError, r: int) -> MismatchError:
