@@ -25,35 +25,8 @@ machine, with the exchanges, it lost about 20% (2 workers x 2 replicas, 16 MiB: 
 in 4 MiB chunks against 20.2-20.8 ms in one; 64 MiB: 91-101 ms against 74-81 ms), so by
 default a buffer crosses in one piece (``python -m distvals.bench --mpi`` shows both).
 
-Agreement without a second round trip
--------------------------------------
-Workers that pass different things (another collective, dtype, shape, op, nesting) must
-each get a ``MismatchError`` naming the first difference, never a wrong result or a hang.
-An MPI collective whose sizes differ between processes is undefined (it may hang), so
-the workers must agree before the data moves. Exchanging a header before every
-collective costs a round trip; here it is paid only when the workers' call sequence
-changes:
-
-- Every call has a *signature*: a 64-bit hash of its description (kind, op, and every
-  leaf's path, dtype and shape).
-- Every worker remembers, for the signature of the last agreed call, the signature (and
-  the MPI size, dtype and op) of the call that followed it: its *expected* next call.
-  The memory is the same on every worker, since it changes only after an agreed call.
-- When an expected call exists for a small collective, every worker sends the data at
-  the expected size in ONE MPI call, with one extra element: a flag saying "my call is
-  the expected one", encoded so that the reduction itself tells whether every worker
-  agreed (sum of zeros, max of zeros, min or product of ones). A worker whose call
-  differs still sends a buffer of the expected size (with zeros), so the MPI call is
-  well-formed on every worker.
-- When no call is expected, when a flag shows that some worker's call is not the
-  expected one, and for large collectives (whose 16-byte exchange travels while the
-  worker's local reduce runs), the workers first exchange their signatures; equal signatures go on to the data call,
-  different ones exchange their descriptions and raise ``MismatchError`` naming the
-  first difference, on every worker.
-
-So a training loop that repeats the same collectives pays one MPI call per collective
-after its first step; a changed call costs one extra exchange (and, for a small
-collective, the flagged call), and a real mismatch an error on every worker.
+The workers agree on every call without a second round trip: see
+``distvals.mpi_agreement``.
 
 Other rules: a wait on MPI polls against the strategy's timeout; one that runs out (a
 worker never arrived) cannot be cancelled in MPI, so the job is aborted with a message
@@ -63,7 +36,6 @@ naming this worker. float16 and bfloat16 cross MPI as float32; dtypes MPI cannot
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -71,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import numpy as np
 
 from . import devices, nest
-from ._core import CollectiveTimeoutError, MismatchError
-from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
+from .collectives import engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges
+from .mpi_agreement import AGREE, DISAGREE, Expected, WorkerAgreement, describe_call
+from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
@@ -82,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine_collectives import EngineCollectives
     from .group import ReplicaGroup
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "PIPELINE_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives", "describe_call"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "PIPELINE_CHUNK_BYTES", "SMALL_BYTES", "HierarchicalCollectives"]
 
 #: Chunk size of the pipelined hierarchical all-reduce of large buffers; 0: one chunk
 #: (the pipeline off, see the module doc).
@@ -92,7 +64,6 @@ PIPELINE_CHUNK_BYTES = 4 << 20
 #: Collectives up to this size carry their agreement inside the data call.
 SMALL_BYTES = 64 << 10
 _monotonic = time.monotonic
-_F32 = np.dtype(np.float32)
 _LOCAL_OP = {
     ReduceOp.SUM: ReduceOp.SUM,
     ReduceOp.MEAN: ReduceOp.SUM,
@@ -100,69 +71,6 @@ _LOCAL_OP = {
     ReduceOp.MAX: ReduceOp.MAX,
     ReduceOp.PRODUCT: ReduceOp.PRODUCT,
 }
-# The agreement flag: the value meaning "my call is the expected one", per op, chosen so
-# that the reduction of every worker's flag equals it only when every worker agrees.
-_AGREE = {ReduceOp.SUM: 0, ReduceOp.MAX: 0, ReduceOp.MIN: 1, ReduceOp.PRODUCT: 1}
-_DISAGREE = {ReduceOp.SUM: 1, ReduceOp.MAX: 1, ReduceOp.MIN: 0, ReduceOp.PRODUCT: 0}
-
-
-_SINGLE_DESCRIPTIONS: Dict[Tuple[str, str, Any, Tuple[int, ...]], str] = {}
-
-
-def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
-    """A call's description: kind, op, then every leaf's path, dtype and shape."""
-    if not nest.is_nested(value):
-        a = leaves[0]
-        # A loop asks for the same few descriptions again and again: remembered by
-        # (kind, op, dtype, shape), whose parts are cheap to get (a dtype's name is not).
-        key = (kind, _op_name(op), a.dtype, tuple(a.shape))
-        text = _SINGLE_DESCRIPTIONS.get(key)
-        if text is None:
-            if len(_SINGLE_DESCRIPTIONS) > 4096:
-                _SINGLE_DESCRIPTIONS.clear()
-            text = _SINGLE_DESCRIPTIONS[key] = (
-                f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} shape {key[3]}"
-            )
-        return text
-    # A plain list or tuple of leaves (batch_reduce_to's), or a dict of leaves (a model's
-    # gradients): remembered by their kind, keys, and each leaf's dtype and shape.
-    nkey: Any = None
-    t = type(value)
-    if t is list or t is tuple:
-        nkey = (t, len(value))
-    elif t is dict and not any(nest.is_nested(v) for v in value.values()):
-        nkey = (t, tuple(value))
-    if nkey is not None:
-        key = (kind, _op_name(op), nkey, tuple((a.dtype, a.shape) for a in leaves))
-        text = _NESTED_DESCRIPTIONS.get(key)
-        if text is None:
-            if len(_NESTED_DESCRIPTIONS) > 4096:
-                _NESTED_DESCRIPTIONS.clear()
-            text = _NESTED_DESCRIPTIONS[key] = _describe_nested(kind, op, value, leaves)
-        return text
-    return _describe_nested(kind, op, value, leaves)
-
-
-_NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
-
-
-def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
-    paths = nest.paths(value)
-    parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
-    return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
-
-
-def _op_name(op: Any) -> str:
-    name = getattr(op, "_name_", None)  # a ReduceOp (its .name property is slow)
-    return name if isinstance(name, str) else str(op)
-
-
-def _order(dt: np.dtype) -> str:
-    return " big-endian" if dt.byteorder == ">" else ""
-
-
-def _signature(description: str) -> int:
-    return int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
@@ -176,32 +84,6 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
     if dtype.kind == "c":
         return dtype.itemsize in (8, 16) and op in (ReduceOp.SUM, ReduceOp.PRODUCT)
     return False
-
-
-def _wire_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
-    return (
-        _F32
-        if (dtype.kind == "f" and dtype.itemsize == 2)
-        or (dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16")
-        else dtype
-    )
-
-
-class _Expected:
-    """The call that followed a given call last time, as the MPI layer saw it: its
-    signature and the size (flag included), dtype and op of its MPI buffer."""
-
-    __slots__ = ("count", "dtype", "flagged", "op", "signature", "wire")
-
-    def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
-        self.signature = signature
-        self.count = count
-        self.dtype = dtype
-        self.op = op
-        self.flagged = flagged
-        # Whether the buffer crosses MPI in its own dtype.
-        self.wire = _wire_dtype(dtype) == dtype
 
 
 class _ArraysKind:
@@ -225,7 +107,7 @@ class _ArraysKind:
             self.data = self.flat[: a.size].reshape(a.shape)
 
 
-class HierarchicalCollectives(Collectives):
+class HierarchicalCollectives(WorkerAgreement):
     """Collectives over every replica of every worker.
 
     ``local``: this worker's collectives (``HostCollectives`` or ``CudaCollectives``).
@@ -243,32 +125,20 @@ class HierarchicalCollectives(Collectives):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         on_fatal: Optional[Callable[[str], None]] = None,
     ) -> None:
-        from mpi4py import MPI
-
-        self._MPI = MPI
+        super().__init__(comm, timeout, on_fatal)
+        MPI = self._MPI
         self.local = local
-        self._comm = comm
-        self.rank: int = comm.Get_rank()
-        self.num_workers: int = comm.Get_size()
         self.local_counts = tuple(int(c) for c in local_counts)
         self.num_local = self.local_counts[self.rank]
         self.offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.local_counts)[:-1]]))
         self.offset = self.offsets[self.rank]
         self.num_replicas = int(sum(self.local_counts))
         self.places = local.places
-        self.timeout = float(timeout)
         self.chunk_bytes = max(0, int(chunk_bytes))
         self._on_gpu = any(p is not None for p in self.places)
         self._mpi_thread = MpiThread()
-        self._on_fatal = on_fatal
         self._in_place = MPI.IN_PLACE
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
-        # Agreement memory: signature of the last agreed call -> the call after it.
-        self._last = 0
-        self._expected: Dict[int, _Expected] = {}
-        self._signatures: Dict[str, int] = {}
-        # Counters for tests and the benchmark: data calls, agreement exchanges.
-        self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
         self._what = "all_reduce"
         # all_reduce_arrays: (op, dtype number, shape) -> what it remembers of such calls.
         self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
@@ -279,82 +149,6 @@ class HierarchicalCollectives(Collectives):
     def group(self) -> Any:
         return getattr(self.local, "group", None)
 
-    # ---- waiting ---------------------------------------------------------------------------
-    def _deadline(self, timeout: Optional[float]) -> Tuple[float, float]:
-        t = self.timeout if timeout is None else float(timeout)
-        return t, _monotonic() + t
-
-    def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
-        """Polls ``req`` until it completes; past the timeout the job is aborted."""
-        t, deadline = self._deadline(timeout)
-        if not poll(req, deadline):
-            self._timed_out(what, t)
-
-    def _timed_out(self, what: str, timeout: float) -> None:
-        msg = (
-            f"worker {self.rank}: {what} waited {timeout:g} s for the other workers, which did not "
-            "all arrive; an MPI collective cannot be cancelled, so the job must end (the timeout is "
-            "CommunicationOptions.timeout_seconds)"
-        )
-        if self._on_fatal is not None:
-            self._on_fatal(msg)
-        raise CollectiveTimeoutError(msg)
-
-    # ---- agreement ---------------------------------------------------------------------------
-    def _sig(self, description: str) -> int:
-        s = self._signatures.get(description)
-        if s is None:
-            if len(self._signatures) > 4096:
-                self._signatures.clear()
-            s = self._signatures[description] = _signature(description)
-        return s
-
-    def _exchange(self, sig: int, description: str, what: str, timeout: Optional[float]) -> None:
-        """Every worker's signature; on a difference, every worker's description, and a
-        MismatchError naming the first difference on every worker."""
-        self._exchange_start(sig, description, what, timeout)()
-
-    def _exchange_start(self, sig: int, description: str, what: str, timeout: Optional[float]) -> Callable[[], None]:
-        """``_exchange`` in two halves: this one sends our signature; the function it
-        returns waits for every worker's and raises on a difference (so that local work
-        can run while the signatures travel)."""
-        self.stats["exchanges"] += 1
-        mine = np.array([sig, len(description.encode())], dtype=np.int64)
-        table = np.empty((self.num_workers, 2), dtype=np.int64)
-        req = self._comm.Iallgather(mine, table)
-
-        def finish() -> None:
-            self._wait(req, what, timeout)
-            if np.all(table[:, 0] == sig):
-                return
-            self._disagree(table, description, what, timeout)
-
-        return finish
-
-    def _disagree(self, table: np.ndarray, description: str, what: str, timeout: Optional[float]) -> None:
-        """The workers' signatures differ: learn what each passed, to say so precisely."""
-        lengths = [int(x) for x in table[:, 1]]
-        data = np.frombuffer(description.encode(), dtype=np.uint8)
-        out = np.empty(sum(lengths), dtype=np.uint8)
-        displs = [int(x) for x in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
-        self._wait(
-            self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]), what, timeout
-        )
-        texts = [bytes(out[d : d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
-        w = next(k for k in range(1, self.num_workers) if texts[k] != texts[0])
-        raise MismatchError(
-            f"{what}: worker {self.rank}: the workers disagree: worker 0 calls {texts[0]}, worker {w} calls "
-            f"{texts[w]}; every worker must make the same collective calls, in the same order, with values "
-            "of the same structure, dtypes and shapes"
-        )
-
-    def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
-        """An agreement exchange for a collective that carries no flag (gathers,
-        broadcasts); it also becomes the last agreed call."""
-        sig = self._sig(description)
-        self._exchange(sig, description, what, timeout)
-        self._last = sig
-
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
     def _mpi_all_reduce(
         self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
@@ -362,7 +156,7 @@ class HierarchicalCollectives(Collectives):
         """``buf`` all-reduced with ``op`` between the workers, on the calling thread: in
         place, or from ``send`` (same size) into ``buf``. float16/bfloat16 travel as float32."""
         t, deadline = self._deadline(timeout)
-        wire = _wire_dtype(buf.dtype)
+        wire = wire_dtype(buf.dtype)
         src = send
         target = None
         if wire != buf.dtype:
@@ -447,7 +241,7 @@ class HierarchicalCollectives(Collectives):
         expected = self._expected.get(self._last)
         if expected is not None and expected.flagged:
             if expected.signature == sig:
-                agree = _AGREE[op]
+                agree = AGREE[op]
                 flat[-1] = agree
                 if send is None and expected.wire and flat.dtype is expected.dtype:
                     # The steady state of a training loop: one polled Iallreduce.
@@ -464,16 +258,16 @@ class HierarchicalCollectives(Collectives):
                 # Our call is not the expected one: still make the expected MPI call,
                 # flagged, so that every worker's call is well-formed.
                 stand_in = np.zeros(expected.count, dtype=expected.dtype)
-                stand_in[-1] = _DISAGREE[expected.op]
+                stand_in[-1] = DISAGREE[expected.op]
                 self._mpi_all_reduce(stand_in, expected.op, what, timeout)
             self.stats["flagged"] += 1
         # No call expected, a flag raised, or a call without a flag: agree first. When
         # every worker's call changed the same way, no worker used its own buffer above.
         self._exchange(sig, description, what, timeout)
         if flagged:
-            flat[-1] = _AGREE[op]
+            flat[-1] = AGREE[op]
         self._mpi_all_reduce(flat, op, what, timeout, send=send)
-        self._expected[self._last] = _Expected(sig, flat.size, flat.dtype, op, flagged)
+        self._expected[self._last] = Expected(sig, flat.size, flat.dtype, op, flagged)
         self._last = sig
 
     # ---- all-reduce --------------------------------------------------------------------------------
@@ -508,7 +302,7 @@ class HierarchicalCollectives(Collectives):
         # local replica may reduce where another all-reduces): one description.
         description = describe_call("all_reduce", op, value, leaves[0])
         dtypes = {work_dtype(a.dtype, op) for a in first}
-        if len(dtypes) == 1 and all(_native_mpi(_wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
+        if len(dtypes) == 1 and all(_native_mpi(wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
             work = dtypes.pop()
             return self._all_reduce_packed(op, leaves, work, description, timeout)
         # Several dtypes, or one MPI cannot reduce: leaf by leaf (each its own call).
@@ -592,7 +386,7 @@ class HierarchicalCollectives(Collectives):
         work: Optional[np.dtype] = work_dtype(a.dtype, op)
         if (
             work != a.dtype
-            or not _native_mpi(_wire_dtype(a.dtype), _LOCAL_OP[op])
+            or not _native_mpi(wire_dtype(a.dtype), _LOCAL_OP[op])
             or self.num_workers == 1
             or self._on_gpu
         ):
@@ -607,7 +401,7 @@ class HierarchicalCollectives(Collectives):
         self, op: ReduceOp, leaves: Sequence[Sequence[Any]], description: str, timeout: Optional[float]
     ) -> List[List[Any]]:
         work = work_dtype(leaves[0][0].dtype, op)
-        if _native_mpi(_wire_dtype(work), _LOCAL_OP[op]):
+        if _native_mpi(wire_dtype(work), _LOCAL_OP[op]):
             return self._all_reduce_packed(op, leaves, work, description, timeout)
         return self._all_reduce_numpy(op, leaves, description, timeout)
 
@@ -679,29 +473,6 @@ class HierarchicalCollectives(Collectives):
             return []
         return [self.local._unpack(outs[r], shapes) for r in range(n)]
 
-    def _agree_large(
-        self, description: str, total: int, work: np.dtype, op: ReduceOp, what: str, timeout: Optional[float]
-    ) -> Callable[[], None]:
-        """The agreement of a large all-reduce: one signature exchange before the data.
-        Returns the function that completes it: call it before any data crosses MPI."""
-        sig = self._sig(description)
-        expected = self._expected.get(self._last)
-        if expected is not None and expected.flagged:
-            # The memory expects a flagged call next: make it (flagged as not ours) so
-            # that every worker's MPI call matches, then agree below.
-            stand_in = np.zeros(expected.count, dtype=expected.dtype)
-            stand_in[-1] = _DISAGREE[expected.op]
-            self._mpi_all_reduce(stand_in, expected.op, what, timeout)
-            self.stats["flagged"] += 1
-        finish = self._exchange_start(sig, description, what, timeout)
-
-        def agreed() -> None:
-            finish()
-            self._expected[self._last] = _Expected(sig, total, work, op, False)
-            self._last = sig
-
-        return agreed
-
     def _chunks(self, count: int, itemsize: int) -> List[Tuple[int, int]]:
         """The pieces of a large buffer that cross MPI one by one (the same on every worker,
         so that every worker's MPI calls match): with several local replicas, the local
@@ -760,7 +531,7 @@ class HierarchicalCollectives(Collectives):
         t, deadline = self._deadline(timeout)
         flat = outs[0]
         jobs: List[Optional[MpiJob]] = []
-        wire_ok = _wire_dtype(flat.dtype) == flat.dtype
+        wire_ok = wire_dtype(flat.dtype) == flat.dtype
         # Steps 1 and 2: reduce chunk i locally into the MPI buffer, hand it to MPI (once
         # the workers agree: ``agreed()`` after the first chunk's local reduce).
         for lo, hi in chunks:

@@ -35,7 +35,15 @@ import numpy as np
 
 from .reduce_op import ReduceOp
 
-__all__ = ["BLOCKING_MIN_BYTES", "NUMPY_OPS", "PAIR_MAX_BYTES", "RING_MIN_PIECE_BYTES", "TAG", "Exchanges"]
+__all__ = [
+    "BLOCKING_MIN_BYTES",
+    "NUMPY_OPS",
+    "PAIR_MAX_BYTES",
+    "RING_MIN_PIECE_BYTES",
+    "TAG",
+    "Exchanges",
+    "wire_dtype",
+]
 
 #: Buffers of at least this many bytes cross MPI by the exchanges of the module doc, or,
 #: where those do not apply, by blocking MPI calls
@@ -51,6 +59,19 @@ RING_MIN_PIECE_BYTES = 1 << 20
 # communicator, where nothing else sends point to point).
 TAG = 0x6476
 #: The reductions of the exchanges (MEAN travels as SUM and is divided afterwards).
+_F32 = np.dtype(np.float32)
+
+
+def wire_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
+    return (
+        _F32
+        if (dtype.kind == "f" and dtype.itemsize == 2)
+        or (dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16")
+        else dtype
+    )
+
+
 NUMPY_OPS = {
     ReduceOp.SUM: np.add,
     ReduceOp.MIN: np.minimum,

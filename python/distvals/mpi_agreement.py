@@ -1,0 +1,268 @@
+"""Agreement between workers: every worker's collective calls must match before data
+crosses MPI, at the cost of no extra round trip in a training loop.
+
+Agreement without a second round trip
+-------------------------------------
+Workers that pass different things (another collective, dtype, shape, op, nesting) must
+each get a ``MismatchError`` naming the first difference, never a wrong result or a hang.
+An MPI collective whose sizes differ between processes is undefined (it may hang), so
+the workers must agree before the data moves. Exchanging a header before every
+collective costs a round trip; here it is paid only when the workers' call sequence
+changes:
+
+- Every call has a *signature*: a 64-bit hash of its description (kind, op, and every
+  leaf's path, dtype and shape).
+- Every worker remembers, for the signature of the last agreed call, the signature (and
+  the MPI size, dtype and op) of the call that followed it: its *expected* next call.
+  The memory is the same on every worker, since it changes only after an agreed call.
+- When an expected call exists for a small collective, every worker sends the data at
+  the expected size in ONE MPI call, with one extra element: a flag saying "my call is
+  the expected one", encoded so that the reduction itself tells whether every worker
+  agreed (sum of zeros, max of zeros, min or product of ones). A worker whose call
+  differs still sends a buffer of the expected size (with zeros), so the MPI call is
+  well-formed on every worker.
+- When no call is expected, when a flag shows that some worker's call is not the
+  expected one, and for large collectives (whose 16-byte exchange travels while the
+  worker's local reduce runs), the workers first exchange their signatures; equal signatures go on to the data call,
+  different ones exchange their descriptions and raise ``MismatchError`` naming the
+  first difference, on every worker.
+
+So a training loop that repeats the same collectives pays one MPI call per collective
+after its first step; a changed call costs one extra exchange (and, for a small
+collective, the flagged call), and a real mismatch an error on every worker.
+
+``WorkerAgreement`` keeps the memory and makes the exchanges; ``HierarchicalCollectives``
+(``distvals.mpi_collectives``), its subclass, carries the flag inside its data calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import nest
+from ._core import CollectiveTimeoutError, MismatchError
+from .collectives import Collectives
+from .mpi_exchanges import wire_dtype
+from .mpi_runtime import poll
+from .reduce_op import ReduceOp
+
+__all__ = ["AGREE", "DISAGREE", "Expected", "WorkerAgreement", "describe_call", "signature"]
+
+_monotonic = time.monotonic
+
+# The agreement flag: the value meaning "my call is the expected one", per op, chosen so
+# that the reduction of every worker's flag equals it only when every worker agrees.
+AGREE = {ReduceOp.SUM: 0, ReduceOp.MAX: 0, ReduceOp.MIN: 1, ReduceOp.PRODUCT: 1}
+DISAGREE = {ReduceOp.SUM: 1, ReduceOp.MAX: 1, ReduceOp.MIN: 0, ReduceOp.PRODUCT: 0}
+
+
+_SINGLE_DESCRIPTIONS: Dict[Tuple[str, str, Any, Tuple[int, ...]], str] = {}
+
+
+def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
+    """A call's description: kind, op, then every leaf's path, dtype and shape."""
+    if not nest.is_nested(value):
+        a = leaves[0]
+        # A loop asks for the same few descriptions again and again: remembered by
+        # (kind, op, dtype, shape), whose parts are cheap to get (a dtype's name is not).
+        key = (kind, _op_name(op), a.dtype, tuple(a.shape))
+        text = _SINGLE_DESCRIPTIONS.get(key)
+        if text is None:
+            if len(_SINGLE_DESCRIPTIONS) > 4096:
+                _SINGLE_DESCRIPTIONS.clear()
+            text = _SINGLE_DESCRIPTIONS[key] = (
+                f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} shape {key[3]}"
+            )
+        return text
+    # A plain list or tuple of leaves (batch_reduce_to's), or a dict of leaves (a model's
+    # gradients): remembered by their kind, keys, and each leaf's dtype and shape.
+    nkey: Any = None
+    t = type(value)
+    if t is list or t is tuple:
+        nkey = (t, len(value))
+    elif t is dict and not any(nest.is_nested(v) for v in value.values()):
+        nkey = (t, tuple(value))
+    if nkey is not None:
+        key = (kind, _op_name(op), nkey, tuple((a.dtype, a.shape) for a in leaves))
+        text = _NESTED_DESCRIPTIONS.get(key)
+        if text is None:
+            if len(_NESTED_DESCRIPTIONS) > 4096:
+                _NESTED_DESCRIPTIONS.clear()
+            text = _NESTED_DESCRIPTIONS[key] = _describe_nested(kind, op, value, leaves)
+        return text
+    return _describe_nested(kind, op, value, leaves)
+
+
+_NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
+
+
+def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
+    paths = nest.paths(value)
+    parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
+    return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
+
+
+def _op_name(op: Any) -> str:
+    name = getattr(op, "_name_", None)  # a ReduceOp (its .name property is slow)
+    return name if isinstance(name, str) else str(op)
+
+
+def _order(dt: np.dtype) -> str:
+    return " big-endian" if dt.byteorder == ">" else ""
+
+
+def signature(description: str) -> int:
+    """A description's 64-bit signature."""
+    return int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+class Expected:
+    """The call that followed a given call last time, as the MPI layer saw it: its
+    signature and the size (flag included), dtype and op of its MPI buffer."""
+
+    __slots__ = ("count", "dtype", "flagged", "op", "signature", "wire")
+
+    def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
+        self.signature = signature
+        self.count = count
+        self.dtype = dtype
+        self.op = op
+        self.flagged = flagged
+        # Whether the buffer crosses MPI in its own dtype.
+        self.wire = wire_dtype(dtype) == dtype
+
+
+class WorkerAgreement(Collectives):
+    """What the workers remember of their agreed calls, and the exchanges that agree on
+    a call. ``comm``: the workers' communicator; ``timeout``: of every wait, in seconds;
+    ``on_fatal(message)``: called before a timeout is raised (the job cannot go on)."""
+
+    def __init__(self, comm: Any, timeout: float, on_fatal: Optional[Callable[[str], None]]) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm
+        self.rank: int = comm.Get_rank()
+        self.num_workers: int = comm.Get_size()
+        self.timeout = float(timeout)
+        self._on_fatal = on_fatal
+        # Agreement memory: signature of the last agreed call -> the call after it.
+        self._last = 0
+        self._expected: Dict[int, Expected] = {}
+        self._signatures: Dict[str, int] = {}
+        # Counters for tests and the benchmark: data calls, agreement exchanges, flags.
+        self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
+
+    if TYPE_CHECKING:  # pragma: no cover - HierarchicalCollectives's data call
+
+        def _mpi_all_reduce(
+            self,
+            buf: np.ndarray,
+            op: ReduceOp,
+            what: str,
+            timeout: Optional[float],
+            send: Optional[np.ndarray] = None,
+        ) -> None: ...
+
+    # ---- waiting ---------------------------------------------------------------------------
+    def _deadline(self, timeout: Optional[float]) -> Tuple[float, float]:
+        t = self.timeout if timeout is None else float(timeout)
+        return t, _monotonic() + t
+
+    def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
+        """Polls ``req`` until it completes; past the timeout the job is aborted."""
+        t, deadline = self._deadline(timeout)
+        if not poll(req, deadline):
+            self._timed_out(what, t)
+
+    def _timed_out(self, what: str, timeout: float) -> None:
+        msg = (
+            f"worker {self.rank}: {what} waited {timeout:g} s for the other workers, which did not "
+            "all arrive; an MPI collective cannot be cancelled, so the job must end (the timeout is "
+            "CommunicationOptions.timeout_seconds)"
+        )
+        if self._on_fatal is not None:
+            self._on_fatal(msg)
+        raise CollectiveTimeoutError(msg)
+
+    # ---- agreement ---------------------------------------------------------------------------
+    def _sig(self, description: str) -> int:
+        s = self._signatures.get(description)
+        if s is None:
+            if len(self._signatures) > 4096:
+                self._signatures.clear()
+            s = self._signatures[description] = signature(description)
+        return s
+
+    def _exchange(self, sig: int, description: str, what: str, timeout: Optional[float]) -> None:
+        """Every worker's signature; on a difference, every worker's description, and a
+        MismatchError naming the first difference on every worker."""
+        self._exchange_start(sig, description, what, timeout)()
+
+    def _exchange_start(self, sig: int, description: str, what: str, timeout: Optional[float]) -> Callable[[], None]:
+        """``_exchange`` in two halves: this one sends our signature; the function it
+        returns waits for every worker's and raises on a difference (so that local work
+        can run while the signatures travel)."""
+        self.stats["exchanges"] += 1
+        mine = np.array([sig, len(description.encode())], dtype=np.int64)
+        table = np.empty((self.num_workers, 2), dtype=np.int64)
+        req = self._comm.Iallgather(mine, table)
+
+        def finish() -> None:
+            self._wait(req, what, timeout)
+            if np.all(table[:, 0] == sig):
+                return
+            self._disagree(table, description, what, timeout)
+
+        return finish
+
+    def _disagree(self, table: np.ndarray, description: str, what: str, timeout: Optional[float]) -> None:
+        """The workers' signatures differ: learn what each passed, to say so precisely."""
+        lengths = [int(x) for x in table[:, 1]]
+        data = np.frombuffer(description.encode(), dtype=np.uint8)
+        out = np.empty(sum(lengths), dtype=np.uint8)
+        displs = [int(x) for x in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
+        self._wait(
+            self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]), what, timeout
+        )
+        texts = [bytes(out[d : d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
+        w = next(k for k in range(1, self.num_workers) if texts[k] != texts[0])
+        raise MismatchError(
+            f"{what}: worker {self.rank}: the workers disagree: worker 0 calls {texts[0]}, worker {w} calls "
+            f"{texts[w]}; every worker must make the same collective calls, in the same order, with values "
+            "of the same structure, dtypes and shapes"
+        )
+
+    def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
+        """An agreement exchange for a collective that carries no flag (gathers,
+        broadcasts); it also becomes the last agreed call."""
+        sig = self._sig(description)
+        self._exchange(sig, description, what, timeout)
+        self._last = sig
+
+    def _agree_large(
+        self, description: str, total: int, work: np.dtype, op: ReduceOp, what: str, timeout: Optional[float]
+    ) -> Callable[[], None]:
+        """The agreement of a large all-reduce: one signature exchange before the data.
+        Returns the function that completes it: call it before any data crosses MPI."""
+        sig = self._sig(description)
+        expected = self._expected.get(self._last)
+        if expected is not None and expected.flagged:
+            # The memory expects a flagged call next: make it (flagged as not ours) so
+            # that every worker's MPI call matches, then agree below.
+            stand_in = np.zeros(expected.count, dtype=expected.dtype)
+            stand_in[-1] = DISAGREE[expected.op]
+            self._mpi_all_reduce(stand_in, expected.op, what, timeout)
+            self.stats["flagged"] += 1
+        finish = self._exchange_start(sig, description, what, timeout)
+
+        def agreed() -> None:
+            finish()
+            self._expected[self._last] = Expected(sig, total, work, op, False)
+            self._last = sig
+
+        return agreed
