@@ -48,6 +48,8 @@ _LABELS = {
     "distvals strategy": "distvals strategy.run + all_reduce",
     "distvals strategy inline": "distvals strategy.run + all_reduce, inline",
     "distvals strategy threads": "distvals strategy.run + all_reduce, threads",
+    "distvals structure inline": "distvals strategy.run + all_reduce of a 6-array dict, inline",
+    "distvals structure threads": "distvals strategy.run + all_reduce of a 6-array dict, threads",
 }
 
 
@@ -58,6 +60,8 @@ def _rank(name: str) -> Tuple[int, str]:
         "distvals strategy",
         "distvals strategy inline",
         "distvals strategy threads",
+        "distvals structure inline",
+        "distvals structure threads",
         "numpy",
         "tensorflow",
         "torch-gloo",
