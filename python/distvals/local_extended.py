@@ -492,13 +492,12 @@ class LocalExtended(CrossReplicaExtended):
                 return None
             if not a.flags.c_contiguous:
                 return None
-        size = a0.nbytes
-        if size < _POOL_MIN_BYTES:
+        if a0.nbytes < _POOL_MIN_BYTES:
             outs = [np.empty(shape, dt) for _ in ins]
         else:
             outs = [_pooled_empty(shape, dt) for _ in ins]
         # No strategy lock: the engine itself runs one single call at a time.
-        self._quick.all_reduce(ins, name, self._algorithm, out=outs)
+        self._quick.all_reduce(ins, name, self._algorithm, outs)
         return outs
 
     def _resolve_quick_tree(self, requests: List[Any]) -> Optional[List[Any]]:
