@@ -577,6 +577,36 @@ def test_structures_that_differ_between_replicas_are_named(s3, other, why):
     assert_usable(s3)
 
 
+def test_replicas_mixing_quick_and_general_forms_still_meet(s2):
+    # Replica 0's value takes the general path (a Python float leaf, options), replica
+    # 1's the quick one: the meeting must still reduce, or name a real mismatch.
+    def floats():
+        x = [1.5, 2.0] if replica_id() == 0 else [np.array(1.5), np.array(2.0)]
+        return dv.get_replica_context().all_reduce("sum", x)
+
+    out = s2.run(floats)
+    for r in range(2):
+        assert float(out[0].values[r]) == 3.0 and float(out[1].values[r]) == 4.0
+
+    def with_options():
+        opts = dv.CommunicationOptions() if replica_id() == 0 else None
+        return dv.get_replica_context().all_reduce("sum", {"a": np.ones(2) * (replica_id() + 1)}, options=opts)
+
+    out = s2.run(with_options)
+    for r in range(2):
+        np.testing.assert_array_equal(out["a"].values[r], [3.0, 3.0])
+
+    def other_collective():
+        ctx = dv.get_replica_context()
+        if replica_id() == 0:
+            return ctx.all_gather(np.ones(2), axis=0)
+        return ctx.all_reduce("sum", [np.ones(2)])
+
+    with pytest.raises(dv.MismatchError, match="replicas called different collectives"):
+        s2.run(other_collective)
+    assert_usable(s2)
+
+
 def test_a_replica_failing_before_a_structure_all_reduce_releases_the_others(s3):
     def fn():
         r = replica_id()

@@ -450,7 +450,9 @@ class LocalExtended(CrossReplicaExtended):
             out = self._resolve_quick(requests)
             if out is not None:
                 return out
-            requests = [as_request(q) for q in requests]
+        # Any replica may have sent a quick form (replica 0 the general one, say): the
+        # general path reads Requests only.
+        requests = [as_request(q) for q in requests]
         n = len(requests)
         try:
             check_calls(requests)
@@ -515,9 +517,12 @@ class LocalExtended(CrossReplicaExtended):
                 return None
         coll: Any = self._coll
         try:
-            return coll._all_reduce_in_one_call(  # type: ignore[no-any-return]
-                op, [q[3] for q in requests], self._algorithm, self._options.bytes_per_pack
-            )
+            # Under the strategy's lock, as every batch of collectives: a cross-replica
+            # call from another thread must not interleave its batch with this one.
+            with self._lock:
+                return coll._all_reduce_in_one_call(  # type: ignore[no-any-return]
+                    op, [q[3] for q in requests], self._algorithm, self._options.bytes_per_pack
+                )
         except (TypeError, ValueError):
             return None  # leaves that differ: the general path names them
 
