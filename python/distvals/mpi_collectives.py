@@ -325,12 +325,7 @@ class HierarchicalCollectives(WorkerAgreement):
         C-contiguous host array per local replica, all of one dtype and shape (what a
         step's ``ctx.all_reduce(op, x)`` passes). The same MPI calls as ``all_reduce``
         of the same values, with less Python around them."""
-        a0 = ins[0]
-        key = (op, a0.dtype.num, a0.shape)
-        kind = self._arrays.get(key)
-        if kind is None:
-            kind = self._arrays_kind(op, a0, key)
-        self._all_reduce_kind(kind, op, ins, outs, timeout, "all_reduce")
+        self._all_reduce_kind(self._arrays_kind(op, ins[0]), op, ins, outs, timeout, "all_reduce")
 
     def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any]) -> Optional[_ArraysKind]:
         """The kind of ``all_reduce_arrays`` call ``ins`` make, or None when they are not
@@ -342,9 +337,7 @@ class HierarchicalCollectives(WorkerAgreement):
         for a in ins[1:]:
             if type(a) is not np.ndarray or a.dtype != dt or a.shape != shape or not a.flags.c_contiguous:
                 return None
-        key = (op, dt.num, shape)
-        kind = self._arrays.get(key)
-        return self._arrays_kind(op, a0, key) if kind is None else kind
+        return self._arrays_kind(op, a0)
 
     def _all_reduce_kind(
         self,
@@ -381,8 +374,13 @@ class HierarchicalCollectives(WorkerAgreement):
             for o, r in zip(outs, res):
                 np.copyto(o, r[0])
 
-    def _arrays_kind(self, op: ReduceOp, a: np.ndarray, key: Tuple[Any, ...]) -> _ArraysKind:
-        """What ``all_reduce_arrays`` remembers of a kind of call."""
+    def _arrays_kind(self, op: ReduceOp, a: np.ndarray) -> _ArraysKind:
+        """What ``all_reduce_arrays`` remembers of the kind of call ``a`` (one replica's
+        array) makes with ``op``: looked up by (op, dtype number, shape), made once."""
+        key = (op, a.dtype.num, a.shape)
+        kind = self._arrays.get(key)
+        if kind is not None:
+            return kind
         work: Optional[np.dtype] = work_dtype(a.dtype, op)
         if (
             work != a.dtype

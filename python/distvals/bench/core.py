@@ -267,26 +267,12 @@ def measure_strategy(
         timing="python",
         mode=label,
     )
+    # The rows that move data: checked on every replica, compared with the group call.
+    moved: Dict[str, Any] = dict(iters=iters, checked=n * count, group_py_us=min(group_us) if group_us else None)
     return [
-        Row(
-            level="strategy",
-            time_us=time_us,
-            iters=iters,
-            wrong=wrong,
-            checked=n * count,
-            group_py_us=min(group_us) if group_us else None,
-            **common,
-        ),
+        Row(level="strategy", time_us=time_us, wrong=wrong, **moved, **common),
         Row(level="strategy-trivial", time_us=trivial_us, iters=t_iters, wrong=0, checked=0, **common),
-        Row(
-            level="strategy-structure",
-            time_us=structure_us,
-            iters=iters,
-            wrong=structure_wrong,
-            checked=n * count,
-            group_py_us=min(group_us) if group_us else None,
-            **common,
-        ),
+        Row(level="strategy-structure", time_us=structure_us, wrong=structure_wrong, **moved, **common),
     ]
 
 
