@@ -126,7 +126,7 @@ python_asan() {
   for t in "$root"/tests/test_group_*.py; do
     [ -f "$t" ] && tests+=("tests/$(basename "$t")")
   done
-  for t in test_all_reduce_leaves test_strategy_failures test_strategy test_context; do
+  for t in test_all_reduce_leaves test_quick_all_reduce test_strategy_failures test_strategy test_context; do
     [ -f "$root/tests/$t.py" ] || { echo "python-asan: tests/$t.py is missing" >&2; return 1; }
     tests+=("tests/$t.py")
   done

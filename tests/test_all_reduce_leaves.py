@@ -1,8 +1,10 @@
 """distvals._core.all_reduce_leaves: the all-reduce of a structure's leaves in one engine
 call (small leaves packed per dtype, large ones straight into pooled outputs), and the
-group's linger setting it uses between the calls."""
+batch it opens so that the group's workers linger between the calls."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -111,17 +113,81 @@ def test_mismatches_name_the_leaf_and_the_replica(g2):
         run(g2, [[np.ones(2), np.ones(2)], [np.ones(2)]])
     with pytest.raises(TypeError, match="leaf 1 of replica 1 has dtype float64, replica 0's has float32"):
         run(g2, [[np.ones(2), np.ones(2, np.float32)], [np.ones(2), np.ones(2)]])
-    with pytest.raises(ValueError, match="leaf 0 of replica 1 has another shape"):
+    with pytest.raises(ValueError, match=r"leaf 0 of replica 1 has shape \(3, 2\), replica 0's has shape \(2, 3\)"):
         run(g2, [[np.ones((2, 3))], [np.ones((3, 2))]])
 
 
-def test_linger_is_set_for_the_batch_and_put_back(g2):
+def test_a_batch_is_closed_after_the_call_and_leaves_the_linger_alone(g2):
     assert g2.set_linger_us(7) == 0
     leaves = [[np.ones(FUSE, np.float32), np.ones(FUSE, np.float32)] for _ in range(2)]
     run(g2, leaves)
-    assert g2.set_linger_us(0) == 7  # restored after the batch
+    assert g2.set_linger_us(0) == 7
+    assert g2._group.batch(True) == 1  # no batch was left open
+    assert g2._group.batch(False) == 0
+    with pytest.raises(ValueError, match="another shape|has shape"):
+        run(g2, [[np.ones((2, 3))], [np.ones((3, 2))]])  # refused before the batch opens
+    assert g2._group.batch(True) == 1
+    assert g2._group.batch(False) == 0
     assert g2.set_linger_us(10**9) == 0
-    assert g2.set_linger_us(0) == 100_000  # clamped
+    assert g2.set_linger_us(2**40) == 100_000  # clamped, also past a C int
+    assert g2.set_linger_us(-(2**40)) == 100_000
+    assert g2.set_linger_us(0) == 0
+
+
+def test_results_keep_each_replicas_spelling_of_the_dtype(g2):
+    # np.longlong and np.int64 are the same engine dtype; each replica gets its own back,
+    # packed (small) or not (large).
+    spellings = [np.dtype(np.longlong), np.dtype(np.int64)]
+    leaves = [
+        [np.full(3, r + 1, spellings[r]), np.full(FUSE, r + 1, spellings[r]), np.ones(2, spellings[r])]
+        for r in range(2)
+    ]
+    out, _ = run(g2, leaves)
+    for r in range(2):
+        for got in out[r]:
+            assert got.dtype.char == spellings[r].char, (r, got.dtype.char)
+        np.testing.assert_array_equal(out[r][0], np.full(3, 3))
+
+
+@pytest.mark.timeout(120)
+def test_overlapping_batches_from_two_threads_all_close(g2):
+    # Two threads reducing structures on one group at once: each call opens and closes
+    # its own batch, so none stays open after them (the workers would spin forever).
+    errors: list = []
+
+    def work(seed):
+        try:
+            for k in range(60):
+                leaves = [[np.full(64, r + seed + k, np.float32), np.full(9000, r, np.float64)] for r in range(2)]
+                out, _ = run(g2, leaves)
+                np.testing.assert_array_equal(out[1][0], np.full(64, 2 * (seed + k) + 1, np.float32))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (0, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert g2._group.batch(True) == 1
+    assert g2._group.batch(False) == 0
+
+
+def test_batch_context_opens_and_closes_around_its_body_even_on_error(g2):
+    xs = [np.arange(5.0) + r for r in range(2)]
+    with g2.batch():
+        with g2.batch():  # nested (or another thread's) batches are counted
+            assert g2._group.batch(True) == 3
+            assert g2._group.batch(False) == 2
+            g2.all_reduce(xs)
+        assert g2._group.batch(True) == 2
+        assert g2._group.batch(False) == 1
+    np.testing.assert_array_equal(xs[1], np.arange(5.0) * 2 + 1)
+    with pytest.raises(ValueError, match="shape"), g2.batch():
+        g2.all_reduce([np.ones(2), np.ones(3)])
+    assert g2._group.batch(True) == 1  # closed although the body raised
+    assert g2._group.batch(False) == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -105,6 +105,16 @@ int group::set_linger_us(int us) noexcept {
   return impl_->linger_us.exchange(std::clamp(us, 0, 100000), std::memory_order_relaxed);
 }
 
+int group::batch(bool open) noexcept {
+  std::atomic<int>& count = impl_->open_batches;
+  if (open) return count.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Never below zero: an unmatched close must not cancel a later batch's open.
+  int now = count.load(std::memory_order_relaxed);
+  while (now > 0 && !count.compare_exchange_weak(now, now - 1, std::memory_order_relaxed)) {
+  }
+  return now > 0 ? now - 1 : 0;
+}
+
 // ---- checks shared by both styles ------------------------------------------------------------
 
 void group::impl::check_replica(const call_desc& d, int r, const buffer_view& in, const buffer_view& out) const {

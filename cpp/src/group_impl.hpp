@@ -34,6 +34,9 @@ struct __attribute__((visibility("hidden"))) group::impl {
   // Extra time idle CPU workers keep spinning for the next collective (µs), set by a
   // caller about to issue several collectives back to back (see group::set_linger_us).
   std::atomic<int> linger_us{0};
+  // Batches of collectives open now (see group::batch): while any is, workers linger at
+  // least group::batch_linger_us.
+  std::atomic<int> open_batches{0};
 
   // ---- per-replica state -------------------------------------------------------
   // progress = (seq << 32) | steps completed in call `seq`. A replica sets it to

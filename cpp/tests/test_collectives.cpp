@@ -301,6 +301,24 @@ TEST_CASE("lingering workers: back-to-back calls stay right; the setting is clam
   run_case(*g, {collective::all_reduce, algorithm::direct, dtype::float32, 1009, reduce_op::max, style::single_call, true, 0});
 }
 
+TEST_CASE("batches: overlapping ones are counted, the workers linger until the last closes") {
+  group_options o;
+  o.spin_us = 0;
+  auto g = B->make_group(2, o);
+  CHECK(g->batch(true) == 1);
+  CHECK(g->batch(true) == 2);  // a second caller's batch, overlapping the first
+  for (int i = 0; i < 10; ++i) {
+    run_case(*g, {collective::all_reduce, algorithm::direct, dtype::float32, 4099, reduce_op::sum, style::single_call, i % 2 == 0, 0});
+  }
+  CHECK(g->batch(false) == 1);  // the first closes; the second is still open
+  CHECK(g->batch(false) == 0);
+  CHECK(g->batch(false) == 0);  // an unmatched close leaves the count at zero
+  CHECK(g->batch(true) == 1);
+  CHECK(g->batch(false) == 0);
+  CHECK(g->set_linger_us(0) == 0);  // batches never touch the linger setting
+  run_case(*g, {collective::all_reduce, algorithm::ring, dtype::float64, 1001, reduce_op::max, style::single_call, true, 0});
+}
+
 int main(int argc, char** argv) {
   B = backend_from_args(argc, argv, cuda::host_model::options{2, {}, 4, {}});
   std::printf("backend: %s\n", B->name().c_str());

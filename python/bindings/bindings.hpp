@@ -22,6 +22,7 @@ void register_group(py::module_& m);
 void register_timing(py::module_& m);
 void register_pool(py::module_& m);
 void register_leaves(py::module_& m);
+void register_meeting(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// The group options' interrupt hook: on the main thread, runs Python's pending signal
@@ -50,6 +51,9 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
 distvals::dtype to_dtype(const py::dtype& dt, int replica);
 /// The numpy dtype of an engine dtype (bfloat16 needs ml_dtypes).
 py::dtype to_numpy(distvals::dtype t);
+
+/// An array's shape as Python prints it: "(2, 3)", "(5,)", "()".
+std::string shape_str(const py::array& a);
 
 /// A view of the array's memory for the engine (no copy).
 distvals::buffer_view view_of(const py::array& a, distvals::dtype t);

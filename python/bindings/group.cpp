@@ -43,15 +43,6 @@ bool interrupted() {
 
 namespace {
 
-std::string shape_str(const py::array& a) {
-  std::string s = "(";
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-    s += std::to_string(a.shape(i));
-    if (a.ndim() == 1 || i + 1 < a.ndim()) s += i + 1 < a.ndim() ? ", " : ",";
-  }
-  return s + ")";
-}
-
 bool same_shape(const py::array& a, const py::array& b) {
   if (a.ndim() != b.ndim()) return false;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) {
@@ -369,6 +360,9 @@ void register_group(py::module_& m) {
       .def_property_readonly("threads", [](const group& g) { return g.options().threads; })
       .def("set_linger_us", &group::set_linger_us, py::arg("us"),
            "Idle workers keep spinning this many more microseconds after a collective; returns the previous value.")
+      .def("batch", &group::batch, py::arg("open"),
+           "Opens (True) or closes a batch of back-to-back collectives, during which idle workers keep spinning; "
+           "returns the number of batches open afterwards.")
       // ---- single-call style ------------------------------------------------------
       .def("all_reduce",
            [](group& g, const py::sequence& bufs, const std::string& op, const std::string& algo,

@@ -23,10 +23,6 @@ using distvals::call_desc;
 using distvals::collective;
 using distvals::group;
 
-// How long the workers keep spinning between the calls of one batch: far more than
-// the gap between two calls (a memcpy at most), far less than anything worth a core.
-constexpr int batch_linger_us = 200;
-
 // One leaf index across the replicas: the arrays, their views, and where its result goes.
 struct leaf {
   std::vector<py::array> in;  // one per replica, C-contiguous
@@ -51,14 +47,14 @@ bool integral(distvals::dtype t) {
   return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
 }
 
-// Keeps the group's workers spinning for the next call until destroyed.
-struct linger {
+// A batch of the group's collectives, open until destroyed: the workers keep spinning
+// for the next call (see group::batch).
+struct open_batch {
   group& g;
-  int previous;
-  explicit linger(group& grp) : g(grp), previous(grp.set_linger_us(batch_linger_us)) {}
-  ~linger() { g.set_linger_us(previous); }
-  linger(const linger&) = delete;
-  linger& operator=(const linger&) = delete;
+  explicit open_batch(group& grp) : g(grp) { g.batch(true); }
+  ~open_batch() { g.batch(false); }
+  open_batch(const open_batch&) = delete;
+  open_batch& operator=(const open_batch&) = delete;
 };
 
 // The checked leaf `i` of every replica; None (nothing planned) when its dtype is not
@@ -71,6 +67,11 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
     py::array a = py::reinterpret_borrow<py::array>(x);
     if (!(py::detail::array_proxy(a.ptr())->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
       a = py::array::ensure(a, py::array::c_style);  // a contiguous copy, as the engine needs
+      if (!a) {
+        // ensure() clears the error it met; for an array that can only be memory.
+        PyErr_NoMemory();
+        throw py::error_already_set();
+      }
     }
     distvals::dtype t;
     try {
@@ -92,7 +93,8 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
       if (static_cast<std::size_t>(a.ndim()) != out.shape.size() ||
           !std::equal(out.shape.begin(), out.shape.end(), a.shape())) {
         throw py::value_error("all_reduce: leaf " + std::to_string(i) + " of replica " + std::to_string(r) +
-                              " has another shape than replica 0's");
+                              " has shape " + shape_str(a) + ", replica 0's has shape " +
+                              shape_str(out.in[0]));
       }
     }
     out.view.push_back(view_of(a, t));
@@ -176,13 +178,16 @@ py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std:
   std::vector<std::vector<py::array>> outs(static_cast<std::size_t>(n));
   for (leaf& l : leaves) {
     if (l.pack >= 0) continue;
-    const py::dtype dt = l.in[0].dtype();
-    for (int r = 0; r < n; ++r) outs[static_cast<std::size_t>(r)].push_back(pooled_array(dt, l.shape, l.count));
+    // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
+    for (int r = 0; r < n; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      outs[ri].push_back(pooled_array(l.in[ri].dtype(), l.shape, l.count));
+    }
   }
   // 3. Without the GIL: fill the packs, then one engine call per pack and per large
   // leaf, the workers lingering between them.
   run_single(g, [&]() {
-    linger keep(g);
+    open_batch keep(g);
     for (pack& k : packs) {
       if (k.leaves.empty()) continue;
       const std::size_t size = distvals::dtype_size(k.type);
@@ -232,7 +237,7 @@ py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std:
       }
       const py::array& buf = packs[static_cast<std::size_t>(l.pack)].buf[static_cast<std::size_t>(r)];
       const auto* base = static_cast<const char*>(buf.data()) + l.offset * distvals::dtype_size(l.type);
-      row.append(py::array(buf.dtype(), l.shape, {}, base, buf));
+      row.append(py::array(l.in[static_cast<std::size_t>(r)].dtype(), l.shape, {}, base, buf));
     }
     result.append(std::move(row));
   }

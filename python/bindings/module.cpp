@@ -11,6 +11,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_timing(m);
   distvals_py::register_pool(m);
   distvals_py::register_leaves(m);
+  distvals_py::register_meeting(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);
 #endif

@@ -121,6 +121,15 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
   return a;
 }
 
+std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    s += std::to_string(a.shape(i));
+    if (a.ndim() == 1 || i + 1 < a.ndim()) s += i + 1 < a.ndim() ? ", " : ",";
+  }
+  return s + ")";
+}
+
 distvals::buffer_view view_of(const py::array& a, distvals::dtype t) {
   distvals::buffer_view v;
   v.data = const_cast<void*>(a.data());

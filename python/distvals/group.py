@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -258,13 +259,30 @@ class ReplicaGroup:
     def set_linger_us(self, us: int) -> int:
         """How long idle worker threads keep spinning for the next collective after one
         ends, in microseconds, on top of ``spin_us`` (0 to 100,000); returns the previous
-        value. Raise it before collectives that follow one another at once (the leaves
-        of one structure) and put it back after them: no call then waits for a sleeping
-        thread to wake up (tens of microseconds on a virtual machine), and the threads
-        sleep between batches. GPU groups have no worker threads: 0, no effect."""
+        value; values outside that range are clamped. A standing setting for a caller
+        whose collectives follow one another at once: no call then waits for a sleeping
+        thread to wake up (tens of microseconds on a virtual machine). For one run of
+        calls, ``batch()`` does the same and cannot be left raised by overlapping
+        callers. GPU groups have no worker threads: 0, no effect."""
         if isinstance(self._group, _core.Group):
-            return self._group.set_linger_us(int(us))
+            return self._group.set_linger_us(min(max(int(us), 0), 100_000))
         return 0
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """``with group.batch():`` around collectives issued back to back (the leaves of
+        a structure, one by one): while any batch is open, idle worker threads keep
+        spinning between calls instead of going to sleep, so no call waits for a thread
+        to wake up. Batches may overlap (from several threads); the threads sleep again
+        when the last one closes. GPU groups: no effect."""
+        engine = self._group if isinstance(self._group, _core.Group) else None
+        if engine is not None:
+            engine.batch(True)
+        try:
+            yield
+        finally:
+            if engine is not None:
+                engine.batch(False)
 
     def close(self) -> None:
         """Stop the worker threads; later calls raise ClosedError. Idempotent."""

@@ -51,7 +51,7 @@ from .replicas import (
     names,
 )
 from .replicas import fork_counter as _forks
-from .values import DistributedValues, PerReplica, contains_distributed, regroup, select_replica
+from .values import DistributedValues, PerReplica, per_replica_arguments, regroup, select_replica
 from .variables import Variable
 
 __all__ = ["EXECUTION_MODES", "LocalExtended"]
@@ -197,6 +197,7 @@ class LocalExtended(CrossReplicaExtended):
         self._execution = self._choose_execution(execution, what)
         self._coll: Collectives = self._make_collectives()
         self._quick = self._quick_group()
+        self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
         self._contexts = tuple(
             context.ReplicaContext(container_strategy, r, _num_replicas=self._n) for r in range(self._n)
         )
@@ -383,12 +384,7 @@ class LocalExtended(CrossReplicaExtended):
                 group.reset()
             except Exception:  # noqa: BLE001 - still in flight; this step's collectives report it
                 pass
-        if (args and contains_distributed(args, n, "strategy.run")) or (
-            kwargs and contains_distributed(kwargs, n, "strategy.run")
-        ):
-            per = [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
-        else:
-            per = [(args, kwargs)] * n
+        per = per_replica_arguments(args, kwargs, n, "strategy.run")
         runner = self._runner
         try:
             results = runner.step(fn, per, self._entries, self._timeout)
@@ -434,6 +430,7 @@ class LocalExtended(CrossReplicaExtended):
         old = self._coll
         self._coll = self._make_collectives()
         self._quick = self._quick_group()
+        self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
         self._quick_tree = self._quick_tree_ok()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
@@ -446,7 +443,13 @@ class LocalExtended(CrossReplicaExtended):
     def _resolve(self, requests: List[Any]) -> List[Any]:
         """One outcome per replica for a meeting that every replica has reached."""
         q0 = requests[0]
-        if type(q0) is tuple or q0.extra is _QUICK:
+        if type(q0) is tuple and q0[0] is QUICK_ALL_REDUCE and self._native_quick is not None:
+            # Inline replicas that each all-reduce one array: checked, reduced and given
+            # new outputs in one call into the engine (None: not all of that form).
+            out = _quick_all_reduce(self._native_quick, requests, QUICK_ALL_REDUCE, self._algorithm)
+            if out is not None:
+                return out
+        elif type(q0) is tuple or q0.extra is _QUICK:
             out = self._resolve_quick(requests)
             if out is not None:
                 return out
@@ -750,6 +753,7 @@ def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], w
 _QUICK = QUICK
 _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
+_quick_all_reduce = _core.quick_all_reduce
 # (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).
 # Keyed by the op's name: hashing an enum member calls Python code.
 _ENGINE_NAMES = {

@@ -9,13 +9,21 @@ array, since it is not one.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
 
 from . import context, nest
 
-__all__ = ["DistributedValues", "Mirrored", "PerReplica", "contains_distributed", "regroup", "select_replica"]
+__all__ = [
+    "DistributedValues",
+    "Mirrored",
+    "PerReplica",
+    "contains_distributed",
+    "per_replica_arguments",
+    "regroup",
+    "select_replica",
+]
 
 _DV = TypeVar("_DV", bound="DistributedValues")
 
@@ -262,6 +270,33 @@ def _part(replica: int, x: Any) -> Any:
     if isinstance(x, DistributedValues) and not x._select_whole:
         return x._values[replica]
     return x
+
+
+def per_replica_arguments(
+    args: Sequence[Any], kwargs: Dict[str, Any], num_replicas: int, what: str
+) -> List[Tuple[Any, Dict[str, Any]]]:
+    """Each replica's ``(args, kwargs)`` for a call of the replica function: every split
+    DistributedValues replaced by that replica's part. ValueError when one has a
+    different number of parts than ``num_replicas``."""
+    n = num_replicas
+    if not kwargs and type(args) is tuple:
+        # The common case, positional arguments that are values or DistributedValues
+        # (no containers to walk): one look at each.
+        split = False
+        for x in args:
+            if isinstance(x, DistributedValues):
+                if len(x._values) != n:
+                    break  # the general path below says what is wrong
+                split = split or not x._select_whole
+            elif isinstance(x, (list, tuple, dict)):
+                break
+        else:
+            if not split:
+                return [(args, kwargs)] * n
+            return [(tuple([_part(r, x) for x in args]), kwargs) for r in range(n)]
+    if (args and contains_distributed(args, n, what)) or (kwargs and contains_distributed(kwargs, n, what)):
+        return [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]
+    return [(args, kwargs)] * n
 
 
 def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:

@@ -172,6 +172,18 @@ class DISTVALS_EXPORT group {
   /// workers sleep. Lowering it ends a spin in progress. No effect on GPU groups. Never
   /// throws; any thread.
   int set_linger_us(int us) noexcept;
+  /// CPU: opens (`open` true) or closes a batch of collectives that one caller issues
+  /// back to back (the leaves of one structure); returns the number of batches open
+  /// afterwards. While any batch is open, idle workers keep spinning at least
+  /// batch_linger_us between calls, so no call of a batch waits for a sleeping thread.
+  /// Batches from several threads may overlap: the workers sleep again once the last
+  /// one closes (closing more than were opened leaves the count at 0). Unlike raising
+  /// and restoring set_linger_us, overlapping batches cannot leave the workers
+  /// spinning. No effect on GPU groups. Never throws; any thread.
+  int batch(bool open) noexcept;
+  /// How long idle workers linger while a batch is open, in microseconds: far more than
+  /// the gap between two calls of a batch, far less than anything worth a core.
+  static constexpr int batch_linger_us = 200;
 
   // ----- single-call style: any one thread, all N buffers -------------------------
 

@@ -340,16 +340,16 @@ void cpu_executor::worker_main(int index) noexcept {
     // Wait for a job: spin a little (back-to-back collectives), then block.
     auto has_job = [&]() { return me.go.load(std::memory_order_acquire) != seen || stopping_.load(); };
     if (!has_job()) {
-      // The linger is read again while spinning: a caller that lowers it (its batch of
-      // collectives is over) lets the worker go to sleep at once.
+      // The linger is read again while spinning: a caller that lowers it, or closes the
+      // last open batch of collectives, lets the worker go to sleep at once.
       const auto start = clock_type::now();
       const auto spin_end = start + std::chrono::microseconds(m_.spin_us * 4);
       for (unsigned i = 1; !has_job(); ++i) {
         if ((i & 63u) == 0) {
           const auto now = clock_type::now();
-          if (now > spin_end && now > start + std::chrono::microseconds(m_.linger_us.load(std::memory_order_relaxed))) {
-            break;
-          }
+          int linger = m_.linger_us.load(std::memory_order_relaxed);
+          if (m_.open_batches.load(std::memory_order_relaxed) > 0) linger = std::max(linger, group::batch_linger_us);
+          if (now > spin_end && now > start + std::chrono::microseconds(linger)) break;
         }
         cpu::relax();
       }

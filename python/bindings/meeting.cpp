@@ -1,0 +1,136 @@
+// distvals._core.quick_all_reduce: the commonest meeting of a step, resolved in one call.
+//
+// Inside strategy.run, each inline replica that calls ctx.all_reduce(op, x) on one numpy
+// array hands the scheduler a tuple (marker, op, x). When every replica has done so, the
+// meeting is one all-reduce of the N arrays into N new ones. Checking the N tuples,
+// making the outputs and calling the engine from Python costs a few microseconds, more
+// than the engine's own call for small arrays; here it costs a pass over N tuples.
+//
+// Anything that is not this exact case (another request, another op on some replica, a
+// dtype or shape that differs, a non-contiguous array, a dtype the engine does not
+// reduce as it is) returns None before any data moves: the caller's general path then
+// reduces it, or names the mismatch.
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+
+namespace distvals_py {
+namespace {
+
+using distvals::buffer_view;
+using distvals::call_desc;
+using distvals::collective;
+using distvals::group;
+
+// Outputs below this many bytes are plain numpy arrays (numpy's own small-block cache is
+// cheaper than the pool's lock); larger ones come from the host pool, so that repeated
+// steps reuse pages that are already mapped. The same threshold as the Python paths'.
+constexpr std::size_t pool_min_bytes = 4096;
+
+bool integral(distvals::dtype t) {
+  using distvals::dtype;
+  return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
+}
+
+// The engine op of a ReduceOp member, looked up once per member (members live as long as
+// the interpreter, so their address identifies them).
+bool engine_op(const py::handle& op, distvals::reduce_op& out) {
+  static PyObject* last = nullptr;
+  static distvals::reduce_op last_op = distvals::reduce_op::sum;
+  if (op.ptr() == last) {
+    out = last_op;
+    return true;
+  }
+  if (!py::hasattr(op, "engine_name")) return false;
+  try {
+    out = distvals::parse_reduce_op(py::str(op.attr("engine_name")).cast<std::string>());
+  } catch (const std::exception&) {
+    return false;
+  }
+  // Keep the member alive while it is remembered, so that its address cannot be reused.
+  Py_XDECREF(last);
+  last = op.inc_ref().ptr();
+  last_op = out;
+  return true;
+}
+
+py::object quick_all_reduce(group& g, const py::list& requests, const py::handle& marker,
+                            const std::string& algo_name) {
+  const int n = g.size();
+  if (static_cast<int>(requests.size()) != n) return py::none();
+  const PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_);
+  std::vector<py::array> ins;
+  std::vector<buffer_view> in_views;
+  ins.reserve(static_cast<std::size_t>(n));
+  in_views.reserve(static_cast<std::size_t>(n));
+  PyObject* op0 = nullptr;
+  distvals::dtype type = distvals::dtype::float32;
+  // 1. Every request is (marker, op, array) with replica 0's op, a C-contiguous numpy
+  // array of replica 0's dtype and shape, of a dtype the engine reduces with that op.
+  for (int r = 0; r < n; ++r) {
+    PyObject* q = requests[static_cast<std::size_t>(r)].ptr();
+    if (!PyTuple_CheckExact(q) || PyTuple_GET_SIZE(q) != 3 || PyTuple_GET_ITEM(q, 0) != marker.ptr()) {
+      return py::none();
+    }
+    PyObject* op = PyTuple_GET_ITEM(q, 1);
+    PyObject* x = PyTuple_GET_ITEM(q, 2);
+    if (Py_TYPE(x) != array_type) return py::none();
+    py::array a = py::reinterpret_borrow<py::array>(x);
+    if (!(py::detail::array_proxy(x)->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) return py::none();
+    distvals::dtype t;
+    try {
+      t = to_dtype(a.dtype(), r);
+    } catch (const py::type_error&) {
+      return py::none();
+    }
+    if (r == 0) {
+      op0 = op;
+      type = t;
+    } else {
+      const py::array& a0 = ins[0];
+      if (op != op0 || t != type || a.ndim() != a0.ndim()) return py::none();
+      for (py::ssize_t d = 0; d < a.ndim(); ++d) {
+        if (a.shape(d) != a0.shape(d)) return py::none();
+      }
+    }
+    in_views.push_back(view_of(a, t));
+    ins.push_back(std::move(a));
+  }
+  distvals::reduce_op op;
+  if (!engine_op(op0, op)) return py::none();
+  if (op == distvals::reduce_op::mean && integral(type)) return py::none();  // float64 MEAN: the general path
+  // 2. New outputs, one per replica, shaped as the inputs.
+  const py::array& a0 = ins[0];
+  const std::vector<py::ssize_t> shape(a0.shape(), a0.shape() + a0.ndim());
+  const std::size_t count = static_cast<std::size_t>(a0.size());
+  const bool pooled = count * distvals::dtype_size(type) >= pool_min_bytes;
+  const py::dtype dt = a0.dtype();
+  py::list outs(static_cast<std::size_t>(n));
+  std::vector<buffer_view> out_views;
+  out_views.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    py::array o = pooled ? pooled_array(dt, shape, count) : py::array(dt, shape);
+    out_views.push_back(view_of(o, type));
+    outs[static_cast<std::size_t>(r)] = std::move(o);
+  }
+  // 3. One engine call, without the GIL.
+  if (count > 0) {
+    const call_desc d{collective::all_reduce, type, op, distvals::parse_algorithm(algo_name), count, 0};
+    run_single(g, [&]() { g.run(d, in_views, out_views); });
+  }
+  return std::move(outs);
+}
+
+}  // namespace
+
+void register_meeting(py::module_& m) {
+  m.def("quick_all_reduce", &quick_all_reduce, py::arg("group"), py::arg("requests"), py::arg("marker"),
+        py::arg("algorithm") = "auto",
+        "The meeting where every replica all-reduces one array: requests[r] is the tuple (marker, op, array) "
+        "of replica r (op a ReduceOp). Returns one new array per replica, or None, before any data moves, "
+        "when the requests are not all of that form with the same op, dtype and shape (C-contiguous arrays "
+        "of a dtype the engine reduces with that op).");
+}
+
+}  // namespace distvals_py
