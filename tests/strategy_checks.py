@@ -56,8 +56,9 @@ def frames_of(error: BaseException) -> list:
 def engine_all_reduces(monkeypatch, strategy) -> list:
     """The list that gets (dtype name, elements, op) for every engine all-reduce the CPU
     ``strategy`` makes from now on: those made leaf by leaf from Python and those made
-    in one call for a whole structure (distvals._core.all_reduce_leaves)."""
-    from distvals import host_collectives
+    in one call for a whole structure (distvals._core.all_reduce_leaves, and the inline
+    replicas' meeting distvals._core.quick_all_reduce_tree)."""
+    from distvals import host_collectives, local_extended
 
     calls: list = []
     group = strategy.extended._group
@@ -75,6 +76,16 @@ def engine_all_reduces(monkeypatch, strategy) -> list:
         calls.extend((dtype, count, op) for dtype, count in trace)
         return out
 
+    meeting = local_extended._quick_all_reduce_tree
+
+    def traced_meeting(g, requests, marker, algorithm, fuse_bytes, bytes_per_pack):
+        trace: list = []
+        out = meeting(g, requests, marker, algorithm, fuse_bytes, bytes_per_pack, trace=trace)
+        op = requests[0][1].engine_name
+        calls.extend((dtype, count, op) for dtype, count in trace)
+        return out
+
     monkeypatch.setattr(group, "all_reduce", counting)
+    monkeypatch.setattr(local_extended, "_quick_all_reduce_tree", traced_meeting)
     monkeypatch.setattr(host_collectives, "_all_reduce_leaves", traced)
     return calls

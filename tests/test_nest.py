@@ -97,3 +97,114 @@ def test_mismatches_of_flat_dicts_are_named():
     assert why is not None and "dict keys" in why
     why = nest.structure_mismatch({"a": 1, "b": 2}, {"a": 1, "b": [2]})
     assert why == "at ['b']: a single value vs list of 1"
+
+
+# ---- the walks in C++: the same answers as plain Python walks ---------------------------------
+
+
+def reference_same(a, b):
+    """The nesting rules written out plainly: the same container types (any two lists
+    match), lengths and dict keys, leaves in the same places."""
+    a_nested, b_nested = isinstance(a, (list, tuple, dict)), isinstance(b, (list, tuple, dict))
+    if not a_nested or not b_nested:
+        return a_nested == b_nested
+    if type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list)):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(reference_same(a[k], b[k]) for k in a)
+    return len(a) == len(b) and all(reference_same(x, y) for x, y in zip(a, b))
+
+
+@settings(max_examples=400, deadline=None)
+@given(structures, structures)
+def test_same_nesting_agrees_with_a_plain_walk_and_names_every_difference(a, b):
+    for x, y in ((a, b), (a, a), (b, a)):
+        expected = reference_same(x, y)
+        assert nest._same(x, y) is expected
+        assert (nest.structure_mismatch(x, y) is None) is expected
+
+
+def test_subclasses_keep_their_types_and_their_own_order():
+    od = collections.OrderedDict([("b", 1), ("a", 2), ("c", 3)])
+    od.move_to_end("b")  # iteration order a, c, b; the dict's storage order differs
+    assert nest.flatten(od) == [2, 1, 3]  # sorted keys: a, b, c
+    out = nest.pack_sequence_as(od, ["A", "B", "C"])
+    assert type(out) is collections.OrderedDict and list(out) == ["a", "c", "b"]
+    assert out == {"a": "A", "b": "B", "c": "C"}
+
+    class Row(tuple):
+        pass
+
+    class Items(list):
+        pass
+
+    dd = collections.defaultdict(list, {"y": 1, "x": 2})
+    s = [Row((1, 2)), Items([3]), Pair(4, 5), dd]
+    packed = nest.pack_sequence_as(s, [10, 20, 30, 40, 50, 60, 70])
+    assert [type(x) for x in packed] == [Row, Items, Pair, collections.defaultdict]
+    assert packed[0] == (10, 20) and packed[1] == [30] and packed[2] == Pair(40, 50)
+    assert dict(packed[3]) == {"x": 60, "y": 70}
+    assert nest._same(s, packed) and not nest._same(s, [(1, 2), Items([3]), Pair(4, 5), dd])
+
+
+def test_self_containing_and_very_deep_structures_are_a_recursion_error():
+    loop: list = [1]
+    loop.append(loop)
+    with pytest.raises(RecursionError):
+        nest.flatten(loop)
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for walk in (nest.flatten, lambda s: nest.pack_sequence_as(s, []), lambda s: nest._same(s, s)):
+        with pytest.raises(RecursionError):
+            walk(deep)
+
+
+def test_a_key_comparison_that_fails_otherwise_than_type_error_is_raised():
+    class Key:
+        def __init__(self, k):
+            self.k = k
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __lt__(self, other):
+            raise ArithmeticError(f"cannot order {self.k}")
+
+    with pytest.raises(ArithmeticError, match="cannot order"):
+        nest.flatten({Key(1): 1, Key(2): 2})
+
+
+def test_pack_takes_any_sequence_of_leaves_and_refuses_other_things():
+    assert nest.pack_sequence_as([1, (2,)], (7, 8)) == [7, (8,)]
+    assert nest.pack_sequence_as({"a": 0}, range(5, 6)) == {"a": 5}
+    with pytest.raises(TypeError, match="must be a sequence"):
+        nest.pack_sequence_as([1], 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(structures, st.integers(1, 4), st.booleans())
+def test_regroup_makes_the_same_per_replica_leaves_as_a_plain_walk(s, n, always_wrap):
+    from distvals.values import PerReplica, regroup
+
+    shared = object()
+    # Replica r's copy of s: its leaves tagged with r, but the first leaf shared by all.
+    count = len(nest.flatten(s))
+    per = [nest.pack_sequence_as(s, [shared if i == 0 else f"{r}:{i}" for i in range(count)]) for r in range(n)]
+    out = regroup(per, always_wrap=always_wrap)
+    columns = list(zip(*[nest.flatten(p) for p in per]))
+    got = nest.flatten(out)
+    assert len(got) == len(columns)
+    for leaf, column in zip(got, columns):
+        if not always_wrap and all(c is column[0] for c in column):
+            assert leaf is column[0]
+        else:
+            assert type(leaf) is PerReplica and leaf.values == column
+    assert nest._same(out, s)
+
+
+def test_regroup_names_the_replicas_whose_nestings_differ():
+    from distvals.values import regroup
+
+    with pytest.raises(ValueError, match=r"replicas 0 and 2 returned different structures \(at \['b'\]"):
+        regroup([{"a": 1, "b": [2]}, {"a": 3, "b": [4]}, {"a": 5, "b": (6,)}])

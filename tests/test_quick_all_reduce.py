@@ -1,6 +1,7 @@
-"""distvals._core.quick_all_reduce: the meeting where every inline replica all-reduces
-one array, checked and reduced in one call; None (and nothing touched) for anything
-else, which the strategy's general path then reduces or names."""
+"""distvals._core.quick_all_reduce and quick_all_reduce_tree: the meetings where every
+inline replica all-reduces one array, or one structure of arrays, checked and reduced in
+one call; None (and nothing touched) for anything else, which the strategy's general
+path then reduces or names."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from conftest import distinct_values, reference, tolerance
 from strategy_checks import engine_all_reduces
 
 import distvals as dv
-from distvals import _core
-from distvals.replicas import QUICK_ALL_REDUCE, Request
+from distvals import _core, nest
+from distvals.local_extended import _QUICK_MASK
+from distvals.replicas import QUICK_ALL_REDUCE, QUICK_TREE, Request
 
 OPS = {
     "sum": dv.ReduceOp.SUM,
@@ -130,3 +132,127 @@ def test_inline_steps_take_it_and_mismatches_are_still_named(monkeypatch):
     out = strategy.run(lambda v: dv.get_replica_context().all_reduce("MAX", v), args=(x,))
     for got in strategy.experimental_local_results(out):
         np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32) * 3)
+
+
+# ---- structures ------------------------------------------------------------------------------
+
+
+def tree_requests(structures, op, marker=QUICK_TREE):
+    return [(marker, op, s, nest.flatten(s)) for s in structures]
+
+
+def tree(r, dtype="float32", seed=0):
+    """Replica r's structure: small leaves (packed together) and a large one (on its own, in any dtype),
+    nested in a dict, a list and a tuple; distinct values per replica and leaf."""
+    rng = np.random.default_rng(seed * 100 + r)
+
+    def leaf(*shape):
+        return np.array(rng.integers(1, 9, size=shape) * (r + 1), dtype=dtype)  # 0-d: an array too
+
+    return {"w": leaf(3, 4), "layers": [leaf(5), (leaf(), leaf(20000))], "b": leaf(2)}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize(
+    "op,dtype", [(op, dt) for op, dt in OP_DTYPES if dt in ("float16", "float32", "float64", "int32")]
+)
+def test_every_replica_gets_each_leafs_float64_reference(n, op, dtype):
+    structures = [tree(r, dtype) for r in range(n)]
+    before = [[a.copy() for a in nest.flatten(s)] for s in structures]
+    with dv.ReplicaGroup(n) as g:
+        trace: list = []
+        out = _core.quick_all_reduce_tree(
+            g._group, tree_requests(structures, OPS[op]), QUICK_TREE, "auto", 32768, 0, trace=trace
+        )
+    assert out is not None and len(out) == n
+    # The four small leaves travel as one pack, the large one on its own.
+    assert sorted(count for _, count in trace) == [12 + 5 + 1 + 2, 20000]
+    for i in range(len(before[0])):
+        want = reference([b[i] for b in before], op)
+        for r in range(n):
+            got = out[r][i]
+            assert got.shape == before[r][i].shape and got.dtype == before[r][i].dtype, (r, i)
+            assert not np.shares_memory(got, nest.flatten(structures[r])[i]), (r, i)
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tolerance(dtype), err_msg=f"{r} {i}")
+    for s, b in zip(structures, before):  # the inputs are only read
+        for x, y in zip(nest.flatten(s), b):
+            np.testing.assert_array_equal(x, y)
+
+
+def _not_quick_tree_cases():
+    a, b = tree(0), tree(1)
+    s = dv.ReduceOp.SUM
+    yield "another marker", tree_requests([a, b], s, marker=object())
+    yield "a single-array request", [tree_requests([a], s)[0], (QUICK_ALL_REDUCE, s, b["w"])]
+    yield "ops differ", [tree_requests([a], s)[0], tree_requests([b], dv.ReduceOp.MAX)[0]]
+    yield "keys differ", tree_requests([a, {**b, "c": b.pop("b")}], s)
+    yield "a list for a tuple", tree_requests([a, {**b, "layers": [b["layers"][0], list(b["layers"][1])]}], s)
+    yield "leaf counts differ", [tree_requests([a], s)[0], (QUICK_TREE, s, b, nest.flatten(b)[:-1])]
+    yield "dtypes differ", tree_requests([a, tree(1, "float64")], s)
+    yield "shapes differ", tree_requests([a, {**tree(1), "w": tree(1)["w"].reshape(4, 3)}], s)
+    yield "int16 leaves", tree_requests([tree(0, "int16"), tree(1, "int16")], s)
+    yield "integer MEAN", tree_requests([tree(0, "int32"), tree(1, "int32")], dv.ReduceOp.MEAN)
+    yield "one request short", tree_requests([a], s)
+    yield "leaves not a list", [(QUICK_TREE, s, x, tuple(nest.flatten(x))) for x in (a, tree(1))]
+
+
+@pytest.mark.parametrize("case", list(_not_quick_tree_cases()), ids=lambda c: c[0])
+def test_any_other_structure_meeting_returns_none_and_touches_nothing(case):
+    _, reqs = case
+    kept = [[np.array(x, copy=True) for x in nest.flatten(q[2])] if len(q) == 4 else None for q in reqs]
+    with dv.ReplicaGroup(2) as g:
+        assert _core.quick_all_reduce_tree(g._group, reqs, QUICK_TREE, "auto", 32768, 0) is None
+    for q, k in zip(reqs, kept):
+        if k is not None:
+            for x, y in zip(nest.flatten(q[2]), k):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_leaf_arrays_are_the_leaves_only_when_all_are_plain_arrays_of_those_dtypes():
+    f = np.zeros(3, np.float32)
+    s = {"a": f, "b": [np.zeros(2, np.int64), (np.zeros((), np.complex64),)]}
+    got = _core.nest_leaf_arrays(s, _QUICK_MASK)
+    assert got is not None and [x is y for x, y in zip(got, nest.flatten(s))] == [True] * 3
+    assert _core.nest_leaf_arrays([f, np.zeros(2, object)], _QUICK_MASK) is None
+    assert _core.nest_leaf_arrays([f, 1.5], _QUICK_MASK) is None
+    assert _core.nest_leaf_arrays([f, np.ma.masked_array(f)], _QUICK_MASK) is None
+    assert _core.nest_leaf_arrays([f], 1 << np.dtype(np.float64).num) is None
+    assert _core.nest_leaf_arrays([], _QUICK_MASK) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", ["SUM", "MEAN"])
+def test_inline_steps_reduce_structures_in_the_meeting_and_name_what_differs(monkeypatch, op):
+    strategy = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution="inline")
+    calls = []
+    real = _core.quick_all_reduce_tree
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr("distvals.local_extended._quick_all_reduce_tree", counting)
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return dv.get_replica_context().all_reduce(op, tree(r))
+
+    out = strategy.run(step)
+    assert calls == [True]
+    for i, leaf in enumerate(nest.flatten(out)):
+        want = reference([nest.flatten(tree(r))[i] for r in range(3)], op.lower())
+        for r, got in enumerate(leaf.values):
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{r} {i}")
+
+    def differing():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        value = tree(r, "float64" if r == 2 else "float32")
+        return dv.get_replica_context().all_reduce(op, value)
+
+    with pytest.raises(dv.MismatchError, match="replica 2"):
+        strategy.run(differing)
+    assert calls[-1] is False  # refused by the meeting, named by the general path
+    out = strategy.run(step)  # and the next step works
+    assert calls[-1] is True
+    np.testing.assert_allclose(out["b"].values[1], reference([tree(r)["b"] for r in range(3)], op.lower()), rtol=1e-6)

@@ -23,6 +23,7 @@ void register_timing(py::module_& m);
 void register_pool(py::module_& m);
 void register_leaves(py::module_& m);
 void register_meeting(py::module_& m);
+void register_nest(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// The group options' interrupt hook: on the main thread, runs Python's pending signal
@@ -61,6 +62,16 @@ distvals::buffer_view view_of(const py::array& a, distvals::dtype t);
 /// An uninitialized C-contiguous array of `count` elements of `dt` in `shape`, from the
 /// host pool (see pool.cpp). Needs the GIL.
 py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
+
+/// The all-reduce of many leaves in one call (see leaves.cpp): rows[r][i] is leaf i of
+/// replica r, every row as long. Returns a list per replica of its result leaves, or None
+/// (nothing touched) when a leaf is not one the engine reduces as it is.
+py::object all_reduce_rows(distvals::group& g, const std::vector<py::sequence>& rows, distvals::reduce_op op,
+                           distvals::algorithm algo, std::size_t fuse_bytes, std::size_t bytes_per_pack,
+                           const py::object& trace);
+
+/// True when the two structures have the same nesting (see nest.cpp).
+bool nest_same(PyObject* a, PyObject* b);
 
 /// The named parameters of a function taking *args and **kwargs, in order, with their
 /// defaults (an empty object: required).

@@ -61,6 +61,8 @@ struct open_batch {
 // one the engine reduces as it is, or an integer MEAN (which runs in float64).
 bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::reduce_op op, leaf& out) {
   const int n = static_cast<int>(rows.size());
+  out.in.reserve(static_cast<std::size_t>(n));
+  out.view.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     py::object x = rows[static_cast<std::size_t>(r)][i];
     if (!py::isinstance<py::array>(x)) return false;
@@ -140,28 +142,12 @@ std::vector<pack> plan_packs(std::vector<leaf>& leaves, std::size_t fuse_bytes, 
   return packs;
 }
 
-// Every replica's result of every leaf (new pooled arrays; a packed leaf's result is a
-// view of its pack), as a list per replica; None when some leaf is not for this path.
-py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std::string& op_name,
-                             const std::string& algo_name, std::size_t fuse_bytes, std::size_t bytes_per_pack,
-                             const py::object& trace) {
+}  // namespace
+
+py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, distvals::reduce_op op,
+                           distvals::algorithm algo, std::size_t fuse_bytes, std::size_t bytes_per_pack,
+                           const py::object& trace) {
   const int n = g.size();
-  if (static_cast<int>(py::len(leaves_in)) != n) {
-    throw py::value_error("all_reduce_leaves needs one list of leaves per replica: " + std::to_string(n) +
-                          " expected, got " + std::to_string(py::len(leaves_in)));
-  }
-  const distvals::reduce_op op = distvals::parse_reduce_op(op_name);
-  const distvals::algorithm algo = distvals::parse_algorithm(algo_name);
-  std::vector<py::sequence> rows;
-  rows.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    rows.push_back(py::reinterpret_borrow<py::sequence>(leaves_in[static_cast<std::size_t>(r)]));
-    if (py::len(rows.back()) != py::len(rows[0])) {
-      throw py::value_error("all_reduce_leaves: replica " + std::to_string(r) + " passes " +
-                            std::to_string(py::len(rows.back())) + " leaves, replica 0 passes " +
-                            std::to_string(py::len(rows[0])));
-    }
-  }
   const std::size_t count = py::len(rows[0]);
   // 1. Check every leaf before any data moves.
   std::vector<leaf> leaves(count);
@@ -192,6 +178,7 @@ py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std:
       if (k.leaves.empty()) continue;
       const std::size_t size = distvals::dtype_size(k.type);
       std::vector<buffer_view> bufs;
+      bufs.reserve(static_cast<std::size_t>(n));
       for (int r = 0; r < n; ++r) {
         auto* dst = static_cast<char*>(k.buf[static_cast<std::size_t>(r)].mutable_data());
         for (int i : k.leaves) {
@@ -207,6 +194,7 @@ py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std:
     for (const leaf& l : leaves) {
       if (l.pack >= 0) continue;
       std::vector<buffer_view> out;
+      out.reserve(static_cast<std::size_t>(n));
       for (int r = 0; r < n; ++r) {
         const auto& a = outs[static_cast<std::size_t>(r)][direct];
         out.push_back(buffer_view{const_cast<void*>(a.data()), l.count, l.type});
@@ -242,6 +230,33 @@ py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std:
     result.append(std::move(row));
   }
   return std::move(result);
+}
+
+namespace {
+
+// Every replica's result of every leaf (new pooled arrays; a packed leaf's result is a
+// view of its pack), as a list per replica; None when some leaf is not for this path.
+py::object all_reduce_leaves(group& g, const py::sequence& leaves_in, const std::string& op_name,
+                             const std::string& algo_name, std::size_t fuse_bytes, std::size_t bytes_per_pack,
+                             const py::object& trace) {
+  const int n = g.size();
+  if (static_cast<int>(py::len(leaves_in)) != n) {
+    throw py::value_error("all_reduce_leaves needs one list of leaves per replica: " + std::to_string(n) +
+                          " expected, got " + std::to_string(py::len(leaves_in)));
+  }
+  const distvals::reduce_op op = distvals::parse_reduce_op(op_name);
+  const distvals::algorithm algo = distvals::parse_algorithm(algo_name);
+  std::vector<py::sequence> rows;
+  rows.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    rows.push_back(py::reinterpret_borrow<py::sequence>(leaves_in[static_cast<std::size_t>(r)]));
+    if (py::len(rows.back()) != py::len(rows[0])) {
+      throw py::value_error("all_reduce_leaves: replica " + std::to_string(r) + " passes " +
+                            std::to_string(py::len(rows.back())) + " leaves, replica 0 passes " +
+                            std::to_string(py::len(rows[0])));
+    }
+  }
+  return all_reduce_rows(g, rows, op, algo, fuse_bytes, bytes_per_pack, trace);
 }
 
 }  // namespace

@@ -122,6 +122,49 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
   return std::move(outs);
 }
 
+// The meeting where every replica all-reduces a structure of numpy arrays: requests[r]
+// is (marker, op, structure, leaves) with `leaves` the structure's leaves. One call into
+// the engine for all leaves of all replicas (all_reduce_rows); each replica's outcome is
+// its list of result leaves. None, before any data moves, when the requests are not all
+// of that form with the same op and nesting, or some leaf is not one the engine reduces
+// as it is, or the replicas' leaves differ in dtype or shape: the general path then
+// reduces it or names what differs.
+py::object quick_all_reduce_tree(group& g, const py::list& requests, const py::handle& marker,
+                                 const std::string& algo_name, std::size_t fuse_bytes, std::size_t bytes_per_pack,
+                                 const py::object& trace) {
+  const int n = g.size();
+  if (static_cast<int>(requests.size()) != n) return py::none();
+  std::vector<py::sequence> rows;
+  rows.reserve(static_cast<std::size_t>(n));
+  PyObject* q0 = requests[0].ptr();
+  for (int r = 0; r < n; ++r) {
+    PyObject* q = requests[static_cast<std::size_t>(r)].ptr();
+    if (!PyTuple_CheckExact(q) || PyTuple_GET_SIZE(q) != 4 || PyTuple_GET_ITEM(q, 0) != marker.ptr()) {
+      return py::none();
+    }
+    PyObject* leaves = PyTuple_GET_ITEM(q, 3);
+    if (!PyList_CheckExact(leaves)) return py::none();
+    if (r > 0) {
+      // The same op object, the same nesting, as many leaves as replica 0.
+      if (PyTuple_GET_ITEM(q, 1) != PyTuple_GET_ITEM(q0, 1) ||
+          PyList_GET_SIZE(leaves) != PyList_GET_SIZE(PyTuple_GET_ITEM(q0, 3)) ||
+          !nest_same(PyTuple_GET_ITEM(q0, 2), PyTuple_GET_ITEM(q, 2))) {
+        return py::none();
+      }
+    }
+    rows.push_back(py::reinterpret_borrow<py::sequence>(leaves));
+  }
+  distvals::reduce_op op;
+  if (!engine_op(py::handle(PyTuple_GET_ITEM(q0, 1)), op)) return py::none();
+  try {
+    return all_reduce_rows(g, rows, op, distvals::parse_algorithm(algo_name), fuse_bytes, bytes_per_pack, trace);
+  } catch (const py::type_error&) {
+    return py::none();  // leaves of different dtypes: named by the general path
+  } catch (const py::value_error&) {
+    return py::none();  // or of different shapes
+  }
+}
+
 }  // namespace
 
 void register_meeting(py::module_& m) {
@@ -131,6 +174,12 @@ void register_meeting(py::module_& m) {
         "of replica r (op a ReduceOp). Returns one new array per replica, or None, before any data moves, "
         "when the requests are not all of that form with the same op, dtype and shape (C-contiguous arrays "
         "of a dtype the engine reduces with that op).");
+  m.def("quick_all_reduce_tree", &quick_all_reduce_tree, py::arg("group"), py::arg("requests"), py::arg("marker"),
+        py::arg("algorithm"), py::arg("fuse_bytes"), py::arg("bytes_per_pack"), py::arg("trace") = py::none(),
+        "The meeting where every replica all-reduces a structure of numpy arrays: requests[r] is "
+        "(marker, op, structure, leaves). Returns each replica's list of result leaves, or None, before any "
+        "data moves, when the requests differ in form, op, nesting, leaf dtypes or shapes. "
+        "trace: as all_reduce_leaves'.");
 }
 
 }  // namespace distvals_py

@@ -28,6 +28,7 @@ from .collectives import (
     type_name,
 )
 from .cross_replica import CrossReplicaExtended
+from .engine_collectives import FUSE_LEAF_BYTES
 from .errors import replica_error
 from .meeting import check_calls, check_leaves, check_structures
 from .options import (
@@ -258,7 +259,13 @@ class LocalExtended(CrossReplicaExtended):
         from .host_collectives import HostCollectives
 
         coll = self._coll
-        return self._inline and type(coll) is HostCollectives and coll.group is not None and self._via_root is None
+        return (
+            self._inline
+            and type(coll) is HostCollectives
+            and coll.group is not None
+            and self._via_root is None
+            and isinstance(self._quick, _core.Group)
+        )
 
     #: Whether MPI exchanges follow the local collectives (MultiWorkerMirroredStrategy).
     _between_workers = False
@@ -449,6 +456,14 @@ class LocalExtended(CrossReplicaExtended):
             out = _quick_all_reduce(self._native_quick, requests, QUICK_ALL_REDUCE, self._algorithm)
             if out is not None:
                 return out
+        elif type(q0) is tuple and q0[0] is QUICK_TREE and self._native_quick is not None:
+            # Inline replicas that each all-reduce a structure of numpy arrays (sent only
+            # where the host engine reduces them): one call for every leaf.
+            leaves = _quick_all_reduce_tree(
+                self._native_quick, requests, QUICK_TREE, self._algorithm, FUSE_LEAF_BYTES, self._options.bytes_per_pack
+            )
+            if leaves is not None:
+                return leaves
         elif type(q0) is tuple or q0.extra is _QUICK:
             out = self._resolve_quick(requests)
             if out is not None:
@@ -473,9 +488,6 @@ class LocalExtended(CrossReplicaExtended):
         shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
         differs (the general path then checks and reports it)."""
-        q0 = requests[0]
-        if type(q0) is tuple and q0[0] is QUICK_TREE:
-            return self._resolve_quick_tree(requests)
         ins = []
         for q in requests:
             if type(q) is tuple:
@@ -504,30 +516,6 @@ class LocalExtended(CrossReplicaExtended):
         # No strategy lock: the engine itself runs one single call at a time.
         self._quick.all_reduce(ins, name, self._algorithm, outs)
         return outs
-
-    def _resolve_quick_tree(self, requests: List[Any]) -> Optional[List[Any]]:
-        """Every replica all-reduces a structure of numpy arrays, the same nesting, with
-        the same op: one call into the engine for all leaves (it checks their dtypes and
-        shapes before any data moves), and each replica's outcome is its list of result
-        leaves. None when anything differs or a leaf is not for the engine as it is (the
-        general path then checks, reports or reduces it)."""
-        q0 = requests[0]
-        op, v0, l0 = q0[1], q0[2], q0[3]
-        for q in requests[1:]:
-            if type(q) is not tuple or q[0] is not QUICK_TREE or q[1] is not op or len(q[3]) != len(l0):
-                return None
-            if nest.structure_mismatch(v0, q[2]) is not None:
-                return None
-        coll: Any = self._coll
-        try:
-            # Under the strategy's lock, as every batch of collectives: a cross-replica
-            # call from another thread must not interleave its batch with this one.
-            with self._lock:
-                return coll._all_reduce_in_one_call(  # type: ignore[no-any-return]
-                    op, [q[3] for q in requests], self._algorithm, self._options.bytes_per_pack
-                )
-        except (TypeError, ValueError):
-            return None  # leaves that differ: the general path names them
 
     def _convert(self, leaf: Any) -> Any:
         """A leaf (inside the replica) as the collectives take it."""
@@ -560,14 +548,11 @@ class LocalExtended(CrossReplicaExtended):
         if options is None and self._quick_tree and isinstance(value, (list, tuple, dict)):
             # A structure of numpy arrays of number dtypes (a model's gradients): to the
             # scheduler in the quick tree form, straight from here.
-            leaves = nest.flatten(value)
-            for x in leaves:
-                if type(x) is not np.ndarray or x.dtype.num not in _QUICK_NUMS:
-                    break
-            else:
-                if leaves:
-                    out = _getcurrent().parent.switch((QUICK_TREE, op, value, leaves))
-                    return nest.pack_sequence_as(value, out)
+            # (Its leaves, when all are numpy arrays of those dtypes: one walk in C++.)
+            quick_leaves = _leaf_arrays(value, _QUICK_MASK)
+            if quick_leaves:
+                out = _getcurrent().parent.switch((QUICK_TREE, op, value, quick_leaves))
+                return nest.pack_sequence_as(value, out)
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)
@@ -754,6 +739,8 @@ _QUICK = QUICK
 _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
 _quick_all_reduce = _core.quick_all_reduce
+_quick_all_reduce_tree = _core.quick_all_reduce_tree
+_leaf_arrays = _core.nest_leaf_arrays
 # (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).
 # Keyed by the op's name: hashing an enum member calls Python code.
 _ENGINE_NAMES = {
@@ -783,6 +770,9 @@ _QUICK_NUMS = frozenset(
         "complex128",
     )
 )
+
+# The same set as a bit mask, for distvals._core.nest_leaf_arrays (type numbers < 64).
+_QUICK_MASK = sum(1 << num for num in _QUICK_NUMS)
 
 
 def _for_replica(e: MismatchError, r: int) -> MismatchError:

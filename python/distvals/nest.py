@@ -7,7 +7,9 @@ with its own type (and the dict's own key order).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import _core
 
 __all__ = [
     "assert_same_structure",
@@ -38,102 +40,20 @@ def _sorted_keys(d: Dict[Any, Any]) -> List[Any]:
         return list(d)
 
 
-def _plain(structure: Any) -> bool:
-    """A plain list or tuple of leaves (run's arguments, most often): no walk needed."""
-    kind = type(structure)
-    if kind is not list and kind is not tuple:
-        return False
-    for x in structure:  # noqa: SIM110 - a loop, not all(): it runs for every argument of every step
-        if isinstance(x, (list, tuple, dict)):
-            return False
-    return True
+# The walks run in C++ (_core's nest.cpp), to the rules above: every step flattens,
+# compares and packs its structures several times, and in Python each walk cost
+# microseconds, more than a small collective.
 
+#: ``flatten(structure)``: the leaves of ``structure``, depth first, a dict's values in
+#: sorted key order (its own order when its keys cannot be sorted).
+flatten: Callable[[Any], List[Any]] = _core.nest_flatten
 
-def flatten(structure: Any) -> List[Any]:
-    """The leaves of ``structure`` in a deterministic order."""
-    if _plain(structure):
-        return list(structure)
-    if type(structure) is dict:
-        # A flat dict (a model's gradients by name, most often): its values in key order.
-        out = [structure[k] for k in _sorted_keys(structure)]
-        for x in out:  # a loop, not any(): it runs for every step's structure
-            if isinstance(x, (list, tuple, dict)):
-                break
-        else:
-            return out
-    out = []
-    _flatten_into(structure, out)
-    return out
+#: ``pack_sequence_as(structure, flat)``: ``structure`` with its leaves replaced, in
+#: ``flatten``'s order, by ``flat``; each container rebuilt with its own type, each dict
+#: with its own key order. ValueError when ``flat`` holds more or fewer leaves.
+pack_sequence_as: Callable[[Any, Sequence[Any]], Any] = _core.nest_pack
 
-
-def _flatten_into(x: Any, out: List[Any]) -> None:
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            if isinstance(item, (list, tuple, dict)):
-                _flatten_into(item, out)
-            else:
-                out.append(item)
-    elif isinstance(x, dict):
-        for k in _sorted_keys(x):
-            item = x[k]
-            if isinstance(item, (list, tuple, dict)):
-                _flatten_into(item, out)
-            else:
-                out.append(item)
-    else:
-        out.append(x)
-
-
-def _rebuild(template: Any, items: List[Any]) -> Any:
-    if _is_namedtuple(template):
-        return type(template)(*items)
-    if isinstance(template, tuple):
-        return tuple(items) if type(template) is tuple else type(template)(items)
-    if isinstance(template, list):
-        return items if type(template) is list else type(template)(items)
-    raise TypeError(f"cannot rebuild a {type(template).__name__}")
-
-
-def pack_sequence_as(structure: Any, flat: Sequence[Any]) -> Any:
-    """``structure`` with its leaves replaced, in order, by ``flat``."""
-    if _plain(structure) and len(flat) == len(structure):
-        return list(flat) if type(structure) is list else tuple(flat)
-    if type(structure) is dict and len(flat) == len(structure):
-        flat_dict = _pack_flat_dict(structure, flat)
-        if flat_dict is not None:
-            return flat_dict
-    it = iter(flat)
-    result = _pack(structure, it)
-    rest = sum(1 for _ in it)
-    if rest:
-        raise ValueError(f"pack_sequence_as: {rest} more leaves than the structure holds")
-    return result
-
-
-def _pack_flat_dict(structure: Dict[Any, Any], flat: Sequence[Any]) -> Optional[Dict[Any, Any]]:
-    """``pack_sequence_as`` of a dict whose values are all leaves (None when some is not):
-    the leaves come in sorted key order, the dict keeps its own order."""
-    for x in structure.values():
-        if isinstance(x, (list, tuple, dict)):
-            return None
-    by_key = dict(zip(_sorted_keys(structure), flat))
-    return {k: by_key[k] for k in structure}
-
-
-def _pack(x: Any, it: Iterator[Any]) -> Any:
-    if isinstance(x, (list, tuple)):
-        return _rebuild(x, [_pack(item, it) for item in x])
-    if isinstance(x, dict):
-        values = {k: _pack(x[k], it) for k in _sorted_keys(x)}
-        # Keep the dict's own type and key order.
-        out = type(x)() if type(x) is not dict else {}
-        for k in x:
-            out[k] = values[k]
-        return out
-    try:
-        return next(it)
-    except StopIteration:
-        raise ValueError("pack_sequence_as: fewer leaves than the structure holds") from None
+_same = _core.nest_same
 
 
 def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
@@ -161,8 +81,10 @@ def describe(x: Any) -> str:
 def structure_mismatch(a: Any, b: Any, path: str = "") -> Optional[str]:
     """None when ``a`` and ``b`` have the same nesting, else a description of the first
     difference (with its path)."""
-    # The common case (the same nesting) builds no path text: it is made only for the
-    # difference found, from the keys on the way down.
+    # The common case (the same nesting) is one walk in C++; the description, with the
+    # path built from the keys on the way down, only for a difference.
+    if _same(a, b):
+        return None
     keys: List[str] = []
     why = _mismatch(a, b, keys)
     if why is None:

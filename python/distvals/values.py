@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tupl
 
 import numpy as np
 
-from . import context, nest
+from . import _core, context, nest
 
 __all__ = [
     "DistributedValues",
@@ -359,25 +359,30 @@ def regroup(
             out._values = tuple(per_replica)
             return out
         return wrap(tuple(per_replica))
+    if wrap is PerReplica:
+        # A step's results: one walk in C++ makes the PerReplica leaves without the
+        # constructor's checks (None: nestings that differ, named below).
+        out = _regroup(per_replica, PerReplica, always_wrap)
+        if out is not None:
+            return out
+    same_nesting = nest._same
     for r in range(1, n):
-        if nest.structure_mismatch(v0, per_replica[r]) is not None:
+        if not same_nesting(v0, per_replica[r]):
             _mismatch(per_replica, r, what)
     flats = [nest.flatten(v) for v in per_replica]
     leaves: List[Any] = []
-    # PerReplica leaves (a step's results) are made without the constructor's checks:
-    # each column is a tuple of the right length by construction.
-    make = PerReplica._of if wrap is PerReplica else wrap
     for column in zip(*flats):
         c0 = column[0]
         if not always_wrap and all(c is c0 for c in column):
             leaves.append(c0)
         else:
-            leaves.append(make(column))
+            leaves.append(wrap(column))
     return nest.pack_sequence_as(v0, leaves)
 
 
 _CONTAINERS = (list, tuple, dict)
 _new_per_replica = object.__new__
+_regroup = _core.nest_regroup
 
 
 def _mismatch(per_replica: Sequence[Any], r: int, what: str) -> None:

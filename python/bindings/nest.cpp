@@ -1,0 +1,336 @@
+// distvals._core nest_flatten, nest_pack, nest_same: the walks of distvals.nest.
+//
+// Every step walks its structures several times: a replica flattens the structure it
+// all-reduces, the meeting compares the replicas' nestings, each replica's results are
+// packed back, and run's results are regrouped into PerReplica leaves. Written in Python
+// these walks cost microseconds per call even for a flat dict of six arrays, more than
+// the collective under them; here they cost a pass over the containers.
+//
+// The rules are distvals.nest's (its docstring): lists, tuples (namedtuples too) and
+// dicts are containers, subclasses included, everything else is a leaf; a dict's values
+// come in sorted key order, or in its own order when the keys cannot be sorted; packing
+// rebuilds each container with its own type, a dict with its own key order.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+
+namespace distvals_py {
+namespace {
+
+bool is_container(PyObject* x) { return PyList_Check(x) || PyTuple_Check(x) || PyDict_Check(x); }
+
+// Raises the pending Python error as a C++ exception when `ok` is false.
+void check(bool ok) {
+  if (!ok) throw py::error_already_set();
+}
+
+// Guards a level of recursion as Python code would: a structure nested too deeply (or
+// one that contains itself) is a RecursionError, not a crash.
+struct recursion_guard {
+  explicit recursion_guard(const char* where) { check(Py_EnterRecursiveCall(where) == 0); }
+  ~recursion_guard() { Py_LeaveRecursiveCall(); }
+  recursion_guard(const recursion_guard&) = delete;
+  recursion_guard& operator=(const recursion_guard&) = delete;
+};
+
+// The keys of dict `d` in nest's order: sorted when they can be, else as `d` iterates
+// them (keys of mixed types: still deterministic).
+py::list ordered_keys(PyObject* d) {
+  // list(d) is the dict's own order (a subclass's too: an OrderedDict after move_to_end).
+  py::list keys = py::reinterpret_steal<py::list>(PyDict_CheckExact(d) ? PyDict_Keys(d) : PySequence_List(d));
+  check(keys.ptr() != nullptr);
+  if (PyList_GET_SIZE(keys.ptr()) < 2) return keys;
+  py::list sorted = py::reinterpret_steal<py::list>(PyList_GetSlice(keys.ptr(), 0, PyList_GET_SIZE(keys.ptr())));
+  check(sorted.ptr() != nullptr);
+  if (PyList_Sort(sorted.ptr()) == 0) return sorted;
+  // Only a TypeError means "cannot be sorted"; a failed sort may leave its list half
+  // sorted, hence the copy.
+  if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+  PyErr_Clear();
+  return keys;
+}
+
+// d[k], a new reference.
+py::object item_of(PyObject* d, PyObject* k) {
+  if (PyDict_CheckExact(d)) {
+    PyObject* v = PyDict_GetItemWithError(d, k);  // borrowed
+    if (v == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k);
+      throw py::error_already_set();
+    }
+    return py::reinterpret_borrow<py::object>(v);
+  }
+  PyObject* v = PyObject_GetItem(d, k);
+  check(v != nullptr);
+  return py::reinterpret_steal<py::object>(v);
+}
+
+// ---- flatten -------------------------------------------------------------------------------
+
+void flatten_into(PyObject* x, PyObject* out) {
+  if (PyList_Check(x) || PyTuple_Check(x)) {
+    recursion_guard guard(" in nest.flatten");
+    // Sizes are read again each time: a key's comparison (Python code) may change a list.
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(x); ++i) {
+      py::object item = py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(x, i));
+      if (is_container(item.ptr())) {
+        flatten_into(item.ptr(), out);
+      } else {
+        check(PyList_Append(out, item.ptr()) == 0);
+      }
+    }
+  } else if (PyDict_Check(x)) {
+    recursion_guard guard(" in nest.flatten");
+    py::list keys = ordered_keys(x);
+    for (py::handle k : keys) {
+      py::object item = item_of(x, k.ptr());
+      if (is_container(item.ptr())) {
+        flatten_into(item.ptr(), out);
+      } else {
+        check(PyList_Append(out, item.ptr()) == 0);
+      }
+    }
+  } else {
+    check(PyList_Append(out, x) == 0);
+  }
+}
+
+py::list flatten(const py::handle& structure) {
+  py::list out;
+  flatten_into(structure.ptr(), out.ptr());
+  return out;
+}
+
+// ---- pack ------------------------------------------------------------------------------------
+
+// The leaves to pack, consumed in order.
+struct leaf_source {
+  PyObject* seq;  // a list or tuple
+  Py_ssize_t next = 0;
+};
+
+bool is_namedtuple(PyObject* x) {
+  return PyTuple_Check(x) && !PyTuple_CheckExact(x) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(x)), "_fields");
+}
+
+// A container like `tmpl` holding `items`.
+py::object rebuild(PyObject* tmpl, py::list items) {
+  if (PyList_CheckExact(tmpl)) return std::move(items);
+  if (PyTuple_CheckExact(tmpl)) {
+    PyObject* t = PyList_AsTuple(items.ptr());
+    check(t != nullptr);
+    return py::reinterpret_steal<py::object>(t);
+  }
+  py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(tmpl)));
+  if (is_namedtuple(tmpl)) {
+    py::tuple args = py::reinterpret_steal<py::tuple>(PyList_AsTuple(items.ptr()));
+    check(args.ptr() != nullptr);
+    PyObject* r = PyObject_Call(type.ptr(), args.ptr(), nullptr);
+    check(r != nullptr);
+    return py::reinterpret_steal<py::object>(r);
+  }
+  PyObject* r = PyObject_CallOneArg(type.ptr(), items.ptr());
+  check(r != nullptr);
+  return py::reinterpret_steal<py::object>(r);
+}
+
+py::object pack(PyObject* x, leaf_source& src) {
+  if (PyList_Check(x) || PyTuple_Check(x)) {
+    recursion_guard guard(" in nest.pack_sequence_as");
+    py::list items;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(x); ++i) {
+      py::object item = py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(x, i));
+      check(PyList_Append(items.ptr(), pack(item.ptr(), src).ptr()) == 0);
+    }
+    return rebuild(x, std::move(items));
+  }
+  if (PyDict_Check(x)) {
+    recursion_guard guard(" in nest.pack_sequence_as");
+    // Leaves come in sorted key order; the result keeps the dict's own type and order.
+    py::list keys = ordered_keys(x);
+    py::dict values;
+    for (py::handle k : keys) {
+      py::object item = item_of(x, k.ptr());
+      check(PyDict_SetItem(values.ptr(), k.ptr(), pack(item.ptr(), src).ptr()) == 0);
+    }
+    if (PyDict_CheckExact(x)) {
+      py::dict out;
+      for (py::handle k : py::reinterpret_steal<py::list>(PyDict_Keys(x))) {
+        check(PyDict_SetItem(out.ptr(), k.ptr(), PyDict_GetItem(values.ptr(), k.ptr())) == 0);
+      }
+      return std::move(out);
+    }
+    PyObject* made = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(Py_TYPE(x)));
+    check(made != nullptr);
+    py::object out = py::reinterpret_steal<py::object>(made);
+    py::list own = py::reinterpret_steal<py::list>(PySequence_List(x));
+    check(own.ptr() != nullptr);
+    for (py::handle k : own) {
+      PyObject* v = PyDict_GetItemWithError(values.ptr(), k.ptr());
+      if (v == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k.ptr());
+        throw py::error_already_set();
+      }
+      check(PyObject_SetItem(out.ptr(), k.ptr(), v) == 0);
+    }
+    return out;
+  }
+  if (src.next >= PySequence_Fast_GET_SIZE(src.seq)) {
+    throw py::value_error("pack_sequence_as: fewer leaves than the structure holds");
+  }
+  return py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(src.seq, src.next++));
+}
+
+py::object pack_sequence_as(const py::handle& structure, const py::handle& flat) {
+  // Any sequence of leaves; a list or tuple is used as it is.
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(flat.ptr(), "pack_sequence_as: the leaves must be a sequence"));
+  check(seq.ptr() != nullptr);
+  leaf_source src{seq.ptr()};
+  py::object out = pack(structure.ptr(), src);
+  const Py_ssize_t rest = PySequence_Fast_GET_SIZE(seq.ptr()) - src.next;
+  if (rest > 0) {
+    throw py::value_error("pack_sequence_as: " + std::to_string(rest) + " more leaves than the structure holds");
+  }
+  return out;
+}
+
+// ---- compare ---------------------------------------------------------------------------------
+
+// The same keys, as `a.keys() == b.keys()` decides (set equality).
+bool same_keys(PyObject* a, PyObject* b) {
+  if (PyDict_CheckExact(a) && PyDict_CheckExact(b)) {
+    if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b)) return false;
+    Py_ssize_t pos = 0;
+    PyObject* k;
+    PyObject* v;
+    while (PyDict_Next(a, &pos, &k, &v)) {
+      const int has = PyDict_Contains(b, k);
+      check(has >= 0);
+      if (!has) return false;
+    }
+    return true;
+  }
+  py::object ka = py::reinterpret_steal<py::object>(PyObject_CallMethod(a, "keys", nullptr));
+  check(ka.ptr() != nullptr);
+  py::object kb = py::reinterpret_steal<py::object>(PyObject_CallMethod(b, "keys", nullptr));
+  check(kb.ptr() != nullptr);
+  const int eq = PyObject_RichCompareBool(ka.ptr(), kb.ptr(), Py_EQ);
+  check(eq >= 0);
+  return eq != 0;
+}
+
+// True when `a` and `b` have the same nesting (distvals.nest.structure_mismatch is None):
+// the same container types (any two lists count as the same), the same lengths, the same
+// dict keys, and leaves in the same places.
+bool same(PyObject* a, PyObject* b) {
+  const bool an = is_container(a);
+  const bool bn = is_container(b);
+  if (!an && !bn) return true;
+  if (an != bn) return false;
+  if (Py_TYPE(a) != Py_TYPE(b) && !(PyList_Check(a) && PyList_Check(b))) return false;
+  recursion_guard guard(" in nest.structure_mismatch");
+  if (PyDict_Check(a)) {
+    if (!same_keys(a, b)) return false;
+    py::list keys = py::reinterpret_steal<py::list>(PyDict_CheckExact(a) ? PyDict_Keys(a) : PySequence_List(a));
+    check(keys.ptr() != nullptr);
+    for (py::handle k : keys) {
+      py::object x = item_of(a, k.ptr());
+      py::object y = item_of(b, k.ptr());
+      if ((is_container(x.ptr()) || is_container(y.ptr())) && !same(x.ptr(), y.ptr())) return false;
+    }
+    return true;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+  if (n != PySequence_Fast_GET_SIZE(b)) return false;
+  for (Py_ssize_t i = 0; i < n && i < PySequence_Fast_GET_SIZE(a) && i < PySequence_Fast_GET_SIZE(b); ++i) {
+    py::object x = py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(a, i));
+    py::object y = py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(b, i));
+    if ((is_container(x.ptr()) || is_container(y.ptr())) && !same(x.ptr(), y.ptr())) return false;
+  }
+  return true;
+}
+
+// ---- regroup ---------------------------------------------------------------------------------
+
+// N replicas' structures of the same nesting as one structure whose leaves are instances
+// of `cls` (a DistributedValues class) over the N replicas' leaves, made without its
+// constructor (each column is a tuple of N by construction); a leaf that is the very same
+// object on every replica stays as it is unless `always_wrap`. None when the nestings
+// differ: the caller names the difference.
+py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool always_wrap) {
+  if (!PyType_Check(cls.ptr())) throw py::type_error("nest_regroup: cls must be a class");
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  const auto n = static_cast<Py_ssize_t>(py::len(per_replica));
+  if (n < 1) throw py::value_error("nest_regroup: no replicas");
+  py::object v0 = per_replica[0];
+  std::vector<py::list> flats;
+  flats.reserve(static_cast<std::size_t>(n));
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    py::object v = per_replica[static_cast<std::size_t>(r)];
+    if (r > 0 && !same(v0.ptr(), v.ptr())) return py::none();
+    flats.push_back(flatten(v));
+  }
+  const Py_ssize_t count = PyList_GET_SIZE(flats[0].ptr());
+  py::list leaves(count);
+  static PyObject* values_name = PyUnicode_InternFromString("_values");
+  py::tuple no_args(0);
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* c0 = PyList_GET_ITEM(flats[0].ptr(), i);
+    bool whole = !always_wrap;
+    for (Py_ssize_t r = 1; r < n && whole; ++r) whole = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i) == c0;
+    if (whole) {
+      Py_INCREF(c0);
+      PyList_SET_ITEM(leaves.ptr(), i, c0);
+      continue;
+    }
+    py::tuple column(n);
+    for (Py_ssize_t r = 0; r < n; ++r) {
+      PyObject* x = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i);
+      Py_INCREF(x);
+      PyTuple_SET_ITEM(column.ptr(), r, x);
+    }
+    PyObject* made = type->tp_new(type, no_args.ptr(), nullptr);
+    check(made != nullptr);
+    py::object obj = py::reinterpret_steal<py::object>(made);
+    check(PyObject_SetAttr(obj.ptr(), values_name, column.ptr()) == 0);
+    PyList_SET_ITEM(leaves.ptr(), i, obj.release().ptr());
+  }
+  return pack_sequence_as(v0, leaves);
+}
+
+// The leaves of `structure` when every one is a numpy array (exactly, no subclass) whose
+// dtype's type number is a bit of `type_nums`; None otherwise. One walk for what an inline
+// replica checks before it sends a structure to the one-call all-reduce.
+py::object leaf_arrays(const py::handle& structure, std::uint64_t type_nums) {
+  py::list leaves = flatten(structure);
+  const auto* array_type = reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_);
+  for (py::handle x : leaves) {
+    if (Py_TYPE(x.ptr()) != array_type) return py::none();
+    const int num = py::detail::array_descriptor_proxy(py::detail::array_proxy(x.ptr())->descr)->type_num;
+    if (num < 0 || num >= 64 || ((type_nums >> num) & 1u) == 0) return py::none();
+  }
+  return std::move(leaves);
+}
+
+}  // namespace
+
+bool nest_same(PyObject* a, PyObject* b) { return same(a, b); }
+
+void register_nest(py::module_& m) {
+  m.def("nest_flatten", &flatten, py::arg("structure"), "The leaves of a structure in distvals.nest's order.");
+  m.def("nest_pack", &pack_sequence_as, py::arg("structure"), py::arg("flat"),
+        "The structure with its leaves replaced, in flatten's order, by those of `flat`.");
+  m.def(
+      "nest_same", [](const py::handle& a, const py::handle& b) { return same(a.ptr(), b.ptr()); }, py::arg("a"),
+      py::arg("b"), "True when the two structures have the same nesting.");
+  m.def("nest_leaf_arrays", &leaf_arrays, py::arg("structure"), py::arg("type_nums"),
+        "The leaves of a structure when all are numpy arrays whose dtype number is a bit of type_nums; "
+        "else None.");
+  m.def("nest_regroup", &regroup, py::arg("per_replica"), py::arg("cls"), py::arg("always_wrap") = false,
+        "The replicas' structures as one structure of `cls` leaves over the replicas' leaves (None when "
+        "the nestings differ).");
+}
+
+}  // namespace distvals_py
