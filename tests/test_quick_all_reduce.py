@@ -191,6 +191,8 @@ def _not_quick_tree_cases():
     yield "dtypes differ", tree_requests([a, tree(1, "float64")], s)
     yield "shapes differ", tree_requests([a, {**tree(1), "w": tree(1)["w"].reshape(4, 3)}], s)
     yield "int16 leaves", tree_requests([tree(0, "int16"), tree(1, "int16")], s)
+    yield "big-endian leaves", tree_requests([tree(0, ">f4"), tree(1, ">f4")], s)
+    yield "one big-endian leaf", tree_requests([a, {**tree(1), "b": tree(1)["b"].astype(">f4")}], s)
     yield "integer MEAN", tree_requests([tree(0, "int32"), tree(1, "int32")], dv.ReduceOp.MEAN)
     yield "one request short", tree_requests([a], s)
     yield "leaves not a list", [(QUICK_TREE, s, x, tuple(nest.flatten(x))) for x in (a, tree(1))]
@@ -206,6 +208,23 @@ def test_any_other_structure_meeting_returns_none_and_touches_nothing(case):
         if k is not None:
             for x, y in zip(nest.flatten(q[2]), k):
                 np.testing.assert_array_equal(x, y)
+
+
+def test_leaves_that_are_views_of_other_arrays_are_read_as_they_are():
+    # Strided leaves (copied to contiguous memory for the engine) and leaves that share
+    # one buffer: every replica still gets the float64 reference of each leaf.
+    n = 3
+    bases = [np.arange(40, dtype=np.float64).reshape(5, 8) * (r + 2) for r in range(n)]
+    structures = [{"col": b[:, 1], "row": b[2], "same": [b[2], b[2]], "t": b.T} for b in bases]
+    with dv.ReplicaGroup(n) as g:
+        out = _core.quick_all_reduce_tree(
+            g._group, tree_requests(structures, dv.ReduceOp.MAX), QUICK_TREE, "auto", 32768, 0
+        )
+    assert out is not None
+    for i in range(5):
+        want = reference([nest.flatten(s)[i] for s in structures], "max")
+        for r in range(n):
+            np.testing.assert_array_equal(out[r][i], want, err_msg=f"{r} {i}")
 
 
 def test_leaf_arrays_are_the_leaves_only_when_all_are_plain_arrays_of_those_dtypes():
