@@ -102,6 +102,13 @@ def test_mismatches_of_flat_dicts_are_named():
 # ---- the walks in C++: the same answers as plain Python walks ---------------------------------
 
 
+def nest_order(d):
+    try:
+        return sorted(d)
+    except TypeError:
+        return list(d)
+
+
 def reference_same(a, b):
     """The nesting rules written out plainly: the same container types (any two lists
     match), lengths and dict keys, leaves in the same places."""
@@ -111,7 +118,7 @@ def reference_same(a, b):
     if type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list)):
         return False
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(reference_same(a[k], b[k]) for k in a)
+        return nest_order(a) == nest_order(b) and all(reference_same(a[k], b[k]) for k in a)
     return len(a) == len(b) and all(reference_same(x, y) for x, y in zip(a, b))
 
 
@@ -208,3 +215,94 @@ def test_regroup_names_the_replicas_whose_nestings_differ():
 
     with pytest.raises(ValueError, match=r"replicas 0 and 2 returned different structures \(at \['b'\]"):
         regroup([{"a": 1, "b": [2]}, {"a": 3, "b": [4]}, {"a": 5, "b": (6,)}])
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ({1: "one", "w": "dub"}, {"w": "dub", 1: "one"}),  # cannot be sorted: each its own order
+        ({frozenset({1}): 1, frozenset({2}): 2}, {frozenset({2}): 2, frozenset({1}): 1}),  # no total order
+    ],
+    ids=["unsortable", "frozensets"],
+)
+def test_the_same_keys_in_orders_that_would_pair_other_leaves_are_a_mismatch(a, b):
+    # Flattened, the leaves of a and b come in different key orders: pairing them by
+    # position would reduce one key's values with another's.
+    assert [a[k] for k in a] != nest.flatten(b) or nest.flatten(a) != nest.flatten(b)
+    assert not nest._same(a, b) and not nest._same([a], [b])
+    why = nest.structure_mismatch({"x": a}, {"x": b})
+    assert why is not None and why.startswith("at ['x']: dict keys in another order")
+    from distvals.values import regroup
+
+    with pytest.raises(ValueError, match="dict keys in another order"):
+        regroup([a, b])
+    # The same insertion order is the same nesting, sortable keys or not.
+    assert nest._same(a, dict(a)) and nest.structure_mismatch(a, dict(a)) is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_step_whose_replicas_order_unsortable_keys_differently_is_a_mismatch(execution):
+    import numpy as np
+
+    import distvals as dv
+
+    strategy = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+
+    def fn():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        one, w = np.full(2, 1.0 + r), np.full(2, 100.0 * (r + 1))
+        value = {1: one, "w": w} if r == 0 else {"w": w, 1: one}
+        return dv.get_replica_context().all_reduce("SUM", value)
+
+    with pytest.raises(dv.MismatchError, match="dict keys in another order"):
+        strategy.run(fn)
+    strategy.close()
+
+
+def test_a_key_comparison_that_changes_the_structure_is_an_error_not_a_crash():
+    from distvals.values import regroup
+
+    class Key:
+        def __init__(self, k, hook=None):
+            self.k, self.hook = k, hook
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __eq__(self, other):
+            return isinstance(other, Key) and other.k == self.k
+
+        def __lt__(self, other):
+            if self.hook is not None:
+                hook, self.hook = self.hook, None
+                hook()
+            return self.k < other.k
+
+    # pack: a key added to the dict while its keys are sorted (sorting two keys compares
+    # the second with the first): the walk packs the keys it found.
+    d: dict = {}
+    d[Key(2)] = 2
+    d[Key(1, lambda: d.__setitem__(Key(0), 0))] = 1
+    out = nest.pack_sequence_as(d, [10, 20])
+    assert [(k.k, v) for k, v in out.items()] == [(2, 20), (1, 10)]
+    # regroup: a list of the second replica emptied while that replica's keys are sorted
+    items = [1, 2, 3]
+    shrinking = {Key(2): items, Key(1, items.clear): 0}
+    with pytest.raises(ValueError, match="changed while it was being walked"):
+        regroup([{Key(2): [1, 2, 3], Key(1): 0}, shrinking])
+
+
+def test_nesting_deeper_than_the_walks_allow_is_a_recursion_error_even_with_a_raised_limit():
+    import sys
+
+    deep: list = []
+    for _ in range(20_000):
+        deep = [deep]
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(10**6)
+    try:
+        with pytest.raises(RecursionError):
+            nest.flatten(deep)
+    finally:
+        sys.setrecursionlimit(old)

@@ -68,8 +68,11 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
   distvals::dtype type = distvals::dtype::float32;
   // 1. Every request is (marker, op, array) with replica 0's op, a C-contiguous numpy
   // array of replica 0's dtype and shape, of a dtype the engine reduces with that op.
+  std::vector<py::object> held;  // the requests, held while anything runs
+  held.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    PyObject* q = requests[static_cast<std::size_t>(r)].ptr();
+    held.push_back(requests[static_cast<std::size_t>(r)]);
+    PyObject* q = held.back().ptr();
     if (!PyTuple_CheckExact(q) || PyTuple_GET_SIZE(q) != 3 || PyTuple_GET_ITEM(q, 0) != marker.ptr()) {
       return py::none();
     }
@@ -105,11 +108,12 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
   const std::vector<py::ssize_t> shape(a0.shape(), a0.shape() + a0.ndim());
   const std::size_t count = static_cast<std::size_t>(a0.size());
   const bool pooled = count * distvals::dtype_size(type) >= pool_min_bytes;
-  const py::dtype dt = a0.dtype();
   py::list outs(static_cast<std::size_t>(n));
   std::vector<buffer_view> out_views;
   out_views.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
+    // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
+    const py::dtype dt = ins[static_cast<std::size_t>(r)].dtype();
     py::array o = pooled ? pooled_array(dt, shape, count) : py::array(dt, shape);
     out_views.push_back(view_of(o, type));
     outs[static_cast<std::size_t>(r)] = std::move(o);
@@ -136,9 +140,12 @@ py::object quick_all_reduce_tree(group& g, const py::list& requests, const py::h
   if (static_cast<int>(requests.size()) != n) return py::none();
   std::vector<py::sequence> rows;
   rows.reserve(static_cast<std::size_t>(n));
-  PyObject* q0 = requests[0].ptr();
+  std::vector<py::object> held;  // the requests, held while Python code (a key's comparison) runs
+  held.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) held.push_back(requests[static_cast<std::size_t>(r)]);
+  PyObject* q0 = held[0].ptr();
   for (int r = 0; r < n; ++r) {
-    PyObject* q = requests[static_cast<std::size_t>(r)].ptr();
+    PyObject* q = held[static_cast<std::size_t>(r)].ptr();
     if (!PyTuple_CheckExact(q) || PyTuple_GET_SIZE(q) != 4 || PyTuple_GET_ITEM(q, 0) != marker.ptr()) {
       return py::none();
     }

@@ -26,21 +26,43 @@ void check(bool ok) {
   if (!ok) throw py::error_already_set();
 }
 
-// Guards a level of recursion as Python code would: a structure nested too deeply (or
-// one that contains itself) is a RecursionError, not a crash.
+// How deep the walks go at most, whatever Python's recursion limit: each level takes C
+// stack, and a limit raised for deep Python recursion must not let a walk overflow it.
+constexpr int max_depth = 10000;
+thread_local int depth = 0;
+
+// Guards a level of recursion: a structure nested too deeply (or one that contains
+// itself) is a RecursionError, not a crash.
 struct recursion_guard {
-  explicit recursion_guard(const char* where) { check(Py_EnterRecursiveCall(where) == 0); }
-  ~recursion_guard() { Py_LeaveRecursiveCall(); }
+  explicit recursion_guard(const char* where) {
+    if (depth >= max_depth) {
+      PyErr_Format(PyExc_RecursionError, "maximum nesting depth (%d) exceeded%s", max_depth, where);
+      throw py::error_already_set();
+    }
+    check(Py_EnterRecursiveCall(where) == 0);
+    ++depth;
+  }
+  ~recursion_guard() {
+    --depth;
+    Py_LeaveRecursiveCall();
+  }
   recursion_guard(const recursion_guard&) = delete;
   recursion_guard& operator=(const recursion_guard&) = delete;
 };
+
+// The keys of dict `d` in its own order (list(d)): a snapshot, safe to hold while Python
+// code (a key's comparison) runs.
+py::list own_keys(PyObject* d) {
+  PyObject* keys = PyDict_CheckExact(d) ? PyDict_Keys(d) : PySequence_List(d);
+  check(keys != nullptr);
+  return py::reinterpret_steal<py::list>(keys);
+}
 
 // The keys of dict `d` in nest's order: sorted when they can be, else as `d` iterates
 // them (keys of mixed types: still deterministic).
 py::list ordered_keys(PyObject* d) {
   // list(d) is the dict's own order (a subclass's too: an OrderedDict after move_to_end).
-  py::list keys = py::reinterpret_steal<py::list>(PyDict_CheckExact(d) ? PyDict_Keys(d) : PySequence_List(d));
-  check(keys.ptr() != nullptr);
+  py::list keys = own_keys(d);
   if (PyList_GET_SIZE(keys.ptr()) < 2) return keys;
   py::list sorted = py::reinterpret_steal<py::list>(PyList_GetSlice(keys.ptr(), 0, PyList_GET_SIZE(keys.ptr())));
   check(sorted.ptr() != nullptr);
@@ -148,32 +170,26 @@ py::object pack(PyObject* x, leaf_source& src) {
   }
   if (PyDict_Check(x)) {
     recursion_guard guard(" in nest.pack_sequence_as");
-    // Leaves come in sorted key order; the result keeps the dict's own type and order.
+    // Leaves come in sorted key order; the result keeps the dict's own type and order
+    // (taken before any Python code runs: a key's comparison may change the dict).
+    py::list own = own_keys(x);
     py::list keys = ordered_keys(x);
     py::dict values;
     for (py::handle k : keys) {
       py::object item = item_of(x, k.ptr());
       check(PyDict_SetItem(values.ptr(), k.ptr(), pack(item.ptr(), src).ptr()) == 0);
     }
+    py::object out;
     if (PyDict_CheckExact(x)) {
-      py::dict out;
-      for (py::handle k : py::reinterpret_steal<py::list>(PyDict_Keys(x))) {
-        check(PyDict_SetItem(out.ptr(), k.ptr(), PyDict_GetItem(values.ptr(), k.ptr())) == 0);
-      }
-      return std::move(out);
+      out = py::dict();
+    } else {
+      PyObject* made = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(Py_TYPE(x)));
+      check(made != nullptr);
+      out = py::reinterpret_steal<py::object>(made);
     }
-    PyObject* made = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(Py_TYPE(x)));
-    check(made != nullptr);
-    py::object out = py::reinterpret_steal<py::object>(made);
-    py::list own = py::reinterpret_steal<py::list>(PySequence_List(x));
-    check(own.ptr() != nullptr);
     for (py::handle k : own) {
-      PyObject* v = PyDict_GetItemWithError(values.ptr(), k.ptr());
-      if (v == nullptr) {
-        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, k.ptr());
-        throw py::error_already_set();
-      }
-      check(PyObject_SetItem(out.ptr(), k.ptr(), v) == 0);
+      py::object v = item_of(values.ptr(), k.ptr());  // KeyError: a key added meanwhile
+      check(PyObject_SetItem(out.ptr(), k.ptr(), v.ptr()) == 0);
     }
     return out;
   }
@@ -198,27 +214,34 @@ py::object pack_sequence_as(const py::handle& structure, const py::handle& flat)
 
 // ---- compare ---------------------------------------------------------------------------------
 
-// The same keys, as `a.keys() == b.keys()` decides (set equality).
-bool same_keys(PyObject* a, PyObject* b) {
-  if (PyDict_CheckExact(a) && PyDict_CheckExact(b)) {
-    if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b)) return false;
-    Py_ssize_t pos = 0;
-    PyObject* k;
-    PyObject* v;
-    while (PyDict_Next(a, &pos, &k, &v)) {
-      const int has = PyDict_Contains(b, k);
-      check(has >= 0);
-      if (!has) return false;
-    }
-    return true;
+// Whether two sequences of keys are equal one by one (==, identity first).
+bool equal_keys(const py::list& a, const py::list& b) {
+  const Py_ssize_t n = PyList_GET_SIZE(a.ptr());
+  if (n != PyList_GET_SIZE(b.ptr())) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    // Held: comparing runs Python code, which must not free the keys under us.
+    py::object x = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(a.ptr(), i));
+    py::object y = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(b.ptr(), i));
+    const int eq = PyObject_RichCompareBool(x.ptr(), y.ptr(), Py_EQ);
+    check(eq >= 0);
+    if (!eq) return false;
+    if (PyList_GET_SIZE(a.ptr()) != n || PyList_GET_SIZE(b.ptr()) != n) return false;
   }
-  py::object ka = py::reinterpret_steal<py::object>(PyObject_CallMethod(a, "keys", nullptr));
-  check(ka.ptr() != nullptr);
-  py::object kb = py::reinterpret_steal<py::object>(PyObject_CallMethod(b, "keys", nullptr));
-  check(kb.ptr() != nullptr);
-  const int eq = PyObject_RichCompareBool(ka.ptr(), kb.ptr(), Py_EQ);
-  check(eq >= 0);
-  return eq != 0;
+  return true;
+}
+
+// Whether two dicts' leaves pair up key by key when flattened: the same keys in nest's
+// order. Equal key sets are not enough: keys that cannot be sorted keep each dict's own
+// order, and keys without a total order (sets) may sort differently from different
+// insertion orders; either way leaves would pair by position with another key's.
+bool same_key_order(PyObject* a, PyObject* b) {
+  py::list ka = own_keys(a);
+  py::list kb = own_keys(b);
+  if (PyList_GET_SIZE(ka.ptr()) != PyList_GET_SIZE(kb.ptr())) return false;
+  // The common case: the same keys inserted in the same order give the same order
+  // whichever way nest orders them.
+  if (equal_keys(ka, kb)) return true;
+  return equal_keys(ordered_keys(a), ordered_keys(b));
 }
 
 // True when `a` and `b` have the same nesting (distvals.nest.structure_mismatch is None):
@@ -232,9 +255,8 @@ bool same(PyObject* a, PyObject* b) {
   if (Py_TYPE(a) != Py_TYPE(b) && !(PyList_Check(a) && PyList_Check(b))) return false;
   recursion_guard guard(" in nest.structure_mismatch");
   if (PyDict_Check(a)) {
-    if (!same_keys(a, b)) return false;
-    py::list keys = py::reinterpret_steal<py::list>(PyDict_CheckExact(a) ? PyDict_Keys(a) : PySequence_List(a));
-    check(keys.ptr() != nullptr);
+    if (!same_key_order(a, b)) return false;
+    py::list keys = own_keys(a);
     for (py::handle k : keys) {
       py::object x = item_of(a, k.ptr());
       py::object y = item_of(b, k.ptr());
@@ -262,6 +284,7 @@ bool same(PyObject* a, PyObject* b) {
 py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool always_wrap) {
   if (!PyType_Check(cls.ptr())) throw py::type_error("nest_regroup: cls must be a class");
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  if (type->tp_new == nullptr) throw py::type_error("nest_regroup: cls cannot make instances");
   const auto n = static_cast<Py_ssize_t>(py::len(per_replica));
   if (n < 1) throw py::value_error("nest_regroup: no replicas");
   py::object v0 = per_replica[0];
@@ -273,6 +296,12 @@ py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool 
     flats.push_back(flatten(v));
   }
   const Py_ssize_t count = PyList_GET_SIZE(flats[0].ptr());
+  for (Py_ssize_t r = 1; r < n; ++r) {
+    if (PyList_GET_SIZE(flats[static_cast<std::size_t>(r)].ptr()) != count) {
+      // Only Python code run by the walk (a key's comparison) can do this.
+      throw py::value_error("nest_regroup: a structure changed while it was being walked");
+    }
+  }
   py::list leaves(count);
   static PyObject* values_name = PyUnicode_InternFromString("_values");
   py::tuple no_args(0);

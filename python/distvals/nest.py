@@ -1,8 +1,11 @@
 """Nested structures of values: lists, tuples, dicts and namedtuples.
 
 Everything else (arrays, numbers, None, DistributedValues, variables) is a leaf.
-Dicts flatten in sorted key order, as in ``tf.nest``; packing rebuilds each container
-with its own type (and the dict's own key order).
+Dicts flatten in sorted key order, as in ``tf.nest`` (in their own order when the keys
+cannot be sorted); packing rebuilds each container with its own type (and the dict's own
+key order). Two dicts have the same nesting when their keys, in that order, are equal
+one by one: equal key sets in orders that would pair one dict's leaves with another
+key's are a mismatch, never a silent pairing by position.
 """
 
 from __future__ import annotations
@@ -105,6 +108,16 @@ def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
     if isinstance(a, dict):
         if a.keys() != b.keys():
             return f"dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+        if list(a) != list(b):
+            # The same keys in another insertion order: their leaves pair up only if nest
+            # orders both the same way (keys that cannot be sorted keep each dict's own
+            # order; keys without a total order, such as sets, may sort either way).
+            ka, kb = _sorted_keys(a), _sorted_keys(b)
+            if ka != kb:
+                return (
+                    f"dict keys in another order, {ka!r} vs {kb!r} (keys that cannot be sorted "
+                    "must be in the same order in every dict)"
+                )
         for k, x in a.items():
             if isinstance(x, (list, tuple, dict)) or isinstance(b[k], (list, tuple, dict)):
                 break
