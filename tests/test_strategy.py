@@ -419,6 +419,22 @@ def test_extended_batch_reduce_to(s2):
         s2.extended.batch_reduce_to("SUM", [a])
 
 
+def test_batch_reduce_to_names_the_item_and_replica_whose_part_differs(s2):
+    a = per_replica(2, seed=1)
+    kept = [v.copy() for v in a.values]
+    shapes = dv.PerReplica([np.ones(3), np.ones(4)])
+    dtypes = dv.PerReplica([np.ones(3), np.ones(3, np.float32)])
+    with pytest.raises(ValueError, match=r"batch_reduce_to \(item 1\): replica 1 has shape \(4,\)"):
+        s2.extended.batch_reduce_to("SUM", [(a, "CPU:0"), (shapes, "CPU:0")])
+    with pytest.raises(TypeError, match=r"batch_reduce_to \(item 1\): replica 1 has dtype float32"):
+        s2.extended.batch_reduce_to("SUM", [(a, "CPU:0"), (dtypes, "CPU:0")])
+    for v, k in zip(a.values, kept):  # nothing was touched
+        np.testing.assert_array_equal(v, k)
+    out = s2.extended.batch_reduce_to("SUM", [(a, s2.extended.worker_devices)])  # and it still works
+    for part in out[0].values:
+        np.testing.assert_allclose(part, ref(a.values, "SUM"))
+
+
 def test_extended_broadcast_to(s3):
     x = np.arange(4.0)
     out = s3.extended.broadcast_to(x, destinations=s3.extended.worker_devices)

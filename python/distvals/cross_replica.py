@@ -212,9 +212,11 @@ class CrossReplicaExtended(StrategyExtended):
         """A result bound for replicas' devices: a device array stays one when the value
         came from numpy or Python (it lives where its destination is); otherwise it goes
         back to the original's framework."""
+        if not self._on_gpu:
+            return kinds.restore(result, original)
         from . import devices
 
-        if self._on_gpu and devices.is_device_array(result) and kinds.framework_of(original) in ("numpy", "other"):
+        if devices.is_device_array(result) and kinds.framework_of(original) in ("numpy", "other"):
             return result
         return kinds.restore(result, original)
 
@@ -307,20 +309,27 @@ class CrossReplicaExtended(StrategyExtended):
             values = [value_destination_pairs[i][0] for i in fused]
             parts = [self._part_values(v, "batch_reduce_to") for v in values]
             for k, ps in enumerate(parts):
-                _first_difference(
-                    [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
-                )
+                p0 = ps[0]
+                shape, dtype = p0.shape, p0.dtype
+                for p in ps:
+                    if p.shape != shape or p.dtype != dtype:
+                        # Named here, before any data moves.
+                        _first_difference(
+                            [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
+                        )
             leaves = [[ps[r] for ps in parts] for r in range(self._n)]
             opts = self._options if options is None else self._options.merge(options)
             with self._lock:
                 results = self._all_reduce_leaves(
                     op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
                 )
+            devices_here = list(self._devices)
+            placed = self._placed
             for k, i in enumerate(fused):
                 original = _unwrap_part(values[k].values[0])
                 dests = self._destinations(value_destination_pairs[i][1], "batch_reduce_to")
-                if dests == list(self._devices):
-                    out[i] = Mirrored(tuple(self._placed(results[r][k], original) for r in range(self._n)))
+                if dests == devices_here:
+                    out[i] = Mirrored._of(tuple([placed(results[r][k], original) for r in range(self._n)]))
                 else:
                     out[i] = self._spread(kinds.restore(results[0][k], original), dests)
         return out
