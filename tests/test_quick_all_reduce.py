@@ -28,6 +28,24 @@ def requests(arrays, op, marker=QUICK_ALL_REDUCE):
     return [(marker, op, a) for a in arrays]
 
 
+def meeting_calls(monkeypatch, name):
+    """The list that gets, for every call the strategy makes to the meeting function
+    ``distvals.local_extended.<name>`` from now on, whether it took the meeting (True)
+    or refused it (False)."""
+    from distvals import local_extended
+
+    calls = []
+    real = getattr(local_extended, name)
+
+    def counting(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(local_extended, name, counting)
+    return calls
+
+
 DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 # Integer MEAN (which gives float64) is the general path's: see the refusals below.
 OP_DTYPES = [(op, dt) for op in sorted(OPS) for dt in DTYPES if not (op == "mean" and np.dtype(dt).kind in "iu")]
@@ -103,15 +121,7 @@ def test_anything_else_returns_none_and_touches_nothing(case):
 @pytest.mark.timeout(60)
 def test_inline_steps_take_it_and_mismatches_are_still_named(monkeypatch):
     strategy = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution="inline")
-    calls = []
-    real = _core.quick_all_reduce
-
-    def counting(*a, **k):
-        out = real(*a, **k)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr("distvals.local_extended._quick_all_reduce", counting)
+    calls = meeting_calls(monkeypatch, "_quick_all_reduce")
     x = strategy.experimental_distribute_values_from_function(
         lambda c: np.arange(5, dtype=np.float32) * (c.replica_id_in_sync_group + 1)
     )
@@ -243,15 +253,7 @@ def test_leaf_arrays_are_the_leaves_only_when_all_are_plain_arrays_of_those_dtyp
 @pytest.mark.parametrize("op", ["SUM", "MEAN"])
 def test_inline_steps_reduce_structures_in_the_meeting_and_name_what_differs(monkeypatch, op):
     strategy = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution="inline")
-    calls = []
-    real = _core.quick_all_reduce_tree
-
-    def counting(*a, **k):
-        out = real(*a, **k)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr("distvals.local_extended._quick_all_reduce_tree", counting)
+    calls = meeting_calls(monkeypatch, "_quick_all_reduce_tree")
 
     def step():
         r = dv.get_replica_context().replica_id_in_sync_group

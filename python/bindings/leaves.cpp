@@ -42,11 +42,6 @@ struct pack {
   std::vector<py::array> buf;  // one pooled flat array per replica
 };
 
-bool integral(distvals::dtype t) {
-  using distvals::dtype;
-  return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
-}
-
 // A batch of the group's collectives, open until destroyed: the workers keep spinning
 // for the next call (see group::batch).
 struct open_batch {

@@ -28,11 +28,6 @@ using distvals::group;
 // steps reuse pages that are already mapped. The same threshold as the Python paths'.
 constexpr std::size_t pool_min_bytes = 4096;
 
-bool integral(distvals::dtype t) {
-  using distvals::dtype;
-  return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
-}
-
 // The engine op of a ReduceOp member, looked up once per member (members live as long as
 // the interpreter, so their address identifies them).
 bool engine_op(const py::handle& op, distvals::reduce_op& out) {

@@ -121,6 +121,11 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
   return a;
 }
 
+bool integral(distvals::dtype t) {
+  using distvals::dtype;
+  return t == dtype::int8 || t == dtype::uint8 || t == dtype::int32 || t == dtype::int64;
+}
+
 std::string shape_str(const py::array& a) {
   std::string s = "(";
   for (py::ssize_t i = 0; i < a.ndim(); ++i) {
