@@ -46,7 +46,7 @@ class cpu_executor final : public executor {
 
  private:
   struct alignas(64) worker_slot {
-    std::atomic<std::uint64_t> go{0};  // the job number this worker should run
+    std::atomic<std::uint64_t> go{0};  // the job number (jobs_) this worker should run
     // The job number whose share has been taken, by the worker itself or by the caller.
     // Whoever moves it to the job number first runs the share; the other leaves it alone.
     std::atomic<std::uint64_t> taken{0};
@@ -73,6 +73,9 @@ class cpu_executor final : public executor {
   std::unique_ptr<worker_slot[]> workers_;  // threads_ - 1 of them
   const schedule* job_sched_ = nullptr;
   std::uint64_t job_seq_ = 0;
+  // Job numbers handed to the workers: 1, 2, 3, ... for the executor's whole life. Not
+  // the group's call numbers, which start again from 1 after a reset.
+  std::uint64_t jobs_ = 0;
   int job_threads_ = 1;
   clock_type::time_point job_deadline_;
   std::atomic<int> job_done_{0};
@@ -255,8 +258,16 @@ void cpu_executor::run_programs(const schedule& s, std::uint64_t seq, const int*
 // ---- the single-call style: the caller and the workers ------------------------------------
 
 bool cpu_executor::take(worker_slot& w, std::uint64_t seq) noexcept {
+  // Job numbers only grow (they are the executor's own, never reset with the group's
+  // call numbers), and so may the claim: a worker that woke late still holding an old
+  // job's number must not claim it back after the caller took a later job's share (it
+  // would run a finished job's steps again and count itself done twice, and the caller
+  // of a later job would wait for a count it can no longer reach).
   std::uint64_t cur = w.taken.load();
-  return cur != seq && w.taken.compare_exchange_strong(cur, seq);
+  while (cur < seq) {
+    if (w.taken.compare_exchange_weak(cur, seq)) return true;
+  }
+  return false;
 }
 
 void cpu_executor::run_share(const schedule& s, std::uint64_t seq, int thread, int threads,
@@ -298,7 +309,8 @@ void cpu_executor::run(const call& c) {
   job_deadline_ = c.deadline;
   job_done_.store(0);
   job_error_ = nullptr;
-  for (int w = 1; w < t; ++w) workers_[w - 1].go.store(c.seq);
+  const std::uint64_t job = ++jobs_;
+  for (int w = 1; w < t; ++w) workers_[w - 1].go.store(job);
   wake_idle();
 
   std::exception_ptr mine;
@@ -306,7 +318,7 @@ void cpu_executor::run(const call& c) {
   try {
     run_share(*sched, c.seq, 0, t, c.deadline);
     for (int w = 1; w < t; ++w) {
-      if (take(workers_[w - 1], c.seq)) {
+      if (take(workers_[w - 1], job)) {
         --started;
         run_share(*sched, c.seq, w, t, c.deadline);
       }
@@ -316,7 +328,7 @@ void cpu_executor::run(const call& c) {
     m_.fail(group::impl::aborted, -1, "the calling thread failed");
     // Shares not taken yet: take them so no worker starts on a failed job.
     for (int w = 1; w < t; ++w) {
-      if (take(workers_[w - 1], c.seq)) --started;
+      if (take(workers_[w - 1], job)) --started;
     }
   }
   // Workers always finish: they complete their programs or see the failure state.
