@@ -121,13 +121,14 @@ python_asan() {
   preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libstdc++.so)"
   # The engine-facing tests: every ReplicaGroup test file, the one-call all-reduce of a
   # structure's leaves and the inline replicas' meetings (copies and array views made in
-  # the bindings), nest's walks (Python objects built in C++), and the strategy layer's
-  # calls into the engine (variables and datasets add Python logic over them).
+  # the bindings), their scheduler loop and nest's walks (Python objects handled in C),
+  # and the strategy layer's calls into the engine (variables and datasets add Python
+  # logic over them).
   local tests=() t
   for t in "$root"/tests/test_group_*.py; do
     [ -f "$t" ] && tests+=("tests/$(basename "$t")")
   done
-  for t in test_all_reduce_leaves test_quick_all_reduce test_nest test_strategy_failures test_strategy test_context; do
+  for t in test_all_reduce_leaves test_quick_all_reduce test_inline_scheduler test_nest test_strategy_failures test_strategy test_context; do
     [ -f "$root/tests/$t.py" ] || { echo "python-asan: tests/$t.py is missing" >&2; return 1; }
     tests+=("tests/$t.py")
   done

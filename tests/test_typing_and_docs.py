@@ -98,6 +98,18 @@ def _runtime_parameters(doc: str, name: str) -> list[tuple[str, bool]]:
     return out
 
 
+def _signature_doc(runtime, name: str) -> str:
+    """The docstring whose first line is the signature: pybind11 writes it there; a
+    function defined with the C API carries it in ``__text_signature__`` instead
+    ("($module, a, b, /)"), given here in the same form ("name(a, b)")."""
+    sig = getattr(runtime, "__text_signature__", None)
+    if not sig:
+        return runtime.__doc__
+    params = [p.strip() for p in sig.strip()[1:-1].split(",")]
+    params = [p for p in params if p and p not in ("/", "*") and not p.startswith("$")]
+    return f"{name}({', '.join(params)})\n{runtime.__doc__ or ''}"
+
+
 def _stub_functions(path: str):
     """(owner, function node) of every function in a stub, owner None at module level."""
     tree = ast.parse(importlib.resources.files("distvals").joinpath(path).read_text())
@@ -125,7 +137,7 @@ def _stub_cases():
 @pytest.mark.parametrize("module, owner, fn", list(_stub_cases()))
 def test_stub_parameters_match_the_extension(module, owner, fn):
     runtime = getattr(getattr(module, owner) if owner else module, fn.name)
-    want = _runtime_parameters(runtime.__doc__, fn.name)
+    want = _runtime_parameters(_signature_doc(runtime, fn.name), fn.name)
     args = fn.args
     params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self"]
     positional = args.posonlyargs + args.args

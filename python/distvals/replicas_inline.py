@@ -40,6 +40,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import context
 from ._core import AbortedError, MismatchError
+from ._core import inline_drive as _drive
+from ._core import inline_resume as _resume
+from ._core import inline_setup as _inline_setup
 from .replicas import Failure, Raise, Request, StepTimeout, as_request, main_thread_id, names, set_async_exception
 from .replicas import fork_counter as _forks
 
@@ -61,6 +64,9 @@ _monotonic = time.monotonic
 # Markers a replica greenlet switches to the scheduler with when its function ends.
 _DONE = object()
 _FAILED = object()
+
+
+_inline_setup(_DONE, _FAILED, Raise, _EMPTY)
 
 
 def available() -> bool:
@@ -213,39 +219,28 @@ class InlineRunner:
             base = None
         if timeout < _INF:
             self._arm(timeout)
-        resume = self._resume
         try:
-            # Every replica runs until its first meeting (or its end).
-            for r in range(n):
-                if failures:
-                    # A replica failed: the ones not started yet are not started (they
-                    # would only be released at their first meeting).
-                    break
-                if base is not None:
-                    gls[r].gr_context = base.copy()
-                args, kwargs = per_replica[r]
-                resume(r, gls[r], (fn, args, kwargs or _EMPTY), None)
-            # Then, while replicas wait: resolve the meeting they all reached, or release
-            # them when some replica failed or returned.
+            # Every replica runs until its first meeting (or its end); then, while every
+            # replica waits at a meeting, the meeting is resolved and each resumed with
+            # its outcome. The scheduler's loop (_drive, in C) does both and comes back
+            # here when a replica failed or returned while others wait. Each switch
+            # (_resume, in C, also used by the releases below) notes what the replica
+            # switched back with: a request in _msgs (counted in _waiting), its result
+            # in _results, or its failure (_note_failure; after an exception out of the
+            # switch itself, the step's greenlets are marked lost).
+            _drive(self, gls, fn, per_replica, base, local, saved, self._resolve)
             while self._waiting:
                 if failures:
                     if not all(isinstance(f.error, Exception) for f in failures):
                         # Ctrl-C, SystemExit, the timeout: return now; the suspended
                         # replicas are dropped with their greenlets.
                         break
+                    # A replica failed: release the waiting ones.
                     self._release([r for r in range(n) if msgs[r] is not None], msgs, failures[0], gls)
-                    continue
-                if self._waiting < n:
+                elif self._waiting < n:
                     self._release_early_return([r for r in range(n) if msgs[r] is not None], msgs, gls)
-                    continue
-                local.stack = saved
-                outcomes = self._resolve(msgs)
-                for r in range(n):
-                    o = outcomes[r]
-                    if type(o) is Raise:
-                        resume(r, gls[r], None, o.error)
-                    else:
-                        resume(r, gls[r], o, None)
+                else:
+                    _drive(self, gls, None, None, None, local, saved, self._resolve)
             if not self._waiting and not self._lost:
                 # Every replica is back at the head of its loop: reusable.
                 self._greenlets = gls
@@ -262,44 +257,20 @@ class InlineRunner:
             self._timeout_failures(failures, timeout, fired)
         return results
 
-    def _resume(self, r: int, g: Any, value: Any, error: Optional[BaseException]) -> None:
-        """Switches into replica ``r`` (with ``value``, or raising ``error`` there) and
-        notes what it switched back with: a request, its result or its failure."""
-        context._local.stack = self._stacks[r]
-        msgs = self._msgs
-        if msgs[r] is not None:
-            msgs[r] = None
-            self._waiting -= 1
-        try:
-            # throw with the traceback, so that the frames where the error arose
-            # (merge_fn's, say) stay on it.
-            m = g.throw(type(error), error, error.__traceback__) if error is not None else g.switch(value)
-        except BaseException as e:  # noqa: BLE001
-            # The greenlet died, or an interrupt (Ctrl-C) landed here right after it
-            # switched back, and what it switched back with is lost: its state is
-            # unknown, so this step's greenlets are never resumed again.
-            self._lost = True
-            m = (_FAILED, e)
-        if type(m) is tuple:
-            tag = m[0]
-            if tag is _DONE:
-                self._results[r] = m[1]
-                return
-            if tag is _FAILED:
-                self.failures.append(Failure(next(self._order), r, m[1]))
-                return
-        # Anything else is a request: a Request, or its quick tuple form.
-        msgs[r] = m
-        self._waiting += 1
+    def _note_failure(self, r: int, error: BaseException) -> None:
+        """Replica ``r`` failed with ``error`` (its function raised, or its greenlet died)."""
+        self.failures.append(Failure(next(self._order), r, error))
 
     def _release(self, waiting: List[int], msgs: List[Any], first: Failure, gls: List[Any]) -> None:
         """A replica failed: the ones waiting at a meeting raise AbortedError."""
         e = first.error
         for r in waiting:
             req = as_request(msgs[r])
-            self._resume(
+            _resume(
+                self,
+                gls,
+                context._local,
                 r,
-                gls[r],
                 None,
                 AbortedError(
                     f"replica {r}: released from {req.describe()} because replica {first.replica} raised "
@@ -318,7 +289,7 @@ class InlineRunner:
                 "variable-update calls in the same order"
             )
             err.replica = r  # type: ignore[attr-defined]
-            self._resume(r, gls[r], None, err)
+            _resume(self, gls, context._local, r, None, err)
 
     def _timeout_failures(self, failures: List[Failure], timeout: float, fired: int) -> None:
         """After the watchdog fired: the replica it interrupted failed with InlineTimeout
@@ -398,8 +369,8 @@ class InlineRunner:
 
 def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:
     """True when thread ``thread_id`` is now inside a step of ``runner``: its scheduler
-    (``step``, ``_resume``) or one of its replica greenlets (``_replica_main``) is on the
-    thread's current stack."""
+    (``step``, whose loop runs in C) or one of its replica greenlets (``_replica_main``)
+    is on the thread's current stack."""
     return runs_in(runner, sys._current_frames().get(thread_id))  # type: ignore[arg-type]
 
 
@@ -417,7 +388,7 @@ def runs_in(runner: InlineRunner, frame: Any) -> bool:
     return False
 
 
-_STEP_CODES = frozenset([InlineRunner.step.__code__, InlineRunner._resume.__code__, _replica_main.__code__])
+_STEP_CODES = frozenset([InlineRunner.step.__code__, _replica_main.__code__])
 
 
 class _Watchdog:

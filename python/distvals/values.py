@@ -293,6 +293,9 @@ def per_replica_arguments(
         else:
             if not split:
                 return [(args, kwargs)] * n
+            if len(args) == 1:
+                # One argument, split: each replica's part, as a 1-tuple.
+                return [((v,), kwargs) for v in args[0]._values]
             return [(tuple([_part(r, x) for x in args]), kwargs) for r in range(n)]
     if (args and contains_distributed(args, n, what)) or (kwargs and contains_distributed(kwargs, n, what)):
         return [(select_replica(r, args), select_replica(r, kwargs)) for r in range(n)]

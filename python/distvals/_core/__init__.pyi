@@ -1,7 +1,7 @@
 """Types of ``distvals._core``, the engine's extension module (checked against the built
 module by ``mypy.stubtest`` in CI)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional, SupportsIndex, type_check_only
 
 import numpy as np
@@ -126,6 +126,21 @@ def quick_all_reduce_tree(
     bytes_per_pack: SupportsIndex,
     trace: list[tuple[str, int]] | None = ...,
 ) -> list[list[np.ndarray]] | None: ...
+def inline_drive(
+    runner: Any,
+    greenlets: list[Any],
+    fn: Callable[..., Any] | None,
+    per_replica: Sequence[tuple[Any, Any]] | None,
+    base: Any,
+    local: Any,
+    saved: Any,
+    resolve: Callable[[list[Any]], Sequence[Any]],
+    /,
+) -> None: ...
+def inline_resume(
+    runner: Any, greenlets: list[Any], local: Any, replica: SupportsIndex, value: Any, error: BaseException | None, /
+) -> None: ...
+def inline_setup(done: object, failed: object, raise_type: type, empty: dict[str, Any], /) -> None: ...
 def nest_leaf_arrays(structure: Any, type_nums: int) -> list[np.ndarray] | None: ...
 def pooled_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: npt.DTypeLike) -> np.ndarray: ...
 def pool_trim() -> None: ...
