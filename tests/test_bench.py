@@ -548,11 +548,15 @@ def test_strategy_level_rows_or_a_note(capsys, tmp_path):
     for r in doc["results"]:
         if r["level"] in ("strategy", "strategy-structure"):
             assert r["wrong"] == 0 and r["checked"] == 2 * r["count"] and r["time_us"] > 0
-            assert r["group_py_us"] > 0
+            assert r["group_py_us"] > 0 and r["group_out_py_us"] > 0
+            # The ratios are this row's time over the baselines measured beside it.
+            row = Row.from_json(r)
+            assert row.ratio_to_group == pytest.approx(r["time_us"] / r["group_py_us"])
+            assert row.ratio_to_group_out == pytest.approx(r["time_us"] / r["group_out_py_us"])
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     rc, out, _ = run_cli(capsys, "--load", str(path))
-    assert rc == 0 and "# strategy.run, N=2" in out and "structure" in out
+    assert rc == 0 and "# strategy.run, N=2" in out and "structure" in out and "out ratio" in out
     for m in modes:
         assert f"{m}: trivial" in out
 

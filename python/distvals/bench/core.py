@@ -196,7 +196,8 @@ def measure_strategy(
     replica, refilled here. With ``group`` (a ``ReplicaGroup`` of as many replicas), one
     ``group.all_reduce`` of the same arrays is timed from Python just before and just
     after, and the faster median goes into the all-reduce row's ``group_py_us`` (the
-    ratio's baseline).
+    ratio's baseline); likewise the same call into separate, already-used output arrays
+    (``group_out_py_us``: the engine's share of a step that returns new arrays).
     """
     import distvals
 
@@ -228,12 +229,19 @@ def measure_strategy(
     run = strategy.run
     warmup = bd.warmup_for(iters)
     group_us: List[float] = []
+    group_out_us: List[float] = []
     py_iters = iters if count * arrays[0].itemsize <= _PY_FULL_BYTES else max(3, iters // 4)
+    # The out-of-place baseline writes into outputs used before (as run's pooled results
+    # are): run must return new arrays, so this is the same work without the step around it.
+    outs = _fresh_outputs(arrays) if group is not None else []
 
     def time_group() -> None:
         if group is not None:
             f = group.all_reduce
             group_us.append(_python_loop_us(lambda: f(arrays, op, "auto"), py_iters, min(warmup, py_iters)))
+            group_out_us.append(
+                _python_loop_us(lambda: f(arrays, op, "auto", out=outs), py_iters, min(warmup, py_iters))
+            )
 
     time_group()
     time_us = _python_loop_us(lambda: run(step, args=(values,)), iters, warmup)
@@ -268,7 +276,13 @@ def measure_strategy(
         mode=label,
     )
     # The rows that move data: checked on every replica, compared with the group call.
-    moved: Dict[str, Any] = dict(iters=iters, checked=n * count, group_py_us=min(group_us) if group_us else None)
+    outs.clear()  # the baseline's outputs are not needed any more
+    moved: Dict[str, Any] = dict(
+        iters=iters,
+        checked=n * count,
+        group_py_us=min(group_us) if group_us else None,
+        group_out_py_us=min(group_out_us) if group_out_us else None,
+    )
     return [
         Row(level="strategy", time_us=time_us, wrong=wrong, **moved, **common),
         Row(level="strategy-trivial", time_us=trivial_us, iters=t_iters, wrong=0, checked=0, **common),

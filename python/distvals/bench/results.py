@@ -35,7 +35,8 @@ class Row:
     ``ReplicaContext.all_reduce``), ``"strategy-structure"`` (the same bytes as a dict of
     six arrays) or ``"strategy-trivial"`` (``run`` of a function that
     does nothing), ``mode`` the strategy's execution mode and ``group_py_us`` the median
-    of ``ReplicaGroup.all_reduce`` of the same arrays, timed from Python in the same run.
+    of ``ReplicaGroup.all_reduce`` of the same arrays, timed from Python in the same run
+    (in place), ``group_out_py_us`` the same into separate, already-used outputs.
     """
 
     impl: str
@@ -56,6 +57,7 @@ class Row:
     out_of_place: bool = False
     mode: Optional[str] = None
     group_py_us: Optional[float] = None
+    group_out_py_us: Optional[float] = None
     algbw_gbps: float = 0.0
     busbw_gbps: float = 0.0
     bound_us: Optional[float] = None
@@ -89,6 +91,14 @@ class Row:
         """Strategy rows: time / ``ReplicaGroup.all_reduce`` of the same arrays (same run)."""
         if self.group_py_us and self.group_py_us > 0:
             return self.time_us / self.group_py_us
+        return None
+
+    @property
+    def ratio_to_group_out(self) -> Optional[float]:
+        """Strategy rows: time / ``ReplicaGroup.all_reduce(..., out=...)`` of the same arrays
+        into already-used outputs (same run): what the step adds to the engine's work."""
+        if self.group_out_py_us and self.group_out_py_us > 0:
+            return self.time_us / self.group_out_py_us
         return None
 
     def to_json(self) -> Dict[str, Any]:
