@@ -349,7 +349,11 @@ class LocalExtended(CrossReplicaExtended):
             )
         if self._closed:
             raise ClosedError(f"{self._container!r} is closed")
-        self._claim_step()
+        if self._run_lock.acquire(False):
+            # The common case, no step running (the rest is _claim_step's).
+            self._owner = _get_ident()
+        else:
+            self._claim_step()
         try:
             if self._fork != _forks[0]:
                 self._after_fork()

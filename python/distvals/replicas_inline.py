@@ -162,12 +162,11 @@ class InlineRunner:
 
     # ---- one step ------------------------------------------------------------------------
     def _replica_greenlets(self) -> List[Any]:
+        """The replica greenlets for a step under the current greenlet, when those of the
+        last step cannot serve (``step`` reuses them when that step ended cleanly, under
+        the same scheduler; a step that did not end cleanly dropped them)."""
         gls = self._greenlets
         parent = _getcurrent()
-        if gls is not None and parent is self._parent:
-            # The common case: the greenlets of the last step, which ended cleanly, under
-            # the same scheduler (a step that did not end cleanly dropped them).
-            return gls
         me = threading.get_ident()
         if gls is None or self._owner != me:
             if self._abandoned and self._owner == me:
@@ -200,7 +199,10 @@ class InlineRunner:
         results: List[Any] = [None] * n
         local = context._local
         saved = local.stack
-        gls = self._replica_greenlets()
+        gls = self._greenlets
+        if gls is None or _getcurrent() is not self._parent:
+            # Not the greenlets of the last step, which ended cleanly under this scheduler.
+            gls = self._replica_greenlets()
         # Marked broken until the step ends cleanly: a KeyboardInterrupt between any two
         # lines below leaves greenlets suspended in this step, and the next step must not
         # resume them.
