@@ -371,6 +371,8 @@ class LocalExtended(CrossReplicaExtended):
         (its thread no longer runs a step of this strategy) and taken over: a strategy
         never refuses forever."""
         me = _get_ident()
+        # Tried again although run() tried first: the step that held the lock may have
+        # ended since, and taking over a lock that nobody holds would leave it unlocked.
         if self._run_lock.acquire(False):
             self._owner = me
             return
