@@ -7,6 +7,7 @@ test_strategy_failures.py."""
 from __future__ import annotations
 
 import collections
+import contextvars
 import sys
 import threading
 import time
@@ -591,6 +592,92 @@ def test_structures_that_differ_between_replicas_are_named(s3, other, why):
         s3.run(fn)
     assert "replica 2" in str(info.value)
     assert_usable(s3)
+
+
+@pytest.mark.parametrize("bare", [0, 2])
+@pytest.mark.parametrize("wrapped", [lambda x: [x], lambda x: {"a": x}])
+def test_a_bare_array_against_a_structure_is_named_whichever_replica_passes_it(s3, bare, wrapped):
+    # Every leaf has the same shape and dtype: only the nesting differs, and the values
+    # would reduce "correctly" if nobody compared it.
+    def fn():
+        r = replica_id()
+        x = np.full(3, 1.0 + 10 * r)
+        return dv.get_replica_context().all_reduce("sum", x if r == bare else wrapped(x))
+
+    with pytest.raises(dv.MismatchError, match="different structures") as info:
+        s3.run(fn)
+    assert f"replica {bare}" in str(info.value)
+    assert_usable(s3)
+
+
+_shade = contextvars.ContextVar("shade", default="default")
+
+
+def test_context_variables_a_replica_sets_reach_no_other_replica_no_later_step_and_not_the_caller(s3):
+    def fn(step):
+        r = replica_id()
+        before = _shade.get()
+        _shade.set(f"step {step} replica {r}")
+        # A meeting between setting and reading: the other replicas run (and set theirs)
+        # in between.
+        total = dv.get_replica_context().all_reduce("sum", np.full(2, float(r + step)))
+        return before, _shade.get(), total
+
+    def check(step, caller):
+        out = s3.run(fn, args=(step,))
+        for r in range(3):
+            # (A leaf that is the same object on every replica comes back as it is.)
+            before, now, total = (x.values[r] if isinstance(x, dv.PerReplica) else x for x in out)
+            assert before == caller, f"replica {r} started step {step} from {before!r}"
+            assert now == f"step {step} replica {r}"
+            np.testing.assert_array_equal(total, np.full(2, 3.0 + 3 * step))
+        assert _shade.get() == caller
+
+    def steps():
+        # Without context variables in the caller: each step starts from the default.
+        for step in range(3):
+            check(step, "default")
+        # With one: each step starts from the caller's value, and leaves it as it was.
+        token = _shade.set("caller")
+        try:
+            for step in range(3, 5):
+                check(step, "caller")
+        finally:
+            _shade.reset(token)
+        check(5, "default")
+
+    # From a context with no variable at all (the test runner's may hold some: numpy's
+    # error state, say), and from one that holds another variable.
+    contextvars.Context().run(steps)
+    steps()
+
+
+@pytest.mark.parametrize("inner_mode", ["inline", "threads"])
+def test_a_step_of_another_strategy_inside_merge_fn_leaves_the_outer_step_working(execution, inner_mode):
+    outer = mirrored(2, execution=execution)
+    inner = mirrored(2, execution=inner_mode)
+    vals = [np.arange(4.0) + 100 * r for r in range(2)]
+
+    def inner_fn():
+        return dv.get_replica_context().all_reduce("sum", vals[replica_id()] * 2)
+
+    def outer_fn():
+        ctx = dv.get_replica_context()
+        got = ctx.merge_call(lambda st: inner.experimental_local_results(inner.run(inner_fn)))
+        # The outer step's collectives still work on every replica's thread or greenlet.
+        return ctx.all_reduce("sum", vals[replica_id()]), got
+
+    try:
+        total, got = outer.run(outer_fn)
+        for r in range(2):
+            np.testing.assert_array_equal(total.values[r], vals[0] + vals[1])
+        for part in got.values[0] if isinstance(got, dv.PerReplica) else got:
+            np.testing.assert_array_equal(part, 2 * (vals[0] + vals[1]))
+        assert_usable(outer)
+        assert_usable(inner)
+    finally:
+        outer.close()
+        inner.close()
 
 
 def test_replicas_mixing_quick_and_general_forms_still_meet(s2):

@@ -906,3 +906,30 @@ def test_a_replica_group_works_in_a_forked_child():
     for r in range(n):
         np.testing.assert_array_equal(small[r], np.full(7, 18.0), err_msg=f"replica {r}")
     g.close()
+
+
+def test_a_collective_from_a_greenlet_inside_a_replica(execution):
+    # Inline, the replicas are greenlets: a collective from a greenlet that the replica
+    # function started cannot reach the scheduler, and says so (it once returned the
+    # scheduler's request to that greenlet, silently). Threads: the call works.
+    greenlet = pytest.importorskip("greenlet")
+    s = mirrored(2, execution=execution)
+    vals = [np.arange(3.0) + 1000 * r for r in range(2)]
+
+    def fn():
+        ctx = dv.get_replica_context()
+        x = vals[ctx.replica_id_in_sync_group]
+        return greenlet.greenlet(lambda: ctx.all_reduce("SUM", x)).switch()
+
+    try:
+        if execution == "inline":
+            with pytest.raises(RuntimeError, match=r"replica \d: all_reduce was called from a greenlet") as info:
+                s.run(fn)
+            assert "execution='threads'" in str(info.value)
+        else:
+            out = s.run(fn)
+            for r in range(2):
+                np.testing.assert_array_equal(out.values[r], vals[0] + vals[1])
+        assert_usable(s)
+    finally:
+        s.close()

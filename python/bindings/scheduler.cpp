@@ -188,14 +188,14 @@ bool start_all(drive_state& s, PyObject* fn, PyObject* per_replica, PyObject* ba
   for (Py_ssize_t r = 0; r < s.n; ++r) {
     if (PyList_GET_SIZE(s.failures) > 0) break;
     PyObject* g = PyList_GET_ITEM(s.gls, r);
-    if (base != Py_None) {
-      // Each replica starts the step from a copy of the caller's context variables.
-      PyObject* ctx = PyObject_CallMethodNoArgs(base, names.copy);
-      if (ctx == nullptr) return false;
-      const int rc = PyObject_SetAttr(g, names.gr_context, ctx);
-      Py_DECREF(ctx);
-      if (rc < 0) return false;
-    }
+    // Each replica starts the step from a copy of the caller's context variables, or
+    // from none when the caller has none: never from what it set in an earlier step
+    // (its greenlet is reused from step to step, and keeps its context).
+    PyObject* ctx = base == Py_None ? nullptr : PyObject_CallMethodNoArgs(base, names.copy);
+    if (ctx == nullptr && base != Py_None) return false;
+    const int rc = PyObject_SetAttr(g, names.gr_context, ctx == nullptr ? Py_None : ctx);
+    Py_XDECREF(ctx);
+    if (rc < 0) return false;
     PyObject* item = PySequence_GetItem(per_replica, r);
     if (item == nullptr) return false;
     if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {

@@ -48,6 +48,7 @@ from .replicas import (
     Request,
     StepTimeout,
     as_request,
+    foreign_greenlet_error,
     fork_generation,
     names,
 )
@@ -544,7 +545,10 @@ class LocalExtended(CrossReplicaExtended):
             # is the result array itself (see _resolve_quick); inline, the request goes
             # to the scheduler in its quick tuple form, straight from here.
             if self._inline:
-                return _getcurrent().parent.switch((QUICK_ALL_REDUCE, op, value))
+                sched = _getcurrent().parent
+                if sched is self._runner._parent:
+                    return sched.switch((QUICK_ALL_REDUCE, op, value))
+                raise foreign_greenlet_error(ctx._replica_id, "all_reduce")
             if self._n == 1:
                 # One local replica: nobody to meet, the collective at once.
                 out = self._resolve_quick([(QUICK_ALL_REDUCE, op, value)])
@@ -557,7 +561,10 @@ class LocalExtended(CrossReplicaExtended):
             # (Its leaves, when all are numpy arrays of those dtypes: one walk in C++.)
             quick_leaves = _leaf_arrays(value, _QUICK_MASK)
             if quick_leaves:
-                out = _getcurrent().parent.switch((QUICK_TREE, op, value, quick_leaves))
+                sched = _getcurrent().parent
+                if sched is not self._runner._parent:
+                    raise foreign_greenlet_error(ctx._replica_id, "all_reduce")
+                out = sched.switch((QUICK_TREE, op, value, quick_leaves))
                 return nest.pack_sequence_as(value, out)
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
@@ -643,7 +650,7 @@ class LocalExtended(CrossReplicaExtended):
         q0 = requests[0]
         op = q0.params[0]
         leaves = [q.extra[0] for q in requests]
-        if type(q0.value) is not np.ndarray:
+        if any(type(q.value) is not np.ndarray for q in requests):
             check_structures(requests, "all_reduce")
         check_leaves(q0.value, leaves, "all_reduce")
         algorithm, bytes_per_pack = self._options_of(q0)

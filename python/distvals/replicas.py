@@ -38,6 +38,7 @@ __all__ = [
     "Resolve",
     "StepTimeout",
     "as_request",
+    "foreign_greenlet_error",
     "fork_generation",
     "names",
     "set_async_exception",
@@ -192,3 +193,14 @@ def set_async_exception(thread_id: Optional[int], exc_type: Optional[Type[BaseEx
 
 def main_thread_id() -> Optional[int]:
     return threading.main_thread().ident
+
+
+def foreign_greenlet_error(replica: int, what: str) -> RuntimeError:
+    """The error of a cross-replica call made from a greenlet that the replica function
+    started (gevent, say), not from the replica's own: the scheduler would resume the
+    replica's greenlet with the outcome, which the caller would never see."""
+    return RuntimeError(
+        f"replica {replica}: {what} was called from a greenlet started inside the replica function; "
+        "inline replicas meet only from their own greenlet: call it from the replica function itself, "
+        "or create the strategy with execution='threads'"
+    )

@@ -43,7 +43,17 @@ from ._core import AbortedError, MismatchError
 from ._core import inline_drive as _drive
 from ._core import inline_resume as _resume
 from ._core import inline_setup as _inline_setup
-from .replicas import Failure, Raise, Request, StepTimeout, as_request, main_thread_id, names, set_async_exception
+from .replicas import (
+    Failure,
+    Raise,
+    Request,
+    StepTimeout,
+    as_request,
+    foreign_greenlet_error,
+    main_thread_id,
+    names,
+    set_async_exception,
+)
 from .replicas import fork_counter as _forks
 
 try:
@@ -158,7 +168,10 @@ class InlineRunner:
     # ---- meeting (called by a replica) -------------------------------------------------
     def meet(self, replica: int, request: Request) -> Any:
         """Hands ``request`` to the scheduler and returns this replica's outcome."""
-        return _getcurrent().parent.switch(request)
+        sched = _getcurrent().parent
+        if sched is not self._parent:
+            raise foreign_greenlet_error(replica, request.kind)
+        return sched.switch(request)
 
     # ---- one step ------------------------------------------------------------------------
     def _replica_greenlets(self) -> List[Any]:

@@ -19,6 +19,7 @@ wait with the step's timeout; a replica that fails or returns early releases the
 from __future__ import annotations
 
 import _thread
+import contextvars
 import itertools
 import queue
 import threading
@@ -265,7 +266,7 @@ def _worker_main(w: _Worker) -> None:
             task = get()
             if task is _STOP:
                 return
-            step, args, kwargs, entry = task
+            step, args, kwargs, entry, ctx = task
             task = None
             if step.abandoned:
                 step.worker_done()
@@ -274,7 +275,7 @@ def _worker_main(w: _Worker) -> None:
             _current.step = step
             local.stack = [entry]
             try:
-                step.results[w.replica] = step.fn(*args, **kwargs)
+                step.results[w.replica] = ctx.run(step.fn, *args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - every failure reaches the caller
                 step.fail(w.replica, e)
                 e = None  # type: ignore[assignment]
@@ -282,7 +283,7 @@ def _worker_main(w: _Worker) -> None:
                 step.meeting.finish(w.replica)
                 # Nothing of the step may stay referenced from this frame between steps
                 # (the entry holds the strategy), or the strategy is never collected.
-                args = kwargs = entry = None
+                args = kwargs = entry = ctx = None
                 local.stack = []
                 _current.step = None
                 w.current = None
@@ -396,21 +397,29 @@ class ThreadRunner:
         self._step = step
         self.failures = step.failures
         try:
+            # Each replica runs in a copy of the caller's context variables: what one sets
+            # reaches neither another replica, nor a later step, nor the caller.
+            base = contextvars.copy_context()
             for w, (args, kwargs), entry in zip(workers, per_replica[1:], entries[1:]):
-                w.tasks.put((step, args, kwargs or _EMPTY, entry))
+                w.tasks.put((step, args, kwargs or _EMPTY, entry, base.copy()))
             args, kwargs = per_replica[0]
             local = context._local
             saved = local.stack
-            local.stack = [entries[0]]
-            _current.step = step
+            # A step may run inside another strategy's step on this thread (from its
+            # merge_fn): that one's step is this thread's again afterwards.
+            outer = getattr(_current, "step", None)
             try:
-                step.results[0] = fn(*args, **(kwargs or _EMPTY))
+                # (Inside the try: an interrupt between any two lines leaves no replica
+                # context behind on the caller's thread.)
+                local.stack = [entries[0]]
+                _current.step = step
+                step.results[0] = base.run(fn, *args, **(kwargs or _EMPTY))
             except BaseException as e:
                 step.fail(0, e)
                 if not isinstance(e, Exception):
                     raise  # Ctrl-C, SystemExit: return at once, the step is abandoned
             finally:
-                _current.step = None
+                _current.step = outer
                 local.stack = saved
                 step.meeting.finish(0)
             if n > 1:
