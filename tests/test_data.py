@@ -7,6 +7,7 @@ import collections
 import numpy as np
 import pytest
 
+import distvals as dv
 import distvals.data
 from distvals.data import Dataset
 
@@ -125,12 +126,13 @@ def _generic(ds: Dataset) -> Dataset:
     return ds.map(lambda *x: x if len(x) > 1 else x[0])
 
 
-def test_batches_of_slices_are_views():
+def test_batches_of_slices_are_copies_of_the_rows():
     x = np.arange(20, dtype=np.float32).reshape(10, 2)
     y = np.arange(10)
     batches = list(Dataset.from_tensor_slices((x, y)).batch(4))
     assert [len(b[0]) for b in batches] == [4, 4, 2]
-    assert all(np.shares_memory(b[0], x) and np.shares_memory(b[1], y) for b in batches)
+    assert not any(np.shares_memory(b[0], x) or np.shares_memory(b[1], y) for b in batches)
+    assert all(b[0].flags.writeable and b[0].flags.c_contiguous for b in batches)
     np.testing.assert_array_equal(batches[2][0], x[8:])
     assert batches[1][1].dtype == y.dtype and isinstance(batches[0], tuple)
 
@@ -183,3 +185,55 @@ def test_unbatched_slices_are_rows():
     x = np.arange(6).reshape(3, 2)
     rows = list(Dataset.from_tensor_slices(x).shuffle(3, seed=0).repeat(2).skip(1))
     assert len(rows) == 5 and all(r.shape == (2,) for r in rows)
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_elements_are_the_callers_own_and_leave_the_source_and_later_epochs_alone(shuffled):
+    # A step that normalises its batch in place must change neither the arrays the
+    # dataset was made from nor what the next epoch reads.
+    x = np.arange(24, dtype=np.float32).reshape(12, 2)
+    y = np.arange(12, dtype=np.int64) * 10
+    source = (x.copy(), y.copy())
+    ds = dv.data.Dataset.from_tensor_slices((x, y))
+    if shuffled:
+        ds = ds.shuffle(12, seed=3, reshuffle_each_iteration=False)
+    batched = ds.batch(4)
+    epochs = []
+    for _ in range(2):
+        seen = []
+        for bx, by in batched:
+            seen.append((bx.copy(), by.copy()))
+            bx += 1000
+            by -= 7
+        epochs.append(seen)
+    np.testing.assert_array_equal(x, source[0])
+    np.testing.assert_array_equal(y, source[1])
+    for (ax, ay), (bx, by) in zip(*epochs):
+        np.testing.assert_array_equal(ax, bx)
+        np.testing.assert_array_equal(ay, by)
+    # The rows of the first epoch are the source's, each once.
+    rows = np.concatenate([bx for bx, _ in epochs[0]])
+    np.testing.assert_array_equal(np.sort(rows[:, 0]), x[:, 0])
+    # Unbatched elements too.
+    for ex, ey in ds:
+        ex += 1
+        ey += 1
+    np.testing.assert_array_equal(x, source[0])
+    np.testing.assert_array_equal(y, source[1])
+
+
+def test_distributed_batches_changed_in_a_step_leave_the_source_and_later_epochs_alone(s2):
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    keep = x.copy()
+    dist = s2.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(x).batch(4))
+
+    def step(b):
+        before = b.copy()
+        b += 100
+        return before
+
+    for _ in range(2):
+        got = [s2.experimental_local_results(s2.run(step, args=(b,))) for b in dist]
+        # Every epoch's replicas see the source's rows, in order, split evenly.
+        np.testing.assert_array_equal(np.concatenate([p for parts in got for p in parts]), keep)
+    np.testing.assert_array_equal(x, keep)

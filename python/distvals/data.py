@@ -10,7 +10,10 @@ ints int32, as in TensorFlow; numpy arrays keep their dtype.
 A dataset of slices of arrays (``from_tensor_slices``, then any of ``shuffle``,
 ``repeat``, ``take``, ``skip``) knows which rows of its arrays each element is, so
 ``batch`` cuts whole arrays instead of stacking rows one by one: a batch of consecutive
-rows is a view of the arrays (no copy), a shuffled batch one vectorized gather.
+rows is one copy of a slice of each array, a shuffled batch one vectorized gather. Every
+element is the caller's own (writing to it changes neither the arrays the dataset was
+made from nor a later epoch); the dataset reads those arrays when it iterates, without
+a copy of its own.
 """
 
 from __future__ import annotations
@@ -107,15 +110,18 @@ class _Rows:
     def derive(self, selections: Callable[[], Iterator[Any]]) -> _Rows:
         return _Rows(self.template, self.arrays, selections)
 
+    # Elements are copies, never views of the arrays the dataset was made from: a step
+    # that changes its batch in place (x -= mean) must change neither the caller's array
+    # nor what a later epoch reads (as with tf.data, whose tensors cannot change).
     def element(self, i: int) -> Any:
-        parts = [a[i, ...] for a in self.arrays]
+        parts = [a[i, ...].copy() for a in self.arrays]
         return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
 
     def batch(self, rows: Any) -> Any:
-        """The element holding ``rows`` (a range of step 1: views; an index array: one
-        gather per array)."""
+        """The element holding ``rows`` (a range of step 1: one copy of consecutive rows;
+        an index array: one gather per array)."""
         if isinstance(rows, range):
-            parts = [a[rows.start : rows.stop] for a in self.arrays]
+            parts = [a[rows.start : rows.stop].copy() for a in self.arrays]
         else:
             parts = [a[rows] for a in self.arrays]
         return _pack(self.template, parts) if _is_structure(self.template) else parts[0]

@@ -53,6 +53,8 @@ from .reduce_op import ReduceOp
 __all__ = ["AGREE", "DISAGREE", "Expected", "WorkerAgreement", "describe_call", "signature"]
 
 _monotonic = time.monotonic
+# The dtype an Expected call without data of its own (a gather's agreement) names.
+_NO_DTYPE = np.dtype(np.int64)
 
 # The agreement flag: the value meaning "my call is the expected one", per op, chosen so
 # that the reduction of every worker's flag equals it only when every worker agrees.
@@ -237,11 +239,27 @@ class WorkerAgreement(Collectives):
             "of the same structure, dtypes and shapes"
         )
 
+    def _stand_in(self, what: str, timeout: Optional[float]) -> None:
+        """When the memory expects a flagged call next (the same on every worker), makes
+        that MPI call flagged as "not my call", with zeros for data: a worker whose call
+        is the expected one makes the same MPI call with its data, so every worker's call
+        is well-formed, and the flag sends every worker on to the signature exchange."""
+        expected = self._expected.get(self._last)
+        if expected is None or not expected.flagged:
+            return
+        stand_in = np.zeros(expected.count, dtype=expected.dtype)
+        stand_in[-1] = DISAGREE[expected.op]
+        self._mpi_all_reduce(stand_in, expected.op, what, timeout)
+        self.stats["flagged"] += 1
+
     def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
         """An agreement exchange for a collective that carries no flag (gathers,
-        broadcasts); it also becomes the last agreed call."""
+        broadcasts); it also becomes the last agreed call, and the call expected after
+        the one before it (so that a loop repeating it makes no stand-in call)."""
         sig = self._sig(description)
+        self._stand_in(what, timeout)
         self._exchange(sig, description, what, timeout)
+        self._expected[self._last] = Expected(sig, 0, _NO_DTYPE, ReduceOp.SUM, False)
         self._last = sig
 
     def _agree_large(
@@ -250,14 +268,7 @@ class WorkerAgreement(Collectives):
         """The agreement of a large all-reduce: one signature exchange before the data.
         Returns the function that completes it: call it before any data crosses MPI."""
         sig = self._sig(description)
-        expected = self._expected.get(self._last)
-        if expected is not None and expected.flagged:
-            # The memory expects a flagged call next: make it (flagged as not ours) so
-            # that every worker's MPI call matches, then agree below.
-            stand_in = np.zeros(expected.count, dtype=expected.dtype)
-            stand_in[-1] = DISAGREE[expected.op]
-            self._mpi_all_reduce(stand_in, expected.op, what, timeout)
-            self.stats["flagged"] += 1
+        self._stand_in(what, timeout)
         finish = self._exchange_start(sig, description, what, timeout)
 
         def agreed() -> None:

@@ -45,7 +45,7 @@ import numpy as np
 from . import devices, nest
 from .collectives import engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_agreement import AGREE, DISAGREE, Expected, WorkerAgreement, describe_call
+from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call
 from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
@@ -80,6 +80,11 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
     if dtype.kind == "f":
         return dtype.itemsize in (4, 8)
     if dtype.kind in "iu":
+        # Not the SUM of 8- and 16-bit integers: Open MPI's AVX reductions (op/avx,
+        # Open MPI 5) saturate them (100 + 100 gives 127 in int8) where numpy, and the
+        # engine, wrap around; those go through the exchange that numpy reduces.
+        if op is ReduceOp.SUM and dtype.itemsize < 4:
+            return False
         return dtype.itemsize in (1, 2, 4, 8)
     if dtype.kind == "c":
         return dtype.itemsize in (8, 16) and op in (ReduceOp.SUM, ReduceOp.PRODUCT)
@@ -254,13 +259,11 @@ class HierarchicalCollectives(WorkerAgreement):
                 if flat[-1] == agree:
                     self._last = sig
                     return
+                self.stats["flagged"] += 1
             else:
                 # Our call is not the expected one: still make the expected MPI call,
                 # flagged, so that every worker's call is well-formed.
-                stand_in = np.zeros(expected.count, dtype=expected.dtype)
-                stand_in[-1] = DISAGREE[expected.op]
-                self._mpi_all_reduce(stand_in, expected.op, what, timeout)
-            self.stats["flagged"] += 1
+                self._stand_in(what, timeout)
         # No call expected, a flag raised, or a call without a flag: agree first. When
         # every worker's call changed the same way, no worker used its own buffer above.
         self._exchange(sig, description, what, timeout)

@@ -91,6 +91,29 @@ def main() -> int:
         expect_close(ok, np.full(3, float(sum(range(total)))), rank, f"after the {what} mismatch")
         checks += 1
 
+    # A loop's steady call (the flagged single call expected next) met by a gather on one
+    # worker, and a loop's steady gather met by an all-reduce: every worker's MPI calls
+    # must still match, and each gets a MismatchError that names both calls.
+    steady = parts(lambda g: np.full(3, float(g), np.float32))
+    want_sum = np.full(3, float(sum(range(total))))
+    for first, second in [("reduce", "gather"), ("gather", "reduce")]:
+
+        def call(kind, steady=steady):
+            return s.reduce("sum", steady, axis=None) if kind == "reduce" else s.gather(steady, axis=0)
+
+        for _ in range(3):
+            call(first)  # the memory now expects this call after itself
+        e = expect_raises(
+            dv.MismatchError,
+            lambda first=first, second=second: call(first if rank == 0 else second),
+            rank,
+            f"{first} expected, {second} on worker 1",
+            "the workers disagree",
+        )
+        expect(str(e).isprintable(), rank, f"the mismatch message is readable text: {str(e)!r}")
+        expect_close(s.reduce("sum", steady, axis=None), want_sum, rank, f"after the {first}/{second} mismatch")
+        checks += 1
+
     return finish(rank, checks, s)
 
 
