@@ -264,6 +264,41 @@ def test_reduce_mean_with_empty_replica(s2):
     assert float(s2.reduce("MEAN", value, axis=0)) == 3.0
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["SUM", "MEAN"])
+def test_reduce_with_axis_accumulates_16_bit_floats_in_float32(s3, dtype, op):
+    # In their own dtype a bfloat16 sum stops growing at 256 and a float16 sum of 100
+    # values near 1000 overflows: every path accumulates in float32 and rounds once.
+    dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    parts = [np.full(1000 + 100 * r, 1000.0 + r).astype(dt) for r in range(3)]
+    value = dv.PerReplica(tuple(parts))
+    exact = np.concatenate([p.astype(np.float64) for p in parts])
+    with np.errstate(over="ignore"):  # a float16 sum past 65504 is infinite, as in numpy
+        want = (exact.sum() if op == "SUM" else exact.mean()).astype(np.float32).astype(dt)
+    out = s3.reduce(op, value, axis=0)
+    assert np.asarray(out).dtype == dt
+    # The values are whole numbers whose sums float32 holds exactly: rounded once, the
+    # result is the exact one rounded to the dtype.
+    assert float(out) == float(want), (out, want)
+    plain = s3.reduce("MEAN", parts[0], axis=0)
+    assert np.asarray(plain).dtype == dt and float(plain) == float(np.float32(1000.0).astype(dt))
+
+
+@pytest.mark.parametrize("op, pick", [("MAX", np.max), ("MIN", np.min)])
+def test_reduce_with_axis_skips_the_empty_parts_of_a_last_partial_batch(s3, op, pick):
+    # 5 rows in batches of 4 over 3 replicas: the last batch splits as [5.], [], [].
+    ds = dv.data.Dataset.from_tensor_slices(np.arange(5, dtype=np.float32) * 3 - 4).batch(4)
+    batches = list(s3.experimental_distribute_dataset(ds))
+    for b in batches:
+        rows = np.concatenate(s3.experimental_local_results(b))
+        out = s3.reduce(op, b, axis=0)
+        assert float(out) == float(pick(rows)) and np.asarray(out).dtype == np.float32
+    # Every part empty: the op's identity (as TensorFlow's reduce_max / reduce_min give).
+    empty = dv.PerReplica(tuple(np.zeros(0, np.int32) for _ in range(3)))
+    info = np.iinfo(np.int32)
+    assert int(s3.reduce(op, empty, axis=0)) == (info.min if op == "MAX" else info.max)
+
+
 def test_reduce_axis_out_of_range(s2):
     with pytest.raises(ValueError, match="axis 1 is out of range for replica 0's value of rank 1"):
         s2.reduce("SUM", per_replica(2), axis=1)

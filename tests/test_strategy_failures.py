@@ -933,3 +933,38 @@ def test_a_collective_from_a_greenlet_inside_a_replica(execution):
         assert_usable(s)
     finally:
         s.close()
+
+
+def test_a_replica_thread_of_a_timed_out_step_changes_no_variable_afterwards():
+    # Threads: the caller gets the step's timeout while replica 1 still sleeps; what that
+    # thread then writes to its copies (local updates, which meet nobody) is dropped.
+    s = mirrored(3, timeout=0.3, execution="threads")
+    with s.scope():
+        on_read = dv.Variable(
+            np.zeros(2), synchronization=dv.VariableSynchronization.ON_READ, aggregation=dv.VariableAggregation.SUM
+        )
+        local = dv.Variable(np.zeros(2), aggregation=dv.VariableAggregation.NONE)
+    woke = threading.Event()
+
+    def step():
+        ctx = dv.get_replica_context()
+        if ctx.replica_id_in_sync_group == 1:
+            time.sleep(0.8)
+            try:
+                on_read.assign_add(np.full(2, 100.0))
+                local.assign_add(np.full(2, 100.0))
+            finally:
+                woke.set()
+        return ctx.all_reduce("SUM", np.ones(2))
+
+    try:
+        with pytest.raises(dv.CollectiveTimeoutError):
+            s.run(step)
+        assert woke.wait(10)
+        time.sleep(0.1)
+        np.testing.assert_array_equal(on_read.numpy(), np.zeros(2))
+        for copy in local.values:
+            np.testing.assert_array_equal(copy.numpy(), np.zeros(2))
+        assert_usable(s)
+    finally:
+        s.close()

@@ -1102,6 +1102,35 @@ def replica_scatter_add_only_first_replica(api):
     return _replica_scatter(api, "ONLY_FIRST_REPLICA")
 
 
+def _replica_scatter_one_writer(api, aggregation, kind):
+    # Updates that keep one replica's row (or the least or greatest): nothing to sum or
+    # average, so SUM and MEAN variables refuse them.
+    s = api.strategy(2)
+    with s.scope():
+        v = api.Variable([1.0, 2.0, 3.0, 4.0], aggregation=getattr(api.VariableAggregation, aggregation))
+
+    def fn():
+        getattr(v, kind)(api.IndexedSlices(api.const([10.0]) * (api.rid() + 1.0), api.const([1])))
+        return v.read_value()
+
+    return s.run(fn), v.values
+
+
+@program()
+def replica_scatter_update_mean(api):
+    return _replica_scatter_one_writer(api, "MEAN", "scatter_update")
+
+
+@program()
+def replica_scatter_max_sum(api):
+    return _replica_scatter_one_writer(api, "SUM", "scatter_max")
+
+
+@program()
+def replica_scatter_update_only_first_replica(api):
+    return _replica_scatter_one_writer(api, "ONLY_FIRST_REPLICA", "scatter_update")
+
+
 @program()
 def scatter_needs_indexed_slices(api):
     return api.Variable([1.0, 2.0]).scatter_add(([0], [1.0]))

@@ -317,3 +317,30 @@ def test_extended_update_inside_run_meets_in_merge_call(s3):
     assert isinstance(out, dv.PerReplica) and all(o is c for o, c in zip(out.values, v.values))
     with s3.extended.colocate_vars_with(v):
         pass
+
+
+@pytest.mark.parametrize("aggregation", ["SUM", "MEAN"])
+@pytest.mark.parametrize("kind", ["scatter_update", "scatter_min", "scatter_max"])
+def test_one_writer_scatter_updates_of_summed_or_averaged_variables_are_refused(s3, aggregation, kind):
+    # A row that one replica overwrites (or keeps the least or greatest of) has no sum or
+    # mean across replicas: refused before anything changes, in run and outside it, as
+    # TensorFlow refuses them; ONLY_FIRST_REPLICA applies replica 0's.
+    with s3.scope():
+        v = dv.Variable(np.zeros((4, 2)), aggregation=getattr(dv.VariableAggregation, aggregation))
+        first = dv.Variable(np.zeros((4, 2)), aggregation=dv.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def delta():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        return dv.IndexedSlices(np.full((1, 2), 5.0 + r), np.array([1]))
+
+    with pytest.raises(NotImplementedError, match=f"{kind} of variable .* {aggregation} aggregation"):
+        s3.run(lambda: getattr(v, kind)(delta()))
+    with pytest.raises(NotImplementedError, match=kind):
+        getattr(v, kind)(dv.IndexedSlices(np.full((1, 2), 5.0), np.array([1])))
+    for copy in v.values:
+        np.testing.assert_array_equal(copy.numpy(), np.zeros((4, 2)))
+    s3.run(lambda: getattr(first, kind)(delta()))
+    want = np.zeros((4, 2))
+    want[1] = {"scatter_update": 5.0, "scatter_min": 0.0, "scatter_max": 5.0}[kind]
+    for copy in first.values:
+        np.testing.assert_array_equal(copy.numpy(), want)

@@ -136,15 +136,23 @@ class CrossReplicaExtended(StrategyExtended):
 
         hosts = [devices.to_host(p) for p in parts]
         axes = [normalize_axis(axis, h.ndim, what, r) for r, h in enumerate(hosts)]
+        # 16-bit floats accumulate in float32 (as every other path does), both along the
+        # axis and across replicas; the result is rounded to their dtype once, at the end.
+        acc = _accumulator(hosts[0].dtype)
         if op is ReduceOp.MEAN:
-            numer = [np.asarray(np.sum(h, axis=a, dtype=work_dtype(h.dtype, op))) for h, a in zip(hosts, axes)]
+            numer = [
+                np.asarray(np.sum(h, axis=a, dtype=acc if acc is not None else work_dtype(h.dtype, op)))
+                for h, a in zip(hosts, axes)
+            ]
             count = self._coll.total(sum(h.shape[a] if h.ndim else 1 for h, a in zip(hosts, axes)))
             total = self._coll.reduce(ReduceOp.SUM, self._to_places(numer))
             total = devices.to_host(total)
             out = np.asarray(total / total.dtype.type(count) if count else total * np.nan)
         else:
-            local = [_local_reduce(op, h, a) for h, a in zip(hosts, axes)]
+            local = [_local_reduce(op, h, a, acc) for h, a in zip(hosts, axes)]
             out = devices.to_host(self._coll.reduce(op, self._to_places(local)))
+        if acc is not None:
+            out = _round_to(out, hosts[0].dtype)
         if any(devices.is_device_array(p) for p in parts):
             return devices.to_replica_device(out, self._places[0])
         return out
@@ -171,12 +179,15 @@ class CrossReplicaExtended(StrategyExtended):
 
         a = kinds.to_numpy(_unwrap_part(value))
         ax = normalize_axis(axis, a.ndim, what, 0)
+        acc = _accumulator(a.dtype)
         if a.ndim == 0:
             out = a
         elif op is ReduceOp.MEAN:
-            out = np.asarray(np.mean(a, axis=ax))
+            out = np.asarray(np.mean(a, axis=ax, dtype=acc))
         else:
-            out = _local_reduce(op, a, ax)
+            out = _local_reduce(op, a, ax, acc)
+        if acc is not None:
+            out = _round_to(out, a.dtype)
         if devices.is_device_array(value):
             # A GPU value was reduced on the host; its result goes back where it came from.
             return devices.to_replica_device(out, devices.place_of(value))
@@ -353,16 +364,56 @@ def _unwrap_part(x: Any) -> Any:
     return x._read() if isinstance(x, Variable) else x
 
 
-def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int) -> np.ndarray:
+def _accumulator(dt: np.dtype) -> Optional[np.dtype]:
+    """float32 for the 16-bit floats (float16, bfloat16), whose sums lose every bit past
+    the 11th (8th) in their own dtype; None for the others."""
+    if (dt.kind == "f" and dt.itemsize == 2) or dt.name == "bfloat16":
+        return _F32
+    return None
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _round_to(x: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """A float32 result rounded to its 16-bit dtype; past its range it is infinite, as
+    the same sum in the engine gives (no warning, as there)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x.astype(dt))
+
+
+def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int, acc: Optional[np.dtype] = None) -> np.ndarray:
+    """One part reduced along ``axis`` with ``op`` (SUM and PRODUCT in ``acc`` when given,
+    else in the part's dtype, wrapping as numpy does). MIN and MAX of an empty part give
+    the op's identity (-inf / +inf, or the integer type's extremes, as TensorFlow's
+    reduce_max / reduce_min do), so that an empty part, the tail of a last partial batch,
+    leaves the others' result alone."""
     if a.ndim == 0:
         return a
-    if op is ReduceOp.SUM:
-        return np.asarray(np.sum(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
-    if op is ReduceOp.PRODUCT:
-        return np.asarray(np.prod(a, axis=axis, dtype=a.dtype if a.dtype.kind != "b" else None))
-    if op is ReduceOp.MIN:
-        return np.asarray(np.min(a, axis=axis))
-    return np.asarray(np.max(a, axis=axis))
+    if op is ReduceOp.SUM or op is ReduceOp.PRODUCT:
+        dtype = acc if acc is not None else (a.dtype if a.dtype.kind != "b" else None)
+        if op is ReduceOp.SUM:
+            return np.asarray(np.sum(a, axis=axis, dtype=dtype))
+        return np.asarray(np.prod(a, axis=axis, dtype=dtype))
+    ufunc = np.minimum if op is ReduceOp.MIN else np.maximum
+    if a.shape[axis] == 0:
+        initial = _identity(op, a.dtype)
+        if initial is not None:
+            return np.asarray(ufunc.reduce(a, axis=axis, initial=initial))
+    return np.asarray(ufunc.reduce(a, axis=axis))
+
+
+def _identity(op: ReduceOp, dt: np.dtype) -> Any:
+    """MIN's (MAX's) identity in ``dt``: what no value is above (below); None if none."""
+    big = op is ReduceOp.MIN
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return dt.type(np.inf if big else -np.inf)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return info.max if big else info.min
+    if dt.kind == "b":
+        return big
+    return None
 
 
 def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 import numpy as np
 
 from . import context, devices, nest, sparse
+from ._core import AbortedError
 from .reduce_op import ReduceOp
+from .replicas_threads import in_abandoned_step
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
     Variable,
@@ -100,6 +102,17 @@ class DistributedVariable(DistributedValues, Variable):
     def read_value(self) -> Any:
         return self._read()
 
+    def _replica_write(self, r: int, kind: str, value: Any) -> None:
+        """Replica ``r``'s update of its own copy, from inside ``strategy.run``. A replica
+        thread still running a step that has ended with an error (its timeout, another
+        replica's failure) must not change its copy after the caller got that error."""
+        if in_abandoned_step():
+            raise AbortedError(
+                f"replica {r}: {kind} of variable '{self.name}' was dropped: this replica's step had "
+                "already ended with an error (a timeout or another replica's failure)"
+            )
+        self._values[r]._apply(kind, value)
+
     def _coerce_parts(self, value: Any, what: str) -> Any:
         if what in sparse.SCATTER_KINDS:
             return coerce_sparse(self, what, value)
@@ -139,6 +152,13 @@ def _merge_sparse_update(strategy: Any, var: MirroredVariable, kind: str, delta:
     return var
 
 
+# Sparse updates whose result is one replica's row (or the least or greatest of them):
+# nothing to sum or average across replicas.
+_ONE_WRITER_KINDS = frozenset(
+    ["scatter_update", "scatter_min", "scatter_max", "scatter_nd_update", "scatter_nd_min", "scatter_nd_max"]
+)
+
+
 class MirroredVariable(DistributedVariable, Mirrored):
     """A variable whose copies are kept equal by every update (see distvals.variables)."""
 
@@ -148,12 +168,20 @@ class MirroredVariable(DistributedVariable, Mirrored):
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
         ctx = self._replica_context()
         agg = self._aggregation
+        if kind in _ONE_WRITER_KINDS and (agg is VariableAggregation.SUM or agg is VariableAggregation.MEAN):
+            # Replicas' rows that overwrite (or keep the least or greatest of) a row have no
+            # sum or mean: refused before anything changes, as TensorFlow refuses them.
+            raise NotImplementedError(
+                f"{kind} of variable '{self.name}': a mirrored variable with {agg.name} aggregation cannot "
+                f"combine the replicas' {kind} updates; create it with aggregation NONE or ONLY_FIRST_REPLICA "
+                "(as in TensorFlow), or use scatter_add / scatter_sub"
+            )
         if ctx is None:
             self._update_cross_replica(kind, value)
             return self if read_value else None
         r = ctx._replica_id
         if agg is VariableAggregation.NONE or self._strategy.num_replicas_in_sync == 1:
-            self._values[r]._apply(kind, self._coerce_parts(value, kind))
+            self._replica_write(r, kind, self._coerce_parts(value, kind))
             return self if read_value else None
         local = self._coerce_parts(value, kind)
         if isinstance(local, sparse.SparseDelta):
@@ -169,7 +197,7 @@ class MirroredVariable(DistributedVariable, Mirrored):
             # The resolver refuses a SUM update that got the very same plain object on
             # every replica: it would count it once per replica.
             result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, value)
-        self._values[r]._apply(kind, devices.cast(devices.as_value(result), self.dtype))
+        self._replica_write(r, kind, devices.cast(devices.as_value(result), self.dtype))
         return self if read_value else None
 
     def _update_cross_replica(self, kind: str, value: Any) -> None:
@@ -227,7 +255,7 @@ class SyncOnReadVariable(DistributedVariable):
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
         ctx = self._replica_context()
         if ctx is not None:
-            self._values[ctx._replica_id]._apply(kind, self._coerce_parts(value, kind))
+            self._replica_write(ctx._replica_id, kind, self._coerce_parts(value, kind))
             return self if read_value else None
         if kind in sparse.SCATTER_KINDS:
             raise NotImplementedError(
