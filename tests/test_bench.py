@@ -838,3 +838,69 @@ def test_streaming_comparison_runs_and_checks(capsys):
     assert distvals._core.streaming_store_min_bytes() == before
     r = streaming.measure(3, 4096, 1)
     assert r["wrong"] == 0 and set(r["us"]) == {"in_place", "plain", "streaming"}
+
+
+# ---- the GPU bench's check, on the simulated CUDA backend -----------------------------------
+
+
+def _gpu_bench_rows(monkeypatch, corrupt):
+    """``distvals.bench.gpu.run`` over the simulated backend (tests/simulated_cuda.py),
+    its checked collective followed by ``corrupt(views, inputs)`` (None: kept)."""
+    from simulated_cuda import CoreWithBackend, SimulatedCuda
+
+    from distvals import config, cuda, cuda_group
+    from distvals.bench import gpu
+
+    sim = SimulatedCuda(1)
+    sim.device_name = lambda g: "simulated GPU"
+    sim.time_copy = lambda g, nbytes, iters, warmup: np.full(iters, 1e-3)
+    sim.time_all_reduce = lambda engine, raw, dtype, op, algorithm, iters, warmup: np.full(iters, 1e-4)
+    fake = CoreWithBackend(sim)
+    for module in (cuda, cuda_group, gpu):
+        monkeypatch.setattr(module, "_core", fake)
+
+    class Group(cuda_group.CudaReplicaGroup):
+        def all_reduce(self, views, op="sum", algorithm="auto", **kw):
+            inputs = [v.numpy().copy() for v in views]
+            super().all_reduce(views, op=op, algorithm=algorithm, **kw)
+            if corrupt is not None:
+                corrupt(views, inputs)
+
+    monkeypatch.setattr(gpu, "CudaReplicaGroup", Group)
+    before = config.get_logical_gpus()
+    try:
+        return gpu.run([3], [4096], "float32", "sum", out=io.StringIO())
+    finally:
+        config.set_logical_gpus(before)
+
+
+def test_the_gpu_bench_counts_a_result_read_from_one_replica_twice(monkeypatch):
+    ok = _gpu_bench_rows(monkeypatch, None)
+    assert [r["wrong"] for r in ok] == [0]
+
+    def sum_of_replica_one_three_times(views, inputs):
+        # A sum that reads replica 1 three times: with inputs of the form base + r it has
+        # the right total, so the bench's inputs must tell 3 * x1 from x0 + x1 + x2.
+        for v in views:
+            v.copy_from((3 * inputs[1]).astype(np.float32))
+
+    bad = _gpu_bench_rows(monkeypatch, sum_of_replica_one_three_times)
+    assert bad[0]["wrong"] > 0
+
+
+def test_out_of_place_rows_count_a_call_that_writes_nothing_into_its_outputs(monkeypatch):
+    # The timed loop of one algorithm leaves right answers in the outputs; the next
+    # algorithm's check must not read those as its own.
+    real = core._core.time_all_reduce
+
+    def lazy(engine, bufs, op, algorithm, iters, warmup, **kw):
+        if "out" in kw and algorithm != "ring":
+            return np.full(iters, 1e-6)  # writes nothing
+        return real(engine, bufs, op, algorithm, iters, warmup, **kw)
+
+    monkeypatch.setattr(core._core, "time_all_reduce", lazy)
+    rows, _ = core.sweep_distvals(
+        2, [(4096, 5)], "float32", "sum", ["ring", "tree", "direct"], False, out_of_place=True
+    )
+    wrong = {r.algorithm: r.wrong for r in rows if r.out_of_place}
+    assert wrong["ring"] == 0 and wrong["tree"] > 0 and wrong["direct"] > 0, wrong

@@ -91,6 +91,19 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
     return False
 
 
+def _accumulator(dtype: np.dtype, op: ReduceOp) -> Optional[np.dtype]:
+    """float32 for sums, means and products of 16-bit floats (float16, bfloat16), which
+    accumulate in float32 on every path; None otherwise (min and max are exact)."""
+    if op in (ReduceOp.MIN, ReduceOp.MAX):
+        return None
+    if (dtype.kind == "f" and dtype.itemsize == 2) or dtype.name == "bfloat16":
+        return _F32
+    return None
+
+
+_F32 = np.dtype(np.float32)
+
+
 class _ArraysKind:
     """A kind of ``all_reduce_arrays`` call (op, dtype, shape): its description (as
     ``all_reduce`` makes it), its work dtype (None: the general path), and for small
@@ -307,7 +320,7 @@ class HierarchicalCollectives(WorkerAgreement):
         dtypes = {work_dtype(a.dtype, op) for a in first}
         if len(dtypes) == 1 and all(_native_mpi(wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
             work = dtypes.pop()
-            return self._all_reduce_packed(op, leaves, work, description, timeout)
+            return self._all_reduce_accumulated(op, leaves, work, description, timeout)
         # Several dtypes, or one MPI cannot reduce: leaf by leaf (each its own call).
         out: List[List[Any]] = [[None] * len(first) for _ in range(n)]
         for i in range(len(first)):
@@ -388,6 +401,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if (
             work != a.dtype
             or not _native_mpi(wire_dtype(a.dtype), _LOCAL_OP[op])
+            or _accumulator(a.dtype, op) is not None
             or self.num_workers == 1
             or self._on_gpu
         ):
@@ -403,8 +417,23 @@ class HierarchicalCollectives(WorkerAgreement):
     ) -> List[List[Any]]:
         work = work_dtype(leaves[0][0].dtype, op)
         if _native_mpi(wire_dtype(work), _LOCAL_OP[op]):
-            return self._all_reduce_packed(op, leaves, work, description, timeout)
+            return self._all_reduce_accumulated(op, leaves, work, description, timeout)
         return self._all_reduce_numpy(op, leaves, description, timeout)
+
+    def _all_reduce_accumulated(
+        self, op: ReduceOp, leaves: Sequence[Sequence[Any]], work: np.dtype, description: str, timeout: Optional[float]
+    ) -> List[List[Any]]:
+        """``_all_reduce_packed`` in ``work``, except that the sums (and means and
+        products) of 16-bit floats run in float32 from the local step on, across the
+        workers too, and are rounded to their dtype once at the end: in their own dtype a
+        worker's partial sum would already be rounded (bfloat16 256 + 1 + 1 gives 256) or
+        overflow to inf."""
+        acc = _accumulator(work, op)
+        if acc is None:
+            return self._all_reduce_packed(op, leaves, work, description, timeout)
+        out = self._all_reduce_packed(op, leaves, acc, description, timeout)
+        with np.errstate(over="ignore"):  # past the dtype's range: inf, as the engine gives
+            return [[self.local._copy(x, r, work) for x in row] for r, row in enumerate(out)]
 
     def _all_reduce_packed(
         self,

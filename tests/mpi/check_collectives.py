@@ -137,6 +137,33 @@ def main() -> int:
                     )
                 checks += 1
 
+    # 16-bit floats accumulate in float32 across the workers too, from the local step on,
+    # and are rounded once: in float16 a worker's 2048 + 1 is 2048, and its 40000 + 40000
+    # inf (so their MEAN would be inf too); bfloat16's 256 + 1 is 256.
+    import ml_dtypes
+
+    for dt, big in [(np.dtype(np.float16), 2048.0), (np.dtype(ml_dtypes.bfloat16), 256.0)]:
+        for values in ([big] + [1.0] * (total - 1), [40000.0] * total):
+            for op in ("sum", "mean"):
+                for count in (4, 100_000):
+                    out = s.run(
+                        lambda dt=dt, values=values, op=op, count=count: dv.get_replica_context().all_reduce(
+                            op, np.full(count, values[dv.get_replica_context().replica_id_in_sync_group], dt)
+                        )
+                    )
+                    exact = float(np.sum(np.array(values, np.float64).astype(dt).astype(np.float64)))
+                    with np.errstate(over="ignore"):
+                        want = np.float32(exact if op == "sum" else exact / total).astype(dt)
+                    for r, got in enumerate(s.experimental_local_results(out)):
+                        got = np.asarray(got)
+                        expect(
+                            got.dtype == dt and bool(np.all(got.astype(np.float64) == float(want))),
+                            rank,
+                            f"all_reduce {op} {dt.name} of {values[:2]}... x{count} replica {offset + r}: "
+                            f"{got[:2]} where {want} (float32 accumulation, rounded once)",
+                        )
+                    checks += 1
+
     # Large buffers: the pipelined path (several chunks), every element checked.
     for dtype, op, count in [
         ("float32", "sum", 700_000),

@@ -87,6 +87,13 @@ def _fresh_outputs(bufs: Sequence[np.ndarray]) -> List[np.ndarray]:
     return outs
 
 
+def _poison(out: Optional[Sequence[np.ndarray]]) -> None:
+    """Out-of-place outputs set to values no result check accepts: NaN, or an integer
+    type's largest value (no reference of the bench's inputs reaches it)."""
+    for o in out or ():
+        o.fill(np.iinfo(o.dtype).max if o.dtype.kind in "iu" else np.nan)
+
+
 def measure_group(
     group: ReplicaGroup,
     bufs: Sequence[np.ndarray],
@@ -111,13 +118,14 @@ def measure_group(
     engine = group.engine
     dest = bufs if out is None else out
     extra = {} if out is None else {"out": list(out)}
+    # Before each check, the outputs hold what no check accepts: a call that wrote
+    # nothing into them (the last algorithm's timed loop left right answers there) counts.
     _refill(bufs, dtype, op)
+    _poison(out)
     _core.time_all_reduce(engine, bufs, op, algorithm, 1, 0, **extra)
     wrong = bd.count_wrong(dest, n, dtype, op)
     _refill(bufs, dtype, op)
-    if out is not None:
-        for o in out:
-            o.fill(0)
+    _poison(out)
     group.all_reduce(bufs, op, algorithm, **extra)
     wrong += bd.count_wrong(dest, n, dtype, op)
     warmup = bd.warmup_for(iters)

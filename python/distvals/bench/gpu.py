@@ -23,6 +23,7 @@ import numpy as np
 from .. import _core, config
 from ..cuda import DeviceArray, device_count, unavailable_reason
 from ..cuda_group import CudaReplicaGroup
+from .peers import bench_data as bd
 
 __all__ = ["main", "run"]
 
@@ -55,26 +56,6 @@ def format_size(n: int) -> str:
         if n >= div and n % div == 0:
             return f"{n // div} {unit}"
     return f"{n} B"
-
-
-def _base(count: int, dtype: np.dtype) -> np.ndarray:
-    # Small integers (-6 .. 6; 0 .. 12 unsigned), so that every result below is exact.
-    start = 0 if dtype.kind == "u" else -6
-    return np.resize(np.arange(start, start + 13).astype(dtype), count)
-
-
-def _expected(base: np.ndarray, n: int, op: str) -> Optional[np.ndarray]:
-    """The exact result when replica r starts from base + r; None for ops not checked."""
-    op = op.lower()
-    if op == "sum":
-        return base * n + n * (n - 1) // 2
-    if op == "mean":
-        return base + (n - 1) / 2 if base.dtype.kind == "f" or base.dtype.name == "bfloat16" else None
-    if op == "min":
-        return base
-    if op == "max":
-        return base + (n - 1)
-    return None
 
 
 def _cupy_sum_us(bufs: Sequence[DeviceArray], count: int, iters: int) -> Optional[float]:
@@ -133,14 +114,15 @@ def run(
     )
     rows: List[Dict[str, Any]] = []
     max_count = max(sizes) // esize
-    base = _base(max_count, dt)
-    hosts = [(base + r).astype(dt) for r in range(max(replicas))]  # replica r starts from base + r
     before = config.get_logical_gpus()
     try:
         for n in replicas:
             config.set_logical_gpus(n)
             group = CudaReplicaGroup([f"GPU:{gpu * n + k}" for k in range(n)])
             bufs = [DeviceArray((max_count,), dt, gpu) for _ in range(n)]
+            # The CPU bench's inputs and check: distinct, mixed values per replica, so
+            # that reading one replica twice, or a neighbouring element, is counted.
+            hosts = [bd.make_input(n, r, max_count, dtype, op) for r in range(n)]
             print(f"#\n# {n} logical replicas on CUDA device {gpu}", file=out)
             print(
                 f"#{'size':>10} {'count':>11} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
@@ -157,11 +139,7 @@ def run(
                     v.copy_from(hosts[r][:count])
                 # One checked call, then the timed ones (which keep reducing in place).
                 group.all_reduce(views, op=op, algorithm=algorithm)
-                want = _expected(base[:count], n, op)
-                wrong: Optional[int] = None
-                if want is not None:
-                    want = want.astype(dt)
-                    wrong = sum(int(np.count_nonzero(v.numpy() != want)) for v in views)
+                wrong = bd.count_wrong([v.numpy() for v in views], n, dtype, op)
                 est = 2 * n * size / copy_bw + 20e-6
                 iters = int(min(200, max(5, 0.25 / est)))
                 raw = [(v.ptr, count, v.device) for v in views]
@@ -183,10 +161,9 @@ def run(
                 )
                 rows.append(row)
                 cupy_txt = "-" if cupy_us is None else f"{cupy_us:.1f}"
-                wrong_txt = "-" if wrong is None else str(wrong)
                 print(
                     f" {format_size(size):>10} {count:>11} {t * 1e6:>10.1f} {algbw / 1e9:>12.2f} "
-                    f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong_txt:>6} {cupy_txt:>9}",
+                    f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong:>6} {cupy_txt:>9}",
                     file=out,
                     flush=True,
                 )
