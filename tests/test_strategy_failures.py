@@ -968,3 +968,13 @@ def test_a_replica_thread_of_a_timed_out_step_changes_no_variable_afterwards():
         assert_usable(s)
     finally:
         s.close()
+
+
+def test_importing_distvals_leaves_ctypes_pythonapi_as_it_was():
+    # The usual way to raise in another thread must keep working for everyone else.
+    import ctypes
+
+    fn = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    assert fn.argtypes is None
+    # An unknown thread id: nothing to do, 0 threads modified.
+    assert fn(ctypes.c_ulong(0), ctypes.py_object(KeyboardInterrupt)) == 0

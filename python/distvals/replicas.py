@@ -172,7 +172,9 @@ def fork_generation() -> int:
 # ---- releasing a thread stuck in Python code --------------------------------------------
 _set_async_exc: Optional[CFuncPtr]
 try:
-    _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    # A handle of our own: ctypes.pythonapi's function objects are shared by every user
+    # in the process, and setting argtypes on one would change it for all of them.
+    _set_async_exc = ctypes.PyDLL(ctypes.pythonapi._name, handle=ctypes.pythonapi._handle).PyThreadState_SetAsyncExc
     # A pointer, not py_object: clearing takes NULL, which py_object cannot express.
     _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
     _set_async_exc.restype = ctypes.c_int
