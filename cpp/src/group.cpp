@@ -173,20 +173,7 @@ void group::impl::run_single(const call_desc& desc_in, const std::vector<buffer_
   desc.algo = resolve_algorithm(desc);
 
   // Step 2: one collective at a time: other single callers, then per-replica callers.
-  // The wait for another single caller is bounded too: in a forked child, a call that a
-  // thread of the parent was making when the process forked never ends (that thread
-  // does not exist here), and its lock would otherwise be waited for forever.
-  std::unique_lock<std::timed_mutex> call_lock(call_mu, std::defer_lock);
-  const auto lock_deadline = detail::deadline_after(opts.timeout);
-  if (lock_deadline == detail::clock_type::time_point::max()) {
-    call_lock.lock();
-  } else if (!call_lock.try_lock_until(lock_deadline)) {
-    throw timeout_error("distvals: a single-call " + std::string(collective_name(desc.kind)) + " waited " +
-                        detail::timeout_text(opts.timeout) +
-                        " for another single call of this group to end (from another thread; in a forked "
-                        "child, one that a thread of the parent was making when the process forked, which "
-                        "never ends there)");
-  }
+  std::lock_guard<std::mutex> call_lock(call_mu);
   throw_if_failed_at_start(-1);
   const auto deadline = detail::deadline_after(opts.timeout);
   enter_single(deadline, opts.timeout, desc);

@@ -77,7 +77,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
   static constexpr std::uint64_t gate_waiting = std::uint64_t{1} << 30;
   static constexpr std::uint64_t gate_active = std::uint64_t{1} << 31;
   std::atomic<std::uint64_t> gate{0};
-  std::timed_mutex call_mu;  // serializes single-call callers; waited for until the timeout
+  std::mutex call_mu;  // serializes single-call callers
 
   // ---- failure state -----------------------------------------------------------
   enum : int { ok = 0, aborted = 1, timed_out = 2, closed = 3 };
