@@ -388,3 +388,58 @@ def test_both_call_styles_from_three_threads_never_crash_or_corrupt():
         print("fine", counts)
     """)
     assert "fine" in out
+
+
+@pytest.mark.parametrize("caller", ["single_call", "per_replica", "inline", "threads"])
+def test_interpreter_exit_while_a_daemon_thread_is_in_a_collective(caller):
+    """The main thread returns while a daemon thread loops over collectives: the process
+    exits with status 0 (no abort or crash from the thread taking the GIL back), five
+    times in a row, and the daemon thread's results were right while it ran."""
+    body = f"""
+        import threading, time
+        import numpy as np
+        import distvals as dv
+
+        caller = {caller!r}
+        done = [0]
+        bad = []
+
+        def check(y, want):
+            if not np.all(y == want):
+                bad.append((float(y.flat[0]), want))
+            done[0] += 1
+
+        if caller in ("single_call", "per_replica"):
+            g = dv.ReplicaGroup(2, timeout_seconds=600)
+        else:
+            s = dv.MirroredStrategy(["cpu:0", "cpu:1"], execution=caller)
+
+        def loop(r=0):
+            # Big enough that the thread spends most of its time in the engine.
+            xs = [np.full(1 << 17, 3.0 + j, np.float32) for j in range(2)]
+            outs = [np.empty_like(x) for x in xs]
+            while True:
+                if caller == "single_call":
+                    g.all_reduce(xs, "sum", out=outs)
+                    for y in outs:
+                        check(y, 7.0)
+                elif caller == "per_replica":
+                    x = np.full(1 << 17, 3.0 + r, np.float32)
+                    g.replica_all_reduce(r, x, "sum")
+                    check(x, 7.0)
+                else:
+                    out = s.run(lambda: dv.get_replica_context().all_reduce(
+                        "SUM", xs[dv.get_replica_context().replica_id_in_sync_group]))
+                    for y in s.experimental_local_results(out):
+                        check(y, 7.0)
+
+        for r in range(2 if caller == "per_replica" else 1):
+            threading.Thread(target=loop, args=(r,), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while done[0] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done[0] >= 20 and bad == [], (done, bad[:3])
+        print("ok")
+    """
+    for _ in range(5):
+        assert _run_script(body).strip() == "ok"

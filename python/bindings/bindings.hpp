@@ -27,6 +27,26 @@ void register_nest(py::module_& m);
 void register_scheduler(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
+/// Releases the GIL around blocking engine work, as py::gil_scoped_release does, but
+/// safe at interpreter exit. A daemon thread that takes the GIL back once finalization
+/// has begun is ended by CPython (before 3.14) with pthread_exit, whose forced unwind
+/// through a destructor ends in std::terminate: the whole process aborts at exit. So
+/// when the interpreter is finalizing, the thread parks instead, for good, as 3.14 does.
+class nogil {
+ public:
+  nogil();
+  ~nogil();
+  nogil(const nogil&) = delete;
+  nogil& operator=(const nogil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+/// Whether the interpreter is shutting down (no thread but the finalizing one may take
+/// the GIL any more).
+bool finalizing();
+
 /// The group options' interrupt hook: on the main thread, runs Python's pending signal
 /// handlers; true (cancel the group) when one raised, which is kept for reraise_interrupt().
 bool interrupted();

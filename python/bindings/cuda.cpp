@@ -76,8 +76,9 @@ struct export_ctx {
 
 void export_deleter(DLManagedTensor* t) {
   auto* ctx = static_cast<export_ctx*>(t->manager_ctx);
-  // Consumers may drop the tensor from any thread.
-  if (Py_IsInitialized()) {
+  // Consumers may drop the tensor from any thread. At exit, taking the GIL would end a
+  // thread other than the finalizing one; the reference is left to the exiting process.
+  if (Py_IsInitialized() && !finalizing()) {
     PyGILState_STATE st = PyGILState_Ensure();
     Py_XDECREF(ctx->owner);
     PyGILState_Release(st);
@@ -286,7 +287,7 @@ void register_cuda(py::module_& parent) {
       [](std::uintptr_t dst, int gpu, const py::array& src, const py::object& timeout) {
         void* s = host_pointer(src, false, "source");
         const std::size_t n = static_cast<std::size_t>(src.nbytes());
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         cuda::copy(reinterpret_cast<void*>(dst), s, n, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("gpu"), py::arg("src"), py::arg("timeout_seconds") = py::none(),
@@ -296,7 +297,7 @@ void register_cuda(py::module_& parent) {
       [](py::array& dst, std::uintptr_t src, int gpu, const py::object& timeout) {
         void* d = host_pointer(dst, true, "destination");
         const std::size_t n = static_cast<std::size_t>(dst.nbytes());
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         cuda::copy(d, reinterpret_cast<void*>(src), n, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("src"), py::arg("gpu"), py::arg("timeout_seconds") = py::none(),
@@ -304,7 +305,7 @@ void register_cuda(py::module_& parent) {
   m.def(
       "copy_device",
       [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes, int gpu, const py::object& timeout) {
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         cuda::copy(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), nbytes, gpu, to_timeout(timeout));
       },
       py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("gpu"), py::arg("timeout_seconds") = py::none(),
@@ -312,14 +313,14 @@ void register_cuda(py::module_& parent) {
   m.def(
       "fill_bytes",
       [](std::uintptr_t ptr, int value, std::size_t nbytes, int gpu) {
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         cuda::fill_bytes(reinterpret_cast<void*>(ptr), value, nbytes, gpu);
       },
       py::arg("ptr"), py::arg("value"), py::arg("nbytes"), py::arg("gpu"));
   m.def(
       "synchronize_stream",
       [](std::uintptr_t stream, int gpu, const py::object& timeout) {
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         cuda::synchronize(cuda::stream_view(reinterpret_cast<CUstream_st*>(stream), gpu), to_timeout(timeout));
       },
       py::arg("stream"), py::arg("gpu") = -1, py::arg("timeout_seconds") = py::none(),
@@ -375,7 +376,7 @@ void register_cuda(py::module_& parent) {
             o.ndim = static_cast<int>(shape.size());
             const buffer_view iv = view(in, d.type), ov = view(out, d.type);
             {
-              py::gil_scoped_release nogil;
+              nogil unlocked;
               if (wait_stream.is_none()) {
                 g.run(replica, d, iv, ov, o);
               } else {
@@ -394,7 +395,7 @@ void register_cuda(py::module_& parent) {
           "report_invalid",
           [](cuda::group& g, int replica, const std::string& why, bool type_error, const py::object& timeout) {
             const auto t = to_timeout(timeout);
-            py::gil_scoped_release nogil;
+            nogil unlocked;
             g.report_invalid(replica, why, type_error, t);
           },
           py::arg("replica"), py::arg("why"), py::arg("type_error"), py::arg("timeout_seconds") = py::none(),
@@ -404,7 +405,7 @@ void register_cuda(py::module_& parent) {
       .def("cancel", &cuda::group::cancel)
       .def("reset", &cuda::group::reset)
       .def("close", [](cuda::group& g) {
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         g.close();
       })
       .def_property_readonly("aborted", &cuda::group::aborted)
@@ -419,7 +420,7 @@ void register_cuda(py::module_& parent) {
         const auto v = views(bufs, d.type);
         std::vector<double> t;
         {
-          py::gil_scoped_release nogil;
+          nogil unlocked;
           t = cuda::time_collective(g, d, v, v, iterations, warmup);
         }
         return as_numpy(t);
@@ -432,7 +433,7 @@ void register_cuda(py::module_& parent) {
       [](int gpu, std::size_t bytes, int iterations, int warmup) {
         std::vector<double> t;
         {
-          py::gil_scoped_release nogil;
+          nogil unlocked;
           t = cuda::time_copy(gpu, bytes, iterations, warmup);
         }
         return as_numpy(t);

@@ -104,7 +104,7 @@ void run_single(distvals::group& g, const std::function<void()>& call) {
     }
   };
   {
-    py::gil_scoped_release nogil;
+    nogil unlocked;
     try {
       call();
     } catch (const distvals::timeout_error&) {
@@ -204,7 +204,7 @@ void run_one(group& g, int replica, const call_args& c) {
   o.shape = c.shape.data();
   o.ndim = static_cast<int>(c.shape.size());
   {
-    py::gil_scoped_release nogil;
+    nogil unlocked;
     g.run(replica, c.desc, c.in, c.out, o);
   }
   raise_pending_interrupt();
@@ -217,7 +217,7 @@ void run_one(group& g, int replica, const call_args& c) {
 void report_invalid(group& g, int replica, std::string why, bool type_error, std::chrono::nanoseconds t) {
   const std::string who = "replica " + std::to_string(replica);
   if (why.compare(0, who.size(), who) != 0) why = who + ": " + why;
-  py::gil_scoped_release nogil;
+  nogil unlocked;
   try {
     g.report_invalid(replica, why, type_error, t);
   } catch (const std::exception&) {
@@ -341,7 +341,7 @@ void register_group(py::module_& m) {
              o.interrupted = &interrupted;
              if (PyLong_Check(devices.ptr()) && !PyBool_Check(devices.ptr())) {
                const int n = replica_count(devices);
-               py::gil_scoped_release nogil;
+               nogil unlocked;
                return new group(n, o);
              }
              std::vector<distvals::device> ds;
@@ -520,7 +520,7 @@ void register_group(py::module_& m) {
       .def("cancel", &group::cancel)
       .def("reset", &group::reset, "Clear an abort; only when no collective is in flight.")
       .def("close", [](group& g) {
-        py::gil_scoped_release nogil;
+        nogil unlocked;
         g.close();
       })
       .def_property_readonly("aborted", &group::aborted)

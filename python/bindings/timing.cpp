@@ -38,7 +38,7 @@ void register_timing(py::module_& m) {
                                     distvals::parse_algorithm(algo), v[0].count, 0};
         std::vector<double> t;
         {
-          py::gil_scoped_release nogil;
+          nogil unlocked;
           t = distvals::time_collective(g, d, v, o, iterations, warmup);
         }
         return as_numpy(t);
@@ -52,7 +52,7 @@ void register_timing(py::module_& m) {
       [](int threads, std::size_t bytes, int iterations, int warmup) {
         std::vector<double> t;
         {
-          py::gil_scoped_release nogil;
+          nogil unlocked;
           t = distvals::time_copy(threads, bytes, iterations, warmup);
         }
         return as_numpy(t);
@@ -67,7 +67,7 @@ void register_timing(py::module_& m) {
         if (v.empty()) throw py::value_error("time_memory_bound needs at least one array");
         std::vector<double> t;
         {
-          py::gil_scoped_release nogil;
+          nogil unlocked;
           t = distvals::time_memory_bound(v, threads, streaming, iterations, warmup);
         }
         return as_numpy(t);
