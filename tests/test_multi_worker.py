@@ -171,6 +171,20 @@ def test_a_failing_worker_aborts_the_job_quickly(execution):
 
 
 @needs_mpi
+def test_workers_all_gathering_a_0d_value_and_a_vector_get_a_mismatch():
+    """Worker 1 all-gathers a 1-element vector where worker 0 passes a 0-d value (the
+    same bytes): a MismatchError on both workers naming the two ranks, as within one
+    process, and the job ends."""
+    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), *("--mode", "gather0d", "--replicas", "2", "--timeout", "60"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished" not in proc.stdout, out
+    for w in (0, 1):
+        assert f"distvals: worker {w} (MPI rank {w} of 2) failed: strategy.run raised MismatchError" in out, out
+    assert "leaf 0 of dtype float64 rank 0" in out and "leaf 0 of dtype float64 rank 1" in out, out
+
+
+@needs_mpi
 @pytest.mark.parametrize("execution", ["inline", "threads"])
 def test_a_missing_worker_ends_the_job_after_the_timeout(execution):
     """Worker 1 never reaches strategy.reduce: the others give up after timeout_seconds

@@ -299,6 +299,19 @@ def test_reduce_with_axis_skips_the_empty_parts_of_a_last_partial_batch(s3, op, 
     assert int(s3.reduce(op, empty, axis=0)) == (info.min if op == "MAX" else info.max)
 
 
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MEAN", "MIN", "MAX"])
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">f8"])
+def test_reduce_with_axis_of_big_endian_values(s2, op, dtype):
+    """Values in non-native byte order reduce along an axis like native ones."""
+    parts = [np.array([[1, 2, -3], [4, 5, 6]], dtype=dtype) + 7 * r for r in range(2)]
+    got = s2.reduce(op, dv.PerReplica(tuple(parts)), axis=0)
+    rows = np.concatenate(parts).astype(np.float64)
+    want = {"SUM": rows.sum(0), "PRODUCT": rows.prod(0), "MEAN": rows.mean(0), "MIN": rows.min(0), "MAX": rows.max(0)}[
+        op
+    ]
+    np.testing.assert_array_equal(np.asarray(got, dtype=np.float64), want)
+
+
 def test_reduce_axis_out_of_range(s2):
     with pytest.raises(ValueError, match="axis 1 is out of range for replica 0's value of rank 1"):
         s2.reduce("SUM", per_replica(2), axis=1)

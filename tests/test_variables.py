@@ -348,6 +348,120 @@ def test_extended_update_and_read_var(s3):
         s3.run(lambda: s3.extended.read_var(v))
 
 
+def test_update_fn_that_updates_variables_updates_their_matching_copy_once(s3):
+    """Inside extended.update's function for copy i, the strategy's distributed variables
+    (the variable itself, an optimizer's slot, a sync-on-read one) read and update their
+    copy i only, once, as in TensorFlow: here every copy starts different, so a copy
+    updated with another copy's value, or updated N times, shows."""
+    with s3.scope():
+        v = dv.Variable(np.zeros(2))
+        slot = dv.Variable(np.zeros(2))
+        acc = dv.Variable(np.zeros(2), synchronization=ON_READ, aggregation=SUM)
+    for i in range(3):
+        v.values[i].assign(np.array([10.0 * i, 10.0 * i + 1]))
+        slot.values[i].assign(np.array([float(i), -float(i)]))
+    start_v, start_slot = [c.copy() for c in copies(v)], [c.copy() for c in copies(slot)]
+    grads = dv.PerReplica(tuple(np.array([1.0 + r, 100.0 * (r + 1)]) for r in range(3)))
+    reads = []
+
+    def apply(copy, g):
+        slot.assign_add(g)  # the container, not the copy: its copy i only
+        acc.assign_add(g)
+        reads.append((np.array(v.read_value()), np.array(slot.read_value()), np.array(acc.read_value())))
+        return v.assign_sub(slot.read_value())  # the container too
+
+    s3.extended.update(v, apply, args=(grads,))
+    for i in range(3):
+        g = np.array([1.0 + i, 100.0 * (i + 1)])
+        want_slot = start_slot[i] + g
+        np.testing.assert_array_equal(copies(slot)[i], want_slot)
+        np.testing.assert_array_equal(copies(acc)[i], g)
+        np.testing.assert_array_equal(copies(v)[i], start_v[i] - want_slot)
+        np.testing.assert_array_equal(reads[i][0], start_v[i])
+        np.testing.assert_array_equal(reads[i][1], want_slot)
+        np.testing.assert_array_equal(reads[i][2], g)
+    # Outside the function the variables are cross-replica values again.
+    np.testing.assert_array_equal(acc.read_value(), sum(np.array([1.0 + r, 100.0 * (r + 1)]) for r in range(3)))
+
+
+@pytest.mark.parametrize(
+    ("var_dtype", "part_dtype", "parts", "want"),
+    [
+        (np.int64, np.int32, (2_000_000_000, 2_000_000_001), 4_000_000_001),
+        (np.int32, np.int8, (100, 101), 201),
+        (np.float32, np.int32, (1, 4), 5.0),
+    ],
+)
+def test_cross_replica_assign_of_per_replica_sums_in_the_variable_dtype(s2, var_dtype, part_dtype, parts, want):
+    """A PerReplica assigned in cross-replica context is summed in the variable's dtype,
+    as inside run: int32 parts of an int64 variable do not wrap in int32 first."""
+    with s2.scope():
+        v = dv.Variable(np.zeros((), var_dtype), aggregation=SUM)
+    v.assign(dv.PerReplica(tuple(np.array(p, part_dtype) for p in parts)))
+    assert [c.item() for c in copies(v)] == [want, want]
+    assert all(c.dtype == var_dtype for c in copies(v))
+
+
+def test_sum_update_with_a_sync_on_read_variable_uses_each_replicas_copy(s2):
+    """A sync-on-read variable passed to a SUM update inside run is each replica's own
+    copy, not one value on every replica: the copies are summed (TensorFlow: [4, 5])."""
+    with s2.scope():
+        v = dv.Variable(np.array([1.0, 2.0], np.float32), aggregation=SUM)
+        w = dv.Variable(np.zeros(2, np.float32), synchronization=ON_READ, aggregation=SUM)
+
+    def step():
+        w.assign(np.full(2, rid() + 1.0, np.float32))
+        v.assign_add(w)
+
+    s2.run(step)
+    assert [c.tolist() for c in copies(v)] == [[4.0, 5.0], [4.0, 5.0]]
+
+
+def test_replica_threads_updating_one_plain_variable_lose_no_update():
+    """With threads, replicas that update one plain variable at once (a counter, an
+    accumulator made outside the scope) lose none of the updates."""
+    with dv.MirroredStrategy([f"CPU:{i}" for i in range(4)], execution="threads") as s:
+        counter = dv.Variable(np.int64(0))
+        acc = dv.Variable(np.zeros(20_000))
+        ticks = dv.Variable(np.int32(0))
+
+        def step():
+            for _ in range(300):
+                counter.assign_add(np.int64(rid() + 1))
+            for _ in range(5):
+                acc.assign_add(np.full(20_000, float(rid() + 1)))
+            for _ in range(25):
+                ticks.count_up_to(1_000_000)
+
+        for _ in range(5):
+            s.run(step)
+    assert counter.numpy() == 5 * 300 * (1 + 2 + 3 + 4)
+    np.testing.assert_array_equal(acc.numpy(), np.full(20_000, 5 * 5 * 10.0))
+    assert ticks.numpy() == 5 * 25 * 4
+
+
+def test_count_up_to_of_a_sum_mirrored_variable_inside_run_is_refused(s2):
+    with s2.scope():
+        total = dv.Variable(np.int32(0), aggregation=SUM)
+        first = dv.Variable(np.int32(0), aggregation=FIRST)
+    with pytest.raises(
+        ValueError, match="count_up_to of variable 'Variable:0' inside strategy.run: with aggregation SUM"
+    ):
+        s2.run(lambda: total.count_up_to(10))
+    assert copies(total) == [0, 0]
+    olds = s2.experimental_local_results(s2.run(lambda: first.count_up_to(10)))
+    assert [int(o) for o in olds] == [0, 0] and copies(first) == [1, 1]
+    assert int(total.count_up_to(10)) == 0 and copies(total) == [1, 1]
+
+
+def test_python_float_initial_value_for_an_integer_variable_is_a_type_error():
+    with pytest.raises(TypeError, match="cannot convert a Python float to int32"):
+        dv.Variable(2.7, dtype="int32")
+    with pytest.raises(TypeError, match="cannot convert a Python float to int32"):
+        dv.Variable([1.5, 2.0], dtype="int32")
+    assert dv.Variable([1, 2], dtype="float32").numpy().tolist() == [1.0, 2.0]
+
+
 # ---- save and restore ---------------------------------------------------------------------
 
 
@@ -432,3 +546,29 @@ def test_save_inside_run_is_an_error(s2, tmp_path):
     v = dv.Variable(1.0)
     with pytest.raises(RuntimeError, match="cross-replica context"):
         s2.run(lambda: dv.save_variables(tmp_path / "x.npz", [v]))
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_save_and_load_extension_float_dtypes(s2, tmp_path, name):
+    """ml_dtypes' floats (stored by .npy as raw bytes) load back as their own dtype, and
+    not into a variable of another dtype of the same size."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = np.dtype(getattr(ml_dtypes, name))
+    values = np.array([1.5, -2.0, 0.25], np.float32).astype(dt)
+    with s2.scope():
+        v = dv.Variable(values, name="v")
+    plain = dv.Variable(values[::-1].copy(), name="p")
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, [v, plain])
+    v.assign(np.zeros(3, dt))
+    plain.assign(np.zeros(3, dt))
+    dv.load_variables(path, [v, plain])
+    for c in copies(v):
+        assert c.dtype == dt and c.astype(np.float32).tolist() == [1.5, -2.0, 0.25]
+    assert plain.numpy().dtype == dt and plain.numpy().astype(np.float32).tolist() == [0.25, -2.0, 1.5]
+    other = np.dtype(ml_dtypes.float8_e5m2 if name == "float8_e4m3fn" else ml_dtypes.float8_e4m3fn)
+    if other.itemsize == dt.itemsize:
+        wrong = dv.Variable(np.zeros(3, other), name="v")
+        with pytest.raises(TypeError, match=f"'v' is stored as {name}, the variable is {other.name}"):
+            dv.load_variables(path, [wrong])
+        assert wrong.numpy().astype(np.float32).tolist() == [0.0, 0.0, 0.0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import zipfile
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
@@ -90,8 +91,15 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
             # "file" or "allow_pickle" for its own argument of that name.
             with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
                 for key, a in arrays.items():
-                    with archive.open(key + ".npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.asanyarray(a))
+                    info = zipfile.ZipInfo(key + ".npy", date_time=time.localtime()[:6])
+                    info.compress_type = zipfile.ZIP_STORED
+                    a = np.asanyarray(a)
+                    if a.dtype.isbuiltin == 2:
+                        # Stored as its raw bytes, its name in the member's comment.
+                        info.comment = _DTYPE_TAG + a.dtype.name.encode()
+                        a = a.view(np.dtype(f"V{a.dtype.itemsize}"))
+                    with archive.open(info, "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, a)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -103,11 +111,38 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
         raise
 
 
+# The .npy format cannot name dtypes that numpy does not define (ml_dtypes' bfloat16
+# and float8 kinds): they are stored as raw bytes ("|V2"), and the member's comment
+# keeps the name, so that a bfloat16 value loads back as bfloat16, never as another
+# type of the same size.
+_DTYPE_TAG = b"distvals-dtype:"
+
+
+def _stored_dtypes(path: str) -> Dict[str, np.dtype]:
+    """The dtypes a checkpoint names in its members' comments, by key."""
+    out: Dict[str, np.dtype] = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.filename.endswith(".npy") and info.comment.startswith(_DTYPE_TAG):
+                name = info.comment[len(_DTYPE_TAG) :].decode("ascii", "replace")
+                try:
+                    import ml_dtypes
+
+                    out[info.filename[:-4]] = np.dtype(getattr(ml_dtypes, name))
+                except (ImportError, AttributeError, TypeError):
+                    raise TypeError(
+                        f"load_variables: '{info.filename[:-4]}' is stored as {name}, which needs the ml_dtypes "
+                        "package (pip install ml_dtypes)"
+                    ) from None
+    return out
+
+
 def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> None:
     """Assigns the values stored in ``path`` to the variables (matched by key). Every
     key, shape and dtype is checked before any variable changes."""
     _require_cross_replica("load_variables")
     items = _named(variables, "load_variables")
+    named = _stored_dtypes(os.fspath(path))
     with np.load(os.fspath(path), allow_pickle=False) as data:
         stored = {}
         for key, v in items:
@@ -117,6 +152,8 @@ def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
                     f"{', '.join(sorted(data.files)) or 'nothing'})"
                 )
             a = data[key]
+            if key in named and a.dtype.kind == "V" and a.dtype.itemsize == named[key].itemsize:
+                a = a.view(named[key])
             if a.shape != v.shape:
                 raise ValueError(f"load_variables: '{key}' is stored with shape {a.shape}, the variable has {v.shape}")
             if a.dtype != v.dtype:

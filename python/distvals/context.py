@@ -40,6 +40,9 @@ class _Local(threading.local):
         # with experimental_set_strategy, else the default.
         self.stack: List[Entry] = []
         self.base: Optional[Entry] = None
+        # (entry, i) while extended.update runs its function on copy i in the
+        # cross-replica context `entry` (see UpdateCopy).
+        self.updating: Optional[Tuple[Entry, int]] = None
 
 
 _local = _Local()
@@ -197,6 +200,42 @@ class CrossReplica:
         s = _local.stack
         if s and s[-1] is self._entry:
             s.pop()
+
+
+class UpdateCopy:
+    """The cross-replica context in which ``extended.update`` runs its function on copy
+    ``i`` of a variable: there the strategy's distributed variables read and update
+    their copy ``i`` only, as in TensorFlow (so an optimizer's function that updates a
+    slot variable updates the slot's matching copy, once)."""
+
+    __slots__ = ("_entry", "_i", "_saved")
+
+    def __init__(self, strategy: Strategy, i: int) -> None:
+        self._entry = (strategy, None)
+        self._i = i
+        self._saved: Optional[Tuple[Entry, int]] = None
+
+    def __enter__(self) -> None:
+        _local.stack.append(self._entry)
+        self._saved = _local.updating
+        _local.updating = (self._entry, self._i)
+
+    def __exit__(self, *exc: object) -> None:
+        _local.updating = self._saved
+        s = _local.stack
+        if s and s[-1] is self._entry:
+            s.pop()
+
+
+def updating_copy(strategy: Strategy) -> Optional[int]:
+    """The copy of ``strategy``'s variables that ``extended.update`` is updating in the
+    current context, or None."""
+    u = _local.updating
+    if u is None:
+        return None
+    s = _local.stack
+    entry = u[0]
+    return u[1] if s and s[-1] is entry and entry[0] is strategy else None
 
 
 def experimental_set_strategy(strategy: Optional[Strategy]) -> None:

@@ -391,7 +391,8 @@ def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int, acc: Optional[np.dtype
     if a.ndim == 0:
         return a
     if op is ReduceOp.SUM or op is ReduceOp.PRODUCT:
-        dtype = acc if acc is not None else (a.dtype if a.dtype.kind != "b" else None)
+        # (numpy's sum takes a dtype in native byte order only.)
+        dtype = acc if acc is not None else (a.dtype.newbyteorder("=") if a.dtype.kind != "b" else None)
         if op is ReduceOp.SUM:
             return np.asarray(np.sum(a, axis=axis, dtype=dtype))
         return np.asarray(np.prod(a, axis=axis, dtype=dtype))

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import context, devices, nest, sparse
 from ._core import AbortedError
+from .errors import OutOfRangeError
 from .reduce_op import ReduceOp
 from .replicas_threads import in_abandoned_step
 from .values import DistributedValues, Mirrored, PerReplica
@@ -84,12 +85,18 @@ class DistributedVariable(DistributedValues, Variable):
 
     def _local_copy(self) -> Variable:
         ctx = self._replica_context()
-        return self._values[ctx._replica_id if ctx is not None else 0]
+        if ctx is not None:
+            return self._values[ctx._replica_id]
+        i = context.updating_copy(self._strategy)
+        return self._values[i if i is not None else 0]
 
     def _current(self) -> Any:
         ctx = self._replica_context()
         if ctx is not None:
             return self._values[ctx._replica_id]
+        i = context.updating_copy(self._strategy)
+        if i is not None:
+            return self._values[i]
         return self._cross_replica_part()
 
     def _read(self) -> Any:
@@ -112,6 +119,28 @@ class DistributedVariable(DistributedValues, Variable):
                 "already ended with an error (a timeout or another replica's failure)"
             )
         self._values[r]._apply(kind, value)
+
+    def count_up_to(self, limit: int) -> np.ndarray:
+        """As ``Variable.count_up_to``, by the rules of ``assign_add`` for this variable."""
+        self._check_counter()
+        old = np.asarray(devices.to_host(self.read_value()))
+        if old >= limit:
+            raise OutOfRangeError(f"count_up_to of variable '{self.name}': reached limit of {limit}")
+        self._update("assign_add", np.ones((), self.dtype), False)
+        return old
+
+    def _update_copy(self, i: int, kind: str, value: Any) -> None:
+        """An update made by ``extended.update``'s function while it updates copy ``i``:
+        that copy only, with the value's part ``i`` (TensorFlow's update context)."""
+        if isinstance(value, DistributedValues) and not isinstance(value, DistributedVariable):
+            if len(value.values) != self._n:
+                raise ValueError(
+                    f"{kind} of variable '{self.name}': a {type(value).__name__} with {len(value.values)} values "
+                    f"for {self._n} copies"
+                )
+            value = value.values[i]
+        # A distributed variable as the value reads as its own copy i here.
+        self._values[i]._apply(kind, self._coerce_parts(value, kind))
 
     def _coerce_parts(self, value: Any, what: str) -> Any:
         if what in sparse.SCATTER_KINDS:
@@ -162,6 +191,22 @@ _ONE_WRITER_KINDS = frozenset(
 class MirroredVariable(DistributedVariable, Mirrored):
     """A variable whose copies are kept equal by every update (see distvals.variables)."""
 
+    def count_up_to(self, limit: int) -> np.ndarray:
+        """As ``Variable.count_up_to``. Inside ``strategy.run`` the replicas count once
+        together; a SUM variable there is refused, since each replica's +1 would add up
+        (and several replicas could pass the limit at once)."""
+        if (
+            self._aggregation is VariableAggregation.SUM
+            and self._strategy.num_replicas_in_sync > 1
+            and self._replica_context() is not None
+        ):
+            raise ValueError(
+                f"count_up_to of variable '{self.name}' inside strategy.run: with aggregation SUM every replica's "
+                f"+1 would be added up ({self._strategy.num_replicas_in_sync} per call); use aggregation "
+                "ONLY_FIRST_REPLICA or MEAN, or call it in cross-replica context"
+            )
+        return DistributedVariable.count_up_to(self, limit)
+
     def _cross_replica_part(self) -> Any:
         return self._values[0]
 
@@ -177,7 +222,11 @@ class MirroredVariable(DistributedVariable, Mirrored):
                 "(as in TensorFlow), or use scatter_add / scatter_sub"
             )
         if ctx is None:
-            self._update_cross_replica(kind, value)
+            i = context.updating_copy(self._strategy)
+            if i is not None:
+                self._update_copy(i, kind, value)
+            else:
+                self._update_cross_replica(kind, value)
             return self if read_value else None
         r = ctx._replica_id
         if agg is VariableAggregation.NONE or self._strategy.num_replicas_in_sync == 1:
@@ -195,8 +244,10 @@ class MirroredVariable(DistributedVariable, Mirrored):
         else:
             op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
             # The resolver refuses a SUM update that got the very same plain object on
-            # every replica: it would count it once per replica.
-            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, value)
+            # every replica: it would count it once per replica. A sync-on-read variable
+            # is not one: each replica passes its own copy's value.
+            original = local if isinstance(value, SyncOnReadVariable) else value
+            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, original)
         self._replica_write(r, kind, devices.cast(devices.as_value(result), self.dtype))
         return self if read_value else None
 
@@ -229,7 +280,10 @@ class MirroredVariable(DistributedVariable, Mirrored):
             scale = None if agg is VariableAggregation.SUM else self.dtype.type(1) / self.dtype.type(len(deltas))
             return sparse.concat_deltas(deltas, scale)
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-        return self._strategy.reduce(op, value, axis=None)
+        # Each part in the variable's dtype first, as inside run: int32 parts of an int64
+        # variable must not wrap around in int32 while they are summed.
+        parts = PerReplica(tuple(self._coerce_parts(v, kind) for v in value.values))
+        return self._strategy.reduce(op, parts, axis=None)
 
 
 class SyncOnReadVariable(DistributedVariable):
@@ -256,6 +310,10 @@ class SyncOnReadVariable(DistributedVariable):
         ctx = self._replica_context()
         if ctx is not None:
             self._replica_write(ctx._replica_id, kind, self._coerce_parts(value, kind))
+            return self if read_value else None
+        i = context.updating_copy(self._strategy)
+        if i is not None:
+            self._update_copy(i, kind, value)
             return self if read_value else None
         if kind in sparse.SCATTER_KINDS:
             raise NotImplementedError(
@@ -302,7 +360,7 @@ class SyncOnReadVariable(DistributedVariable):
                 "cross-replica context (the change could not be split across the copies); call it inside "
                 "strategy.run"
             )
-        return Variable.count_up_to(self, limit)
+        return DistributedVariable.count_up_to(self, limit)
 
 
 def _split_sum(value: np.ndarray, n: int) -> List[np.ndarray]:

@@ -206,15 +206,20 @@ class StrategyExtended:
         # Arguments without a per-replica value are the same for every copy: no walk.
         split_args = contains_distributed(args, n, "extended.update")
         split_kwargs = contains_distributed(kwargs, n, "extended.update")
-        with context.CrossReplica(self._container):
-            results = [
-                fn(
-                    c,
-                    *(select_replica(i, args) if split_args else args),
-                    **(select_replica(i, kwargs) if split_kwargs else kwargs),
+        results = []
+        for i, c in enumerate(copies):
+            # For a distributed variable, fn runs on copy i in an update context: there the
+            # strategy's distributed variables (var itself, an optimizer's slots) read and
+            # update their copy i only.
+            distributed = isinstance(var, DistributedVariable)
+            with context.UpdateCopy(self._container, i) if distributed else context.CrossReplica(self._container):
+                results.append(
+                    fn(
+                        c,
+                        *(select_replica(i, args) if split_args else args),
+                        **(select_replica(i, kwargs) if split_kwargs else kwargs),
+                    )
                 )
-                for i, c in enumerate(copies)
-            ]
         if not group:
             return tuple(results)
         return regroup(results, wrap=Mirrored, what="extended.update")

@@ -50,7 +50,7 @@ from .mpi_exchanges import wire_dtype
 from .mpi_runtime import poll
 from .reduce_op import ReduceOp
 
-__all__ = ["AGREE", "DISAGREE", "Expected", "WorkerAgreement", "describe_call", "signature"]
+__all__ = ["AGREE", "DISAGREE", "Expected", "WorkerAgreement", "describe_call", "dtype_text", "signature"]
 
 _monotonic = time.monotonic
 # The dtype an Expected call without data of its own (a gather's agreement) names.
@@ -76,9 +76,7 @@ def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
         if text is None:
             if len(_SINGLE_DESCRIPTIONS) > 4096:
                 _SINGLE_DESCRIPTIONS.clear()
-            text = _SINGLE_DESCRIPTIONS[key] = (
-                f"{kind}({key[1]}) of dtype {a.dtype.name}{_order(a.dtype)} shape {key[3]}"
-            )
+            text = _SINGLE_DESCRIPTIONS[key] = f"{kind}({key[1]}) of dtype {dtype_text(a.dtype)} shape {key[3]}"
         return text
     # A plain list or tuple of leaves (batch_reduce_to's), or a dict of leaves (a model's
     # gradients): remembered by their kind, keys, and each leaf's dtype and shape.
@@ -104,7 +102,7 @@ _NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
 
 def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
     paths = nest.paths(value)
-    parts = ", ".join(f"{p} {a.dtype.name}{_order(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
+    parts = ", ".join(f"{p} {dtype_text(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
     return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
 
 
@@ -113,8 +111,12 @@ def _op_name(op: Any) -> str:
     return name if isinstance(name, str) else str(op)
 
 
-def _order(dt: np.dtype) -> str:
-    return " big-endian" if dt.byteorder == ">" else ""
+def dtype_text(dt: np.dtype) -> str:
+    """A dtype as descriptions name it: its name and byte order, or every field of a
+    structured one (two structured dtypes of one size share a name)."""
+    if dt.names is not None or dt.subdtype is not None:
+        return str(dt.descr)
+    return str(dt.name) + (" big-endian" if dt.byteorder == ">" else "")
 
 
 def signature(description: str) -> int:

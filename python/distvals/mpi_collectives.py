@@ -45,7 +45,7 @@ import numpy as np
 from . import devices, nest
 from .collectives import engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call
+from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, dtype_text
 from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
@@ -89,6 +89,28 @@ def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
     if dtype.kind == "c":
         return dtype.itemsize in (8, 16) and op in (ReduceOp.SUM, ReduceOp.PRODUCT)
     return False
+
+
+_NAN_OPS: Dict[ReduceOp, Any] = {}
+_FLOATS: Dict[int, np.dtype] = {4: np.dtype(np.float32), 8: np.dtype(np.float64)}
+
+
+def _nan_op(MPI: Any, op: ReduceOp) -> Any:
+    """The MPI op of float MIN or MAX. MPI's own ops keep whichever value compares
+    smaller (larger), so a NaN on one worker is lost; this one is numpy's np.minimum
+    (np.maximum), which propagates NaN as the engine and numpy do. Made once a process."""
+    mpi_op = _NAN_OPS.get(op)
+    if mpi_op is None:
+        ufunc = np.minimum if op is ReduceOp.MIN else np.maximum
+
+        def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            # MPI's contract: inoutbuf = inbuf op inoutbuf (float32 or float64 here).
+            dt = _FLOATS[datatype.Get_size()]
+            into = np.frombuffer(inoutbuf, dt)
+            ufunc(np.frombuffer(inbuf, dt), into, out=into)
+
+        mpi_op = _NAN_OPS[op] = MPI.Op.Create(combine, commute=True)
+    return mpi_op
 
 
 def _accumulator(dtype: np.dtype, op: ReduceOp) -> Optional[np.dtype]:
@@ -167,6 +189,12 @@ class HierarchicalCollectives(WorkerAgreement):
     def group(self) -> Any:
         return getattr(self.local, "group", None)
 
+    def _mpi_op(self, op: ReduceOp, dtype: np.dtype) -> Any:
+        """The MPI op that reduces ``dtype`` (a wire dtype) with ``op``."""
+        if dtype.kind == "f" and (op is ReduceOp.MIN or op is ReduceOp.MAX):
+            return _nan_op(self._MPI, op)
+        return self._ops[op]
+
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
     def _mpi_all_reduce(
         self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
@@ -185,7 +213,7 @@ class HierarchicalCollectives(WorkerAgreement):
         route = self._exchanges.route(buf.nbytes, buf.dtype)
         if route == "nonblocking":
             sendbuf = self._MPI.IN_PLACE if src is None else src
-            if not poll(self._comm.Iallreduce(sendbuf, buf, self._ops[op]), deadline):
+            if not poll(self._comm.Iallreduce(sendbuf, buf, self._mpi_op(op, buf.dtype)), deadline):
                 self._timed_out(what, t)
         elif route == "blocking":
             self._complete(self._submit(buf, op, src), what, t, deadline)
@@ -206,7 +234,7 @@ class HierarchicalCollectives(WorkerAgreement):
         with blocking calls, routed as ``Exchanges.route`` says (its caller counts it)."""
         job = MpiJob(buf, None)
         comm = self._comm
-        mpi_op = self._ops[op]
+        mpi_op = self._mpi_op(op, buf.dtype)
         sendbuf = self._MPI.IN_PLACE if send is None else send
         route = self._exchanges.route(buf.nbytes, buf.dtype)
         run: Callable[[], None]
@@ -265,7 +293,8 @@ class HierarchicalCollectives(WorkerAgreement):
                     # The steady state of a training loop: one polled Iallreduce.
                     self.stats["data_calls"] += 1
                     t = self.timeout if timeout is None else timeout
-                    if not poll(self._comm.Iallreduce(self._in_place, flat, self._ops[op]), _monotonic() + t):
+                    mpi_op = self._mpi_op(op, flat.dtype)
+                    if not poll(self._comm.Iallreduce(self._in_place, flat, mpi_op), _monotonic() + t):
                         self._timed_out(what, t)
                 else:
                     self._mpi_all_reduce(flat, op, what, timeout)
@@ -636,7 +665,8 @@ class HierarchicalCollectives(WorkerAgreement):
         n = self.num_local
         hosts = [np.ascontiguousarray(devices.to_host(leaves[r][0])) for r in range(n)]
         gathered = self._gather_rows(np.stack(hosts), description, "all_reduce", timeout)
-        result = numpy_reduce(gathered, op, hosts[0].dtype)
+        # A 0-d value stays 0-d (np.ascontiguousarray made it 1-d above).
+        result = numpy_reduce(gathered, op, hosts[0].dtype).reshape(np.shape(leaves[0][0]))
         return [[self.local._copy(result, r) if r else self.local._place_host(result, 0)] for r in range(n)]
 
     # ---- gathers and broadcasts ---------------------------------------------------------------------
@@ -677,12 +707,15 @@ class HierarchicalCollectives(WorkerAgreement):
         out: List[List[Any]] = [[None] * count for _ in range(n)]
         for i in range(count):
             parts = [devices.to_host(leaves[r][i]) for r in range(n)]
+            # The rank as passed: a 0-d value (gathered as one element) and a 1-element
+            # vector are different calls, as within one process.
+            rank = parts[0].ndim
             parts = [p.reshape(1) if p.ndim == 0 else p for p in parts]
             ax = axes[i]
             moved = np.concatenate([np.moveaxis(p, ax, 0) for p in parts], axis=0)
             a = parts[0]
             shape_rest = tuple(d for k, d in enumerate(a.shape) if k != ax)
-            desc = f"all_gather(axis={ax}) leaf {i} of dtype {a.dtype.name} shape (*, {shape_rest})"
+            desc = f"all_gather(axis={ax}) leaf {i} of dtype {dtype_text(a.dtype)} rank {rank} shape (*, {shape_rest})"
             full = self._gather_rows(moved, desc, "all_gather", timeout)
             result = np.moveaxis(full, 0, ax) if ax else full
             for r in range(n):
@@ -705,7 +738,7 @@ class HierarchicalCollectives(WorkerAgreement):
         for i in range(count):
             mine = leaves[root - self.offset][i] if self.rank == w_root else leaves[0][i]
             host = np.array(devices.to_host(mine), order="C", copy=True)
-            desc = f"broadcast(root={root}) leaf {i} of dtype {host.dtype.name} shape {host.shape}"
+            desc = f"broadcast(root={root}) leaf {i} of dtype {dtype_text(host.dtype)} shape {host.shape}"
             self._sync_point(desc, "broadcast", timeout)
             if host.size:
                 self._wait(
@@ -732,7 +765,7 @@ class HierarchicalCollectives(WorkerAgreement):
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         rest = tuple(d for k, d in enumerate(host.shape) if k != axis)
         full = self._gather_rows(
-            moved, f"gather(axis={axis}) of dtype {host.dtype.name} shape (*, {rest})", "gather", timeout
+            moved, f"gather(axis={axis}) of dtype {dtype_text(host.dtype)} shape (*, {rest})", "gather", timeout
         )
         result = np.moveaxis(full, 0, axis) if axis else full
         return self.local._place_host(np.ascontiguousarray(result), 0)
@@ -750,7 +783,7 @@ class HierarchicalCollectives(WorkerAgreement):
         and shape: MismatchError on all of them otherwise)."""
         if self.num_workers == 1:
             return value
-        self._sync_point(f"{what}: value of dtype {value.dtype.name} shape {value.shape}", what, timeout)
+        self._sync_point(f"{what}: value of dtype {dtype_text(value.dtype)} shape {value.shape}", what, timeout)
         out = np.array(value, order="C", copy=True)
         if out.size:
             self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout)

@@ -40,6 +40,7 @@ on the value.
 from __future__ import annotations
 
 import enum
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
@@ -94,7 +95,7 @@ def _enum(value: Any, enum_type: Type[_E], what: str) -> _E:
     raise ValueError(f"{what} must be one of {', '.join(enum_type.__members__)}, got {value!r}")
 
 
-def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
+def _initial_array(initial_value: Any, dtype: Any, name: str) -> np.ndarray:
     from .data import convert_leaf  # Python numbers convert as in TensorFlow
 
     if callable(initial_value):
@@ -105,6 +106,12 @@ def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
         # Placed on every replica's device later, from the host.
         initial_value = devices.to_host(initial_value)
     if dtype is not None:
+        if _is_python_value(initial_value):
+            # By the rules of assign: Variable(2.7, dtype="int32") is a TypeError, as in
+            # TensorFlow, not a silent 2.
+            src = np.asarray(initial_value)
+            if src.dtype != np.dtype(dtype):
+                _check_dtype(src, np.dtype(dtype), True, name, "the initial value")
         a = np.array(kinds.to_numpy(initial_value), dtype=np.dtype(dtype), copy=True)
     else:
         a = np.array(convert_leaf(initial_value, "Variable"), copy=True)
@@ -192,7 +199,7 @@ def _create_variable(
     ctx = context.current_run_context()
     if ctx is not None:
         return _create_in_replica(ctx, initial_value, spec)
-    return _create(_initial_array(initial_value, dtype), spec)
+    return _create(_initial_array(initial_value, dtype, base), spec)
 
 
 def _create_in_replica(ctx: context.ReplicaContext, initial_value: Any, spec: Dict[str, Any]) -> Variable:
@@ -201,7 +208,7 @@ def _create_in_replica(ctx: context.ReplicaContext, initial_value: Any, spec: Di
     replica gets that same object, as TensorFlow's MirroredStrategy does."""
     from .values import PerReplica
 
-    value = _initial_array(initial_value, spec["dtype"])
+    value = _initial_array(initial_value, spec["dtype"], spec["name"])
 
     def create(strategy: Any, first: Any) -> Variable:
         if isinstance(first, PerReplica):
@@ -397,6 +404,10 @@ class Variable(metaclass=_VariableMeta):
             self._constraint = constraint
             self._initial = value if initial is None else initial
             self._fixed_shape = fixed_shape
+            # Replica threads may update one variable at once (a plain variable, or a
+            # copy of a distributed one): each read-modify-write is made whole under it,
+            # as TensorFlow's updates hold the variable's lock.
+            self._lock = threading.Lock()
 
     # ---- reading ------------------------------------------------------------------------
     def _read(self) -> Any:
@@ -516,6 +527,16 @@ class Variable(metaclass=_VariableMeta):
         """TensorFlow's older name of ``ref``."""
         return self.ref()
 
+    # Copies and pickles get a lock of their own (a lock cannot be pickled or shared).
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # ---- updating -----------------------------------------------------------------------
     def _coerce(self, value: Any, what: str) -> Any:
         if isinstance(value, DistributedValues):
@@ -534,6 +555,10 @@ class Variable(metaclass=_VariableMeta):
 
     def _apply(self, kind: str, value: Any) -> None:
         # `value` is already checked and of this variable's dtype and shape.
+        with self._lock:
+            self._apply_unlocked(kind, value)
+
+    def _apply_unlocked(self, kind: str, value: Any) -> None:
         if isinstance(value, sparse.SparseDelta):
             new = sparse.apply_sparse(kind, devices.to_host(self._value), value)
             new.flags.writeable = False
@@ -649,18 +674,21 @@ class Variable(metaclass=_VariableMeta):
         """Adds 1 and returns the value from before, or raises OutOfRangeError once the
         value has reached ``limit`` (integer variables; the +1 follows the rules of
         ``assign_add``)."""
+        self._check_counter()
+        # The read, the check and the +1 make one step: replica threads counting on one
+        # variable never pass the limit together.
+        with self._lock:
+            old = np.asarray(devices.to_host(self._value))
+            if old >= limit:
+                raise OutOfRangeError(f"count_up_to of variable '{self.name}': reached limit of {limit}")
+            self._apply_unlocked("assign_add", np.ones((), self.dtype))
+        return old
+
+    def _check_counter(self) -> None:
         if self.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise TypeError(
                 f"count_up_to of variable '{self.name}': needs an int32 or int64 variable, got {self.dtype}"
             )
-        old = np.asarray(devices.to_host(self.read_value()))
-        if old >= limit:
-            raise OutOfRangeError(f"count_up_to of variable '{self.name}': reached limit of {limit}")
-        self._count_up(np.ones((), self.dtype))
-        return old
-
-    def _count_up(self, one: np.ndarray) -> None:
-        self._update("assign_add", one, False)
 
     # ---- behaving as the value ------------------------------------------------------------
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:

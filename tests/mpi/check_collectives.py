@@ -358,6 +358,50 @@ def main() -> int:
         expect_close(part, sum(range(total)), rank, "merge_call + reduce")
     checks += 1
 
+    # ---- NaN, 0-d values and dtypes that numpy reduces, across workers ----------------------------
+    # MIN and MAX propagate NaN like np.minimum / np.maximum at every size (MPI's own MIN and
+    # MAX drop it); each replica has NaN in its own places.
+    import ml_dtypes
+
+    for dt in ("float16", ml_dtypes.bfloat16, "float32", "float64"):
+        for length in (1, 7, 300, 70_000):
+
+            def nan_value(g, length=length, dt=dt):
+                x = value_for(g, (length,), "float32", salt=7)
+                x[g :: total + 1] = np.nan
+                return x.astype(dt)
+
+            per = s.run(lambda: nan_value(dv.get_replica_context().replica_id_in_sync_group))
+            for op, ufunc in (("MIN", np.minimum), ("MAX", np.maximum)):
+                want = nan_value(0).astype(np.float64)
+                for g in range(1, total):
+                    want = ufunc(want, nan_value(g).astype(np.float64))
+                got = s.reduce(op, per, axis=None)
+                in_run = s.run(lambda op=op, per=per: dv.get_replica_context().all_reduce(op, per))
+                for what, y in [("reduce", got)] + [("all_reduce", y) for y in s.experimental_local_results(in_run)]:
+                    expect(
+                        y.dtype == np.dtype(dt) and np.array_equal(y.astype(np.float64), want, equal_nan=True),
+                        rank,
+                        f"{what} {op} with NaN, {np.dtype(dt).name} x {length}: got {y[:8]!r}, expected {want[:8]!r}",
+                    )
+    checks += 1
+
+    # A 0-d value stays 0-d, also on the path where the workers' values are gathered and
+    # numpy reduces them (8-bit sums, bools).
+    for dt, op in (("int8", "SUM"), ("uint8", "SUM"), ("int16", "SUM"), ("bool", "MAX"), ("float32", "SUM")):
+        per = s.run(lambda dt=dt: np.array(dv.get_replica_context().replica_id_in_sync_group % 2 + 1).astype(dt))
+        parts = [np.array(g % 2 + 1).astype(dt) for g in range(total)]
+        want = reference(parts, op.lower())
+        for what, y in [("reduce", s.reduce(op, per, axis=None))] + [
+            ("all_reduce", y)
+            for y in s.experimental_local_results(
+                s.run(lambda op=op, per=per: dv.get_replica_context().all_reduce(op, per))
+            )
+        ]:
+            expect(np.shape(y) == (), rank, f"{what} {op} of 0-d {dt}: shape {np.shape(y)}")
+            expect_close(y, want, rank, f"{what} {op} of 0-d {dt}")
+    checks += 1
+
     # ---- workers that disagree get a clear error on every worker, and the strategy goes on ----------
     if size > 1:
         bad = s.run(lambda: np.zeros(3 if rank != size - 1 else 4))
@@ -367,6 +411,15 @@ def main() -> int:
         expect(isinstance(e, dv.MismatchError), rank, f"mismatch error type {type(e).__name__}")
         bad = s.run(lambda: np.zeros((2, 3) if rank != size - 1 else (2, 4)))
         expect_raises(ValueError, lambda: s.gather(bad, axis=0), rank, "gather shape mismatch", f"worker {size - 1}")
+        # Same-named dtypes that differ (byte order, fields) are mismatches, not bytes
+        # read as another type.
+        last = rank == size - 1
+        bad = s.run(lambda: np.arange(2, dtype=">f4" if last else "<f4"))
+        expect_raises(ValueError, lambda: s.gather(bad, axis=0), rank, "gather byte order", f"worker {size - 1}")
+        fields = [("a", "i4"), ("b", "i4")] if last else [("a", "f4"), ("b", "f4")]
+        bad = s.run(lambda: np.zeros(2, dtype=fields))
+        expect_raises(ValueError, lambda: s.gather(bad, axis=0), rank, "gather fields", f"worker {size - 1}")
+        checks += 2
         again = s.run(lambda: np.float64(1.0))
         expect_close(s.reduce("SUM", again, axis=None), float(total), rank, "a collective after a mismatch")
         checks += 2

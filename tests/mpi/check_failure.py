@@ -5,6 +5,9 @@ naming the worker, instead of leaving the others waiting forever.
                  workers are then waiting inside an all-reduce.
 --mode timeout:  worker 1 never calls strategy.reduce (it sleeps); the others give up
                  after --timeout seconds.
+--mode gather0d: worker 1's replicas all-gather a 1-element vector where the others pass
+                 a 0-d value: a MismatchError on every worker (ranks differ), not a
+                 gather of what happens to be the same bytes.
 --mode ok:       everyone behaves (the control: the job succeeds).
 
 The job must never succeed in the failing modes: the script exits 0 only at the end.
@@ -38,6 +41,8 @@ def main() -> int:
 
     for i in range(6):
         s.run(step, args=(i,))
+    if a.mode == "gather0d":
+        s.run(lambda: dv.get_replica_context().all_gather(np.ones(1) if rank == 1 else np.float64(1.0), axis=0))
     per = s.run(lambda: np.float64(rank))
     if a.mode == "timeout" and rank == 1:
         time.sleep(600)  # never reaches the reduce below
