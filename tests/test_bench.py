@@ -107,6 +107,20 @@ def test_count_wrong_flags_a_replica_left_unreduced():
     assert bd.count_wrong([want, inputs[1]], n, dtype, op) == expected
 
 
+def test_count_wrong_with_count_flags_short_empty_and_missing_results():
+    n, count, dtype, op = 3, 65_536, "float32", "sum"
+    want = bd.reference(n, count, dtype, op).astype(np.float32)
+    full = [want.copy() for _ in range(n)]
+    assert bd.count_wrong(full, n, dtype, op, count=count, copies=n) == 0
+    # A result cut short matches the reference as far as it goes: without count it passes.
+    short = [want.copy(), want[:10].copy(), want.copy()]
+    assert bd.count_wrong(short, n, dtype, op) == 0
+    assert bd.count_wrong(short, n, dtype, op, count=count, copies=n) == count
+    assert bd.count_wrong([want, np.empty(0, np.float32), want], n, dtype, op, count=count, copies=n) == count
+    assert bd.count_wrong(full[:1], n, dtype, op, count=count, copies=n) == 2 * count
+    assert bd.count_wrong([], n, dtype, op, count=count, copies=n) == n * count
+
+
 def test_mean_with_rounding_uses_a_tolerance():
     n, count = 3, 999
     want = bd.reference(n, count, "float32", "mean")
@@ -406,6 +420,29 @@ def test_time_memory_bound_keeps_every_byte(threads, streaming):
     np.testing.assert_array_equal(wide[1], np.arange(1000, dtype=np.float64))
 
 
+@pytest.mark.parametrize("threads", [2, 6])
+def test_time_memory_bound_finishes_with_late_workers(threads):
+    """Many short rounds, where a worker often wakes after the caller took its share:
+    every measurement ends (a late worker once claimed an old round's share back and the
+    caller waited forever). Run in a child process with a deadline, so a hang fails."""
+    code = textwrap.dedent(
+        f"""
+        import numpy as np
+        from distvals import _core
+        bufs = [np.zeros(64, np.float32) for _ in range({threads})]
+        for _ in range(25):
+            t = _core.time_memory_bound(bufs, {threads}, False, 20000, 0)
+            assert t.shape == (20000,) and (t > 0).all()
+        print("ok")
+        """
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("time_memory_bound did not finish within 240 s")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_time_memory_bound_rejects_bad_arguments():
     a, b = np.zeros(10, np.float32), np.zeros(11, np.float32)
     with pytest.raises(ValueError):
@@ -558,7 +595,15 @@ def test_strategy_level_rows_or_a_note(capsys, tmp_path):
     rc, out, _ = run_cli(capsys, "--load", str(path))
     assert rc == 0 and "# strategy.run, N=2" in out and "structure" in out and "out ratio" in out
     for m in modes:
-        assert f"{m}: trivial" in out
+        assert f"{m}: group" in out and "trivial" in out
+    # Each mode's ratio is printed beside the group time it is a ratio to.
+    from distvals.bench.table import _num
+
+    for r in doc["results"]:
+        if r["level"] == "strategy":
+            table = out.split("# strategy.run, N=2")[1].split("\n\n")[0]
+            line = next(x for x in table.splitlines() if x.split() and x.split()[0] == str(r["bytes"]))
+            assert f"{_num(r['group_py_us'])} {_num(r['group_out_py_us']):>10}" in line
 
 
 class _ModalStrategy(distvals.MirroredStrategy):
@@ -606,7 +651,7 @@ def test_strategy_modes_side_by_side_when_the_strategy_takes_execution(capsys, m
         ("threads", "strategy"),
         ("threads", "strategy-trivial"),
     ]
-    assert "inline: trivial" in out and "threads: trivial" in out
+    assert "inline: group" in out and "threads: group" in out
     assert "distvals strategy inline" in out and "distvals strategy threads" in out
     # A peer is compared with each mode.
     report = Report.from_json(doc)

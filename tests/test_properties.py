@@ -56,14 +56,17 @@ def reference(parts, op: str) -> np.ndarray:
 
 def expected_dtype(dtype: str, op: str) -> np.dtype:
     dt = np.dtype(dtype)
-    return np.dtype(np.float64) if op == "MEAN" and dt.kind in "iu" else dt
+    # Integer MEAN: TensorFlow's true division, float32 for 8- and 16-bit integers.
+    if op == "MEAN" and dt.kind in "iu":
+        return np.dtype(np.float32 if dt.itemsize <= 2 else np.float64)
+    return dt
 
 
 def check(got, parts, op, dtype):
     want = reference(parts, op)
     assert np.asarray(got).dtype == expected_dtype(dtype, op)
     assert np.asarray(got).shape == parts[0].shape
-    tol = {"float16": 2e-3, "float32": 1e-6}.get(dtype, 1e-12)
+    tol = {"float16": 2e-3, "float32": 1e-6}.get(expected_dtype(dtype, op).name, 1e-12)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
 
 

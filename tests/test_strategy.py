@@ -434,6 +434,9 @@ def test_experimental_local_results(s2):
     assert s2.experimental_local_results(x) == (x,)
     nested = s2.experimental_local_results({"v": value, "c": 1})
     assert nested[0]["v"] is value.values[0] and nested[1]["v"] is value.values[1] and nested[1]["c"] == 1
+    # A structure without distributed leaves: one structure per replica (TensorFlow's).
+    plain = s2.experimental_local_results({"a": x, "b": [1.5]})
+    assert len(plain) == 2 and all(p["a"] is x and p["b"] == [1.5] for p in plain)
 
 
 # ---- extended ---------------------------------------------------------------------------------
@@ -456,6 +459,34 @@ def test_extended_reduce_to(s3):
     host = s3.extended.reduce_to("SUM", value, destinations=np.zeros(1))
     assert not isinstance(host, dv.DistributedValues)
     np.testing.assert_allclose(host, ref(value.values, "SUM"))
+    # A structure of PerReplica values: reduced leaf by leaf, as TensorFlow does.
+    other = per_replica(3, seed=12)
+    pair = s3.extended.reduce_to("MAX", (value, {"o": other}), destinations="CPU:0")
+    np.testing.assert_array_equal(pair[0], ref(value.values, "MAX"))
+    np.testing.assert_array_equal(pair[1]["o"], ref(other.values, "MAX"))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "want"),
+    [("int8", "float32"), ("uint8", "float32"), ("int16", "float32"), ("int32", "float64"), ("int64", "float64")],
+)
+def test_integer_mean_has_the_dtype_of_tensorflows_division(s3, dtype, want):
+    """Integer MEAN: float32 for 8- and 16-bit integers, float64 for wider ones, with
+    the exact mean, in every way of reducing."""
+    parts = [np.array([100, 3 + r, 7 * r + 1], dtype=dtype) for r in range(3)]
+    value = dv.PerReplica(tuple(parts))
+    exact = np.mean(np.stack(parts).astype(np.float64), axis=0)
+    results = [
+        s3.reduce("MEAN", value, axis=None),
+        s3.extended.reduce_to("MEAN", value, destinations="CPU:0"),
+        *s3.experimental_local_results(s3.run(lambda v: dv.get_replica_context().all_reduce("MEAN", v), args=(value,))),
+    ]
+    for got in results:
+        assert np.asarray(got).dtype == np.dtype(want)
+        np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-7)
+    along = s3.reduce("MEAN", value, axis=0)
+    assert np.asarray(along).dtype == np.dtype(want)
+    np.testing.assert_allclose(float(along), np.stack(parts).astype(np.float64).mean(), rtol=1e-7)
 
 
 def test_extended_batch_reduce_to(s2):

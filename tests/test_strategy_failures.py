@@ -815,21 +815,7 @@ def test_100000_steps_keep_memory_and_threads_stable():
 
 def _run_in_forked_child(body) -> int:
     """Runs ``body()`` in a forked child; the child's exit status (0 when body returns)."""
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 1
-        try:
-            body()
-            code = 0
-        except BaseException as e:
-            try:
-                sys.stderr.write(f"child failed: {e!r}\n")
-            finally:
-                code = 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return _fork_with_deadline(body, 120.0)
 
 
 class _nothing:
@@ -860,6 +846,36 @@ def test_a_strategy_works_in_a_forked_child(execution):
     s.close()
 
 
+def _check_group_in_both_styles(g, n: int, counts, op: str) -> None:
+    """Single calls (sum) and per-replica calls from n threads (``op``) of ``g``, with
+    distinct values per replica, checked on every replica against numpy."""
+    for count in counts:
+        bufs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(n)]
+        want = np.arange(count, dtype=np.float64) * sum(range(1, n + 1))
+        g.all_reduce(bufs)
+        for r in range(n):
+            np.testing.assert_array_equal(bufs[r], want.astype(np.float32), err_msg=f"single call, replica {r}")
+        parts = [np.arange(count, dtype=np.float32) * (r + 2) for r in range(n)]
+        errors = [None] * n
+
+        def replica(r, parts=parts, errors=errors):
+            try:
+                g.replica_all_reduce(r, parts[r], op=op)
+            except BaseException as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=replica, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert errors == [None] * n, errors
+        stacked = np.stack([np.arange(count, dtype=np.float64) * (r + 2) for r in range(n)])
+        want = stacked.max(axis=0) if op == "max" else stacked.sum(axis=0)
+        for r in range(n):
+            np.testing.assert_array_equal(parts[r], want.astype(np.float32), err_msg=f"per-replica call, replica {r}")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
 def test_a_replica_group_works_in_a_forked_child():
     """A group made (and used) before os.fork() works in the child in both call styles,
@@ -874,29 +890,7 @@ def test_a_replica_group_works_in_a_forked_child():
 
     def child():
         t0 = time.monotonic()
-        for count in (5, 1 << 20):
-            bufs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(n)]
-            want = np.arange(count, dtype=np.float64) * sum(range(1, n + 1))
-            g.all_reduce(bufs)
-            for r in range(n):
-                np.testing.assert_array_equal(bufs[r], want.astype(np.float32), err_msg=f"single call, replica {r}")
-            parts = [np.arange(count, dtype=np.float32) * (r + 2) for r in range(n)]
-            errors = [None] * n
-
-            def replica(r, parts=parts, errors=errors):
-                try:
-                    g.replica_all_reduce(r, parts[r], op="max")
-                except BaseException as e:
-                    errors[r] = e
-
-            threads = [threading.Thread(target=replica, args=(r,)) for r in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(10)
-            assert errors == [None] * n, errors
-            for r in range(n):
-                np.testing.assert_array_equal(parts[r], np.arange(count, dtype=np.float32) * (n + 1))
+        _check_group_in_both_styles(g, n, (5, 1 << 20), "max")
         assert time.monotonic() - t0 < 5
 
     with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
@@ -905,6 +899,95 @@ def test_a_replica_group_works_in_a_forked_child():
     g.all_reduce(small)  # the parent's group is untouched
     for r in range(n):
         np.testing.assert_array_equal(small[r], np.full(7, 18.0), err_msg=f"replica {r}")
+    g.close()
+
+
+def _fork_with_deadline(body, seconds: float) -> int:
+    """Forks; the child runs ``body()`` and exits 0 when it returns. The child's exit
+    status, or -1 (after killing it) when it is still running after ``seconds``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            body()
+            code = 0
+        except BaseException as e:
+            try:
+                sys.stderr.write(f"child failed: {e!r}\n")
+            finally:
+                code = 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@pytest.mark.parametrize("style", ["single_call", "per_replica"])
+def test_a_replica_group_works_in_a_child_forked_while_other_threads_are_in_its_calls(style):
+    """Threads of the parent loop over calls of a group (big enough to run on the
+    engine's worker threads) while the main thread forks, 8 times: each child's first
+    calls, in both styles, finish with the right results (the child renews the group's
+    locks, gate and workers), and the parent's loop goes on unharmed."""
+    n = 3
+    g = dv.ReplicaGroup(n, timeout_seconds=20.0)
+    stop = threading.Event()
+    errors: list = []
+    count = 1 << 18
+
+    def single_loop():
+        bufs = [np.full(count, r + 1.0, np.float32) for r in range(n)]
+        outs = [np.empty_like(b) for b in bufs]
+        while not stop.is_set():
+            g.all_reduce(bufs, out=outs)
+            if not all(np.all(o == 6.0) for o in outs):
+                errors.append("parent single call")
+
+    # The replicas stop together: the barrier's action decides once per round.
+    stopping = [False]
+    barrier = threading.Barrier(n, action=lambda: stopping.__setitem__(0, stop.is_set()))
+
+    def replica_loop(r):
+        x = np.zeros(count, np.float32)
+        while True:
+            barrier.wait(30)
+            if stopping[0]:
+                return
+            x[:] = r + 1.0
+            g.replica_all_reduce(r, x, op="max")
+            if not np.all(x == n):
+                errors.append(f"parent replica {r}")
+
+    if style == "single_call":
+        threads = [threading.Thread(target=single_loop, daemon=True)]
+    else:
+        threads = [threading.Thread(target=replica_loop, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+
+    def child():
+        _check_group_in_both_styles(g, n, (5, count), "sum")
+
+    codes = []
+    try:
+        with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
+            for _ in range(8):
+                time.sleep(0.02)
+                codes.append(_fork_with_deadline(child, 30.0))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert codes == [0] * 8, codes
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
     g.close()
 
 

@@ -1029,6 +1029,49 @@ def extended_update_in_cross_replica_context(api):
 
 
 @program()
+def extended_update_fn_updates_a_slot_and_the_variable_itself(api):
+    # An optimizer's pattern: fn updates a slot variable and the variable (not the copy it
+    # is handed); each copy is updated once, with its own replica's gradient.
+    s = api.strategy(2)
+    with s.scope():
+        v = api.Variable([10.0, 20.0])
+        slot = api.Variable([0.0, 0.0])
+    grads = s.run(lambda: api.const([1.0, 2.0]) * (api.rid() + 1.0))
+
+    def apply(copy, g):
+        slot.assign_add(g)
+        return v.assign_sub(slot.read_value())
+
+    s.extended.update(v, apply, args=(grads,))
+    return v.values, slot.values
+
+
+@program()
+def local_results_of_a_structure_without_distributed_values(api):
+    return api.strategy(2).experimental_local_results({"a": api.const(1.0), "b": [api.const(2.0)]})
+
+
+@program()
+def reduce_mean_of_small_and_wide_integers(api):
+    # The dtype of true division: float32 for 8- and 16-bit integers, float64 for wider.
+    s = api.strategy(2)
+    out = []
+    for dtype in ("int8", "uint8", "int16", "int32", "int64"):
+        v = s.experimental_distribute_values_from_function(
+            lambda ctx, dtype=dtype: api.const([1 + ctx.replica_id_in_sync_group, 4], dtype=dtype)
+        )
+        out.append(s.reduce("MEAN", v, axis=None))
+    return out
+
+
+@program()
+def extended_reduce_to_of_a_structure(api):
+    s = api.strategy(2)
+    pr = s.run(lambda: api.const([1.0, 2.0]) * (api.rid() + 1.0))
+    return s.extended.reduce_to("SUM", (pr, {"x": pr}), "CPU:0")
+
+
+@program()
 def extended_reduce_to_and_broadcast_to(api):
     s = api.strategy(2)
     pr = s.run(lambda: api.const([1.0, 2.0]) * (api.rid() + 1.0))

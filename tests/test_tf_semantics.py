@@ -88,6 +88,21 @@ def test_distribute_values_from_function_always_gives_a_per_replica(s2):
         one.close()
 
 
+def test_distribute_values_from_function_on_one_device_gives_the_plain_value():
+    # As in TensorFlow: OneDeviceStrategy and the default strategy do not wrap the value.
+    one = dv.OneDeviceStrategy("CPU:0")
+    try:
+        value = np.arange(3.0)
+        out = one.experimental_distribute_values_from_function(lambda ctx: value + ctx.replica_id_in_sync_group)
+        assert isinstance(out, np.ndarray) and out.tolist() == [0.0, 1.0, 2.0]
+    finally:
+        one.close()
+    default = dv.get_strategy().experimental_distribute_values_from_function(
+        lambda ctx: {"n": ctx.num_replicas_in_sync}
+    )
+    assert default == {"n": 1}
+
+
 # ---- strict dtypes ---------------------------------------------------------------------------------------
 
 

@@ -53,6 +53,10 @@ class executor {
   virtual void run_part(int replica, const call& c) = 0;
   /// Stops threads and frees resources; called once, when nobody is inside the group.
   virtual void close() noexcept = 0;
+  /// In a child process after fork(), before the group's first use there: the parent's
+  /// threads are gone, and locks they held stay taken. Makes the executor usable again
+  /// (new locks, new threads). Only the renewing thread is inside the group.
+  virtual void after_fork() noexcept {}
 };
 
 }  // namespace distvals::detail

@@ -85,8 +85,14 @@ void group::impl::throw_if_failed_at_start(int me) const {
 
 // ---- the public failure calls ------------------------------------------------------------
 
-void group::abort(int replica, const std::string& why) noexcept { impl_->fail(impl::aborted, replica, why); }
-void group::cancel() noexcept { impl_->fail(impl::aborted, -1, "cancelled"); }
+void group::abort(int replica, const std::string& why) noexcept {
+  impl_->check_fork();
+  impl_->fail(impl::aborted, replica, why);
+}
+void group::cancel() noexcept {
+  impl_->check_fork();
+  impl_->fail(impl::aborted, -1, "cancelled");
+}
 bool group::aborted() const noexcept {
   const int s = impl_->state.load();
   return s == impl::aborted || s == impl::timed_out;
@@ -95,6 +101,7 @@ bool group::closed() const noexcept { return impl_->state.load() == impl::closed
 
 void group::reset() {
   impl& m = *impl_;
+  m.check_fork();
   if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
   if (m.inside.load() != 0) {
     throw std::logic_error("distvals: group::reset() called while a collective is in flight");
@@ -113,6 +120,7 @@ void group::reset() {
 
 void group::close() noexcept {
   impl& m = *impl_;
+  m.check_fork();
   if (m.close_started.exchange(true)) return;
   m.fail(impl::closed, -1, "closed");
   // Waiters see the closed state within one wait slice; wait for them to leave before

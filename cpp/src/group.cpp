@@ -40,6 +40,7 @@ group::impl::impl(std::vector<device> devs, group_options options)
   opts.spin_us = spin_us;
   if (opts.chunk_bytes == 0) opts.chunk_bytes = 256 * 1024;
   reps.reset(new replica_state[static_cast<std::size_t>(n)]);
+  fork_gen.store(detail::fork_generation());
 }
 
 namespace detail {
@@ -160,6 +161,7 @@ struct inside_guard {
 void group::impl::run_single(const call_desc& desc_in, const std::vector<buffer_view>& in,
                              const std::vector<buffer_view>& out, const detail::stream_ref* caller,
                              const std::vector<detail::stream_ref>& wait_for) {
+  check_fork();
   inside_guard guard(inside);
   if (state.load() == closed) throw closed_error("distvals: the group is closed");
   // Step 1: every argument, before anything is touched or enqueued.

@@ -20,6 +20,12 @@
 #include "executor.hpp"
 #include "timeout.hpp"
 
+namespace distvals::detail {
+/// How many fork()s lie between this process and the one that loaded the engine: 0
+/// there, +1 in each child (counted by a pthread_atfork handler).
+std::uint64_t fork_generation() noexcept;
+}  // namespace distvals::detail
+
 namespace distvals {
 
 using detail::clock_type;
@@ -99,6 +105,16 @@ struct __attribute__((visibility("hidden"))) group::impl {
 
   // ---- how the steps run --------------------------------------------------------
   std::unique_ptr<detail::executor> exec;
+
+  // ---- fork (fork.cpp) ------------------------------------------------------------
+  // The process generation (detail::fork_generation) this state was made or renewed in.
+  std::atomic<std::uint64_t> fork_gen{0};
+  /// Every entry point calls this first: in a child process after fork(), the first
+  /// caller renews the state (renew_after_fork) while any other waits for it.
+  void check_fork() noexcept {
+    if (fork_gen.load(std::memory_order_relaxed) != detail::fork_generation()) renew_after_fork();
+  }
+  void renew_after_fork() noexcept;
 
   /// Resolves the options (timeout, spin) and sizes the replica state; the caller then
   /// installs an executor.

@@ -76,6 +76,7 @@ void group::run(int replica, const call_desc& desc, buffer_view in, buffer_view 
 
 void group::impl::run_replica(int replica, const call_desc& desc_in, const buffer_view& in, const buffer_view& out,
                               const replica_options& options, const detail::stream_ref* wait_for) {
+  check_fork();
   inside_guard guard(inside);
   if (state.load() == closed) throw closed_error("distvals: the group is closed");
   check_replica_index(replica, n);
@@ -129,6 +130,7 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
 
 void group::report_invalid(int replica, const std::string& why, bool type_error, std::chrono::nanoseconds timeout_in) {
   impl& m = *impl_;
+  m.check_fork();
   inside_guard guard(m.inside);
   if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
   check_replica_index(replica, m.n);

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu/claim.hpp"
 #include "cpu/relax.hpp"
 #include "distvals/schedule.hpp"
 
@@ -203,10 +204,8 @@ struct alignas(64) bound_slot {
   std::atomic<std::uint64_t> taken{0};
 };
 
-bool take(bound_slot& s, std::uint64_t seq) noexcept {
-  std::uint64_t cur = s.taken.load();
-  return cur != seq && s.taken.compare_exchange_strong(cur, seq);
-}
+// Round numbers only grow over one measurement.
+bool take(bound_slot& s, std::uint64_t seq) noexcept { return cpu::claim_share(s.taken, seq); }
 
 }  // namespace
 

@@ -71,7 +71,7 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
 
 /// The engine dtype of a numpy dtype; throws TypeError naming the replica.
 distvals::dtype to_dtype(const py::dtype& dt, int replica);
-/// Whether the engine dtype is an integer one (whose MEAN runs in float64, elsewhere).
+/// Whether the engine dtype is an integer one (whose MEAN runs in float, elsewhere).
 bool integral(distvals::dtype t);
 /// The numpy dtype of an engine dtype (bfloat16 needs ml_dtypes).
 py::dtype to_numpy(distvals::dtype t);

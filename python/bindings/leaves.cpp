@@ -53,7 +53,7 @@ struct open_batch {
 };
 
 // The checked leaf `i` of every replica; None (nothing planned) when its dtype is not
-// one the engine reduces as it is, or an integer MEAN (which runs in float64).
+// one the engine reduces as it is, or an integer MEAN (which runs in float32 or float64).
 bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::reduce_op op, leaf& out) {
   const int n = static_cast<int>(rows.size());
   out.in.reserve(static_cast<std::size_t>(n));

@@ -34,6 +34,7 @@ __all__ = [
     "ENGINE_DTYPES",
     "REDUCIBLE_KINDS",
     "Collectives",
+    "accumulator_dtype",
     "engine_supports",
     "normalize_axis",
     "numpy_reduce",
@@ -43,6 +44,7 @@ __all__ = [
 
 ENGINE_DTYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64"))
 _F64 = np.dtype(np.float64)
+_F32 = np.dtype(np.float32)
 # Kinds numpy reduces element-wise: bool, integers, floats, complex, timedelta.
 REDUCIBLE_KINDS = frozenset("biufcm")
 _NUMPY_OPS: Dict[ReduceOp, Callable[..., Any]] = {
@@ -60,14 +62,24 @@ def engine_supports(dtype: np.dtype) -> bool:
 
 
 def work_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
-    """The dtype a reduction runs in: float64 for integer (and bool) MEAN; the native
-    byte order of a big-endian dtype."""
+    """The dtype a reduction runs in: for integer MEAN the dtype of TensorFlow's true
+    division, float32 for 8- and 16-bit integers and float64 for wider ones (and bool);
+    the native byte order of a big-endian dtype."""
     if op is ReduceOp.MEAN and dtype.kind in "iub":
-        return _F64
+        return _F32 if dtype.kind != "b" and dtype.itemsize <= 2 else _F64
     if not dtype.isnative and dtype.kind in "biufcm":
         native: np.dtype = dtype.newbyteorder("=")
         return native
     return dtype
+
+
+def accumulator_dtype(dtype: np.dtype) -> Optional[np.dtype]:
+    """float32 for the 16-bit floats (float16, bfloat16), whose sums (means, products)
+    run in float32 on every path and are rounded once: in their own dtype a partial sum
+    loses every bit past the 11th (8th) or overflows. None for every other dtype."""
+    if dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16"):
+        return _F32
+    return None
 
 
 def normalize_axis(axis: Any, ndim: int, what: str, replica: int) -> int:
@@ -83,7 +95,7 @@ def normalize_axis(axis: Any, ndim: int, what: str, replica: int) -> int:
 
 def numpy_reduce(stacked: np.ndarray, op: ReduceOp, dtype: np.dtype) -> np.ndarray:
     """Reduces axis 0 of ``stacked`` (one row per replica) with numpy, in ``dtype``
-    (float64 for integer MEAN); what the engine does not reduce (int16, bool, complex,
+    (float for integer MEAN, see work_dtype); what the engine does not reduce (int16, bool, complex,
     timedelta64, big-endian) goes this way."""
     fn = _NUMPY_OPS[op]
     if op is ReduceOp.MEAN:
@@ -129,7 +141,7 @@ class Collectives:
     ) -> List[List[Any]]:
         """Every replica gets, leaf by leaf, ``op`` over every replica's leaf. Small leaves
         of one dtype travel packed in one buffer (at most ``bytes_per_pack`` bytes each when
-        positive). Integer MEAN gives float64."""
+        positive). Integer MEAN gives float64 (float32 for 8- and 16-bit integers)."""
         raise NotImplementedError
 
     def all_gather(

@@ -323,7 +323,8 @@ class ReplicaContext:
         """All-reduce ``value`` (an array, number or nested structure of them) across the
         replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
         gets the result. Leaves of one dtype travel together in one engine call. Integer
-        MEAN gives float64. Only inside the ``strategy.run`` this context belongs to."""
+        MEAN gives float64 (float32 for 8- and 16-bit integers, as TensorFlow's division).
+        Only inside the ``strategy.run`` this context belongs to."""
         ext = self._ext
         s = _local.stack
         if not (s and s[-1][1] is self and ext is not None and ext._step_active):

@@ -15,6 +15,7 @@ from . import kinds, nest
 from .collectives import (
     REDUCIBLE_KINDS,
     Collectives,
+    accumulator_dtype,
     engine_supports,
     normalize_axis,
     numpy_reduce,
@@ -138,7 +139,7 @@ class CrossReplicaExtended(StrategyExtended):
         axes = [normalize_axis(axis, h.ndim, what, r) for r, h in enumerate(hosts)]
         # 16-bit floats accumulate in float32 (as every other path does), both along the
         # axis and across replicas; the result is rounded to their dtype once, at the end.
-        acc = _accumulator(hosts[0].dtype)
+        acc = accumulator_dtype(hosts[0].dtype)
         if op is ReduceOp.MEAN:
             numer = [
                 np.asarray(np.sum(h, axis=a, dtype=acc if acc is not None else work_dtype(h.dtype, op)))
@@ -179,7 +180,7 @@ class CrossReplicaExtended(StrategyExtended):
 
         a = kinds.to_numpy(_unwrap_part(value))
         ax = normalize_axis(axis, a.ndim, what, 0)
-        acc = _accumulator(a.dtype)
+        acc = accumulator_dtype(a.dtype)
         if a.ndim == 0:
             out = a
         elif op is ReduceOp.MEAN:
@@ -260,6 +261,9 @@ class CrossReplicaExtended(StrategyExtended):
         if options is not None and not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be a CommunicationOptions, got {type(options).__name__}")
         dests = self._destinations(destinations, "reduce_to")
+        if not isinstance(value, DistributedValues) and nest.is_nested(value):
+            # A structure (of PerReplica values): reduced leaf by leaf, as TensorFlow does.
+            return nest.map_structure(lambda v: self.reduce_to(op, v, destinations, options), value)
         if not isinstance(value, DistributedValues):
             out = self._reduce_plain(op, value, None, "reduce_to")
             if len(dests) == self._n and dests == list(self._devices) and self._n > 1:
@@ -362,17 +366,6 @@ class CrossReplicaExtended(StrategyExtended):
 
 def _unwrap_part(x: Any) -> Any:
     return x._read() if isinstance(x, Variable) else x
-
-
-def _accumulator(dt: np.dtype) -> Optional[np.dtype]:
-    """float32 for the 16-bit floats (float16, bfloat16), whose sums lose every bit past
-    the 11th (8th) in their own dtype; None for the others."""
-    if (dt.kind == "f" and dt.itemsize == 2) or dt.name == "bfloat16":
-        return _F32
-    return None
-
-
-_F32 = np.dtype(np.float32)
 
 
 def _round_to(x: np.ndarray, dt: np.dtype) -> np.ndarray:

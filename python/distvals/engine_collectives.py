@@ -2,7 +2,7 @@
 
 ``EngineCollectives`` holds everything the host and CUDA implementations share: which
 leaves go to the engine and which to numpy, packing small leaves together (tensor
-fusion), integer MEAN in float64, uneven all-gathers. A backend only says where values
+fusion), integer MEAN in float, uneven all-gathers. A backend only says where values
 live and how memory is made and copied there (the ``_empty``, ``_copy``, ``_pack``, ...
 hooks): ``distvals.host_collectives`` and ``distvals.cuda_collectives``.
 
@@ -134,7 +134,7 @@ class EngineCollectives(Collectives):
         return True
 
     def _reduce_alone(self, op: ReduceOp, leaves: _Leaves, i: int, dtype: np.dtype, work: np.dtype, out: _Out) -> None:
-        # One replica: the result is a copy of its value (float64 for integer MEAN).
+        # One replica: the result is a copy of its value (a float for integer MEAN).
         for r in range(len(leaves)):
             out[r][i] = self._copy(leaves[r][i], r, work)
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import numpy as np
 
 from . import devices, nest
-from .collectives import engine_supports, numpy_reduce, work_dtype
+from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
 from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, dtype_text
 from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
@@ -118,12 +118,7 @@ def _accumulator(dtype: np.dtype, op: ReduceOp) -> Optional[np.dtype]:
     accumulate in float32 on every path; None otherwise (min and max are exact)."""
     if op in (ReduceOp.MIN, ReduceOp.MAX):
         return None
-    if (dtype.kind == "f" and dtype.itemsize == 2) or dtype.name == "bfloat16":
-        return _F32
-    return None
-
-
-_F32 = np.dtype(np.float32)
+    return accumulator_dtype(dtype)
 
 
 class _ArraysKind:

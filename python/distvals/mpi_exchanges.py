@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .collectives import accumulator_dtype
 from .reduce_op import ReduceOp
 
 __all__ = [
@@ -58,20 +59,14 @@ RING_MIN_PIECE_BYTES = 1 << 20
 # The tag of the point-to-point messages of the all-reduce (on the strategy's own
 # communicator, where nothing else sends point to point).
 TAG = 0x6476
-#: The reductions of the exchanges (MEAN travels as SUM and is divided afterwards).
-_F32 = np.dtype(np.float32)
 
 
 def wire_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a buffer crosses MPI in: float16 and bfloat16 as float32."""
-    return (
-        _F32
-        if (dtype.kind == "f" and dtype.itemsize == 2)
-        or (dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16")
-        else dtype
-    )
+    return accumulator_dtype(dtype) or dtype
 
 
+#: The reductions of the exchanges (MEAN travels as SUM and is divided afterwards).
 NUMPY_OPS = {
     ReduceOp.SUM: np.add,
     ReduceOp.MIN: np.minimum,

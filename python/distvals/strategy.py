@@ -61,6 +61,10 @@ def _check_run_options(options: Any) -> None:
 class Strategy:
     """Distributes computation over a set of replicas (the tf.distribute.Strategy API)."""
 
+    # experimental_distribute_values_from_function gives the plain value (strategies of
+    # one device that are not a MirroredStrategy).
+    _plain_values = False
+
     def __init__(self, extended: LocalExtended) -> None:
         self._extended = extended
 
@@ -109,7 +113,8 @@ class Strategy:
         PRODUCT) reduces inside each replica along it, then across; MEAN is the global
         mean over all elements along the axis (replicas weigh by their count). A
         non-distributed value: MEAN (MIN, MAX) returns it, SUM with several replicas is
-        an error. Integer MEAN gives float64. Nested structures are reduced leaf by leaf.
+        an error. Integer MEAN gives float64 (float32 for 8- and 16-bit integers, as
+        TensorFlow's division). Nested structures are reduced leaf by leaf.
         The result is in the parts' framework (numpy, torch, cupy, JAX); on GPU replicas
         device parts give a device array on the first replica's GPU.
         """
@@ -135,11 +140,12 @@ class Strategy:
 
     def experimental_local_results(self, value: Any) -> Tuple[Any, ...]:
         """The per-replica parts of ``value`` as a tuple (``(value,)`` for a plain value;
-        for a nested structure, one structure per replica)."""
+        for a nested structure, one structure per replica, also when no leaf is
+        distributed, as in TensorFlow)."""
         if isinstance(value, DistributedValues):
             return tuple(value.values)
         n = self._extended._n
-        if nest.is_nested(value) and any(isinstance(x, DistributedValues) for x in nest.flatten(value)):
+        if nest.is_nested(value):
             contains_distributed(value, n, "experimental_local_results")
             return tuple(_select_all(r, value) for r in range(n))
         return (value,)
@@ -168,7 +174,8 @@ class Strategy:
 
     def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         """A PerReplica of ``value_fn(ValueContext(replica_id, num_replicas))`` per replica
-        (always a PerReplica, also when every replica gets the same object)."""
+        (always a PerReplica, also when every replica gets the same object; the plain
+        value on a ``OneDeviceStrategy`` and the default strategy, as in TensorFlow)."""
         from .input import ValueContext, place_element
         from .values import PerReplica
 
@@ -177,6 +184,8 @@ class Strategy:
         ext = self._extended
         n = ext._n
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
+        if self._plain_values:
+            return values[0]
         if getattr(ext, "_on_gpu", False):
             # Array leaves go to their replica's GPU, as a dataset's batches do.
             values = [place_element(v, ext._places[r]) for r, v in enumerate(values)]
@@ -275,12 +284,16 @@ class OneDeviceStrategy(Strategy):
         devs = canonical_devices([device], "OneDeviceStrategy")
         super().__init__(LocalExtended(self, devs, None, None, "OneDeviceStrategy", make_group=False))
 
+    _plain_values = True
+
     def __repr__(self) -> str:
         return f"OneDeviceStrategy(device={self._extended._devices[0]!r})"
 
 
 class _DefaultStrategy(Strategy):
     """The strategy in force outside any scope: one replica, on the calling thread."""
+
+    _plain_values = True
 
     def __init__(self) -> None:
         super().__init__(_DefaultExtended(self))

@@ -85,13 +85,16 @@ def main() -> int:
                 out = s.run(fn)
                 want = reference([value_for(g, shape, dtype, op) for g in range(total)], op)
                 for r, got in enumerate(s.experimental_local_results(out)):
-                    want_dtype = np.float64 if (op == "mean" and np.dtype(dtype).kind in "iu") else np.dtype(dtype)
+                    want_dtype = np.dtype(dtype)
+                    if op == "mean" and want_dtype.kind in "iu":
+                        # TensorFlow's true division: float32 for 8- and 16-bit integers.
+                        want_dtype = np.dtype(np.float32 if want_dtype.itemsize <= 2 else np.float64)
                     expect(
                         np.asarray(got).dtype == want_dtype,
                         rank,
                         f"all_reduce {op} {dtype}: result dtype {np.asarray(got).dtype}, expected {want_dtype}",
                     )
-                    tol = tolerance(dtype) if op != "mean" or np.dtype(dtype).kind == "f" else 1e-12
+                    tol = tolerance(dtype) if op != "mean" or np.dtype(dtype).kind == "f" else tolerance(want_dtype)
                     expect_close(got, want, rank, f"all_reduce {op} {dtype} {shape} replica {offset + r}", tol)
                 checks += 1
 

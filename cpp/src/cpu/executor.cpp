@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/claim.hpp"
 #include "cpu/kernels.hpp"
 #include "factory.hpp"
 #include "group_impl.hpp"
@@ -43,6 +44,7 @@ class cpu_executor final : public executor {
   void run(const call& c) override;
   void run_part(int replica, const call& c) override;
   void close() noexcept override;
+  void after_fork() noexcept override;
 
  private:
   struct alignas(64) worker_slot {
@@ -113,6 +115,34 @@ cpu_executor::cpu_executor(group::impl& core) : m_(core) {
     // exception leaves, or their joinable std::thread objects would end the process.
     close();
     throw;
+  }
+}
+
+void cpu_executor::after_fork() noexcept {
+  // The workers were the parent's threads: their handles are dropped (they can be
+  // neither joined nor detached here), the locks they may have held are replaced, and
+  // new workers start. Should that fail, the calling thread runs every share itself
+  // (run() takes over shares no worker started).
+  new (&idle_mu_) std::mutex();
+  new (&idle_cv_) std::condition_variable();
+  new (&job_error_mu_) std::mutex();
+  idle_.store(0);
+  job_done_.store(0);
+  job_error_ = nullptr;
+  if (closed_ || threads_ <= 1) return;
+  for (int t = 1; t < threads_; ++t) {
+    worker_slot& w = workers_[t - 1];
+    new (&w.thread) std::thread();
+    // No share of a job numbered so far may be taken by a new worker.
+    w.go.store(jobs_);
+    w.taken.store(jobs_);
+  }
+  for (int t = 1; t < threads_; ++t) {
+    try {
+      workers_[t - 1].thread = std::thread([this, t]() { worker_main(t); });
+    } catch (...) {
+      return;  // out of threads: the remaining shares run on the caller
+    }
   }
 }
 
@@ -258,16 +288,8 @@ void cpu_executor::run_programs(const schedule& s, std::uint64_t seq, const int*
 // ---- the single-call style: the caller and the workers ------------------------------------
 
 bool cpu_executor::take(worker_slot& w, std::uint64_t seq) noexcept {
-  // Job numbers only grow (they are the executor's own, never reset with the group's
-  // call numbers), and so may the claim: a worker that woke late still holding an old
-  // job's number must not claim it back after the caller took a later job's share (it
-  // would run a finished job's steps again and count itself done twice, and the caller
-  // of a later job would wait for a count it can no longer reach).
-  std::uint64_t cur = w.taken.load();
-  while (cur < seq) {
-    if (w.taken.compare_exchange_weak(cur, seq)) return true;
-  }
-  return false;
+  // Job numbers are the executor's own, never reset with the group's call numbers.
+  return cpu::claim_share(w.taken, seq);
 }
 
 void cpu_executor::run_share(const schedule& s, std::uint64_t seq, int thread, int threads,

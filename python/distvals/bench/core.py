@@ -230,7 +230,7 @@ def measure_strategy(
     results = [np.asarray(v) for v in strategy.experimental_local_results(out)]
     if len(results) != n:
         raise RuntimeError(f"strategy.run returned {len(results)} per-replica results for {n} replicas")
-    wrong = bd.count_wrong(results, n, dtype, op)
+    wrong = bd.count_wrong(results, n, dtype, op, count=count, copies=n)
     del out, results
     _refill(arrays, dtype, op)
     values = fresh()
@@ -268,7 +268,7 @@ def measure_strategy(
     _refill(arrays, dtype, op)  # the group's in-place calls above changed them
     out = run(structure_step, args=(values,))
     joined = [np.concatenate([d[k].reshape(-1) for k in sorted(d)]) for d in strategy.experimental_local_results(out)]
-    structure_wrong = bd.count_wrong(joined, n, dtype, op)
+    structure_wrong = bd.count_wrong(joined, n, dtype, op, count=count, copies=n)
     del out, joined
     structure_us = _python_loop_us(lambda: run(structure_step, args=(values,)), iters, warmup)
     nbytes = count * arrays[0].itemsize

@@ -139,7 +139,7 @@ def run(
                     v.copy_from(hosts[r][:count])
                 # One checked call, then the timed ones (which keep reducing in place).
                 group.all_reduce(views, op=op, algorithm=algorithm)
-                wrong = bd.count_wrong([v.numpy() for v in views], n, dtype, op)
+                wrong = bd.count_wrong([v.numpy() for v in views], n, dtype, op, count=count, copies=n)
                 est = 2 * n * size / copy_bw + 20e-6
                 iters = int(min(200, max(5, 0.25 / est)))
                 raw = [(v.ptr, count, v.device) for v in views]

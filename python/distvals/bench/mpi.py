@@ -184,7 +184,10 @@ def _hierarchical(
 
         refill()
         call()
-        row = {"time_us": 0.0, "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum"))}
+        row = {
+            "time_us": 0.0,
+            "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum", count=count, copies=n_local)),
+        }
         row["time_us"] = _time_calls(clock, iters, refill, call)
         from ..mpi_collectives import PIPELINE_CHUNK_BYTES
 
@@ -199,7 +202,7 @@ def _hierarchical(
             try:
                 refill()
                 call()
-                row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum"))
+                row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum", count=count, copies=n_local))
                 row["chunked_us"] = _time_calls(clock, iters, refill, call)
             finally:
                 coll.chunk_bytes = chunk_bytes
@@ -241,7 +244,7 @@ def _hierarchical(
             refill()
             run_call()
             got = [np.asarray(x) for x in strategy.experimental_local_results(results[0])]
-            row["run_wrong"] = clock.total(bd.count_wrong(got, total, dtype, "sum"))
+            row["run_wrong"] = clock.total(bd.count_wrong(got, total, dtype, "sum", count=count, copies=n_local))
             row["run_time_us"] = _time_calls(clock, iters, refill, run_call)
         out.append(row)
         del bufs

@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 from functools import lru_cache
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -185,20 +185,40 @@ def reference(n: int, count: int, dtype: str, op: str) -> np.ndarray:
     return np.resize(ref, count)
 
 
-def count_wrong(results: Sequence[np.ndarray], n: int, dtype: str, op: str) -> int:
+def count_wrong(
+    results: Sequence[np.ndarray],
+    n: int,
+    dtype: str,
+    op: str,
+    *,
+    count: Optional[int] = None,
+    copies: Optional[int] = None,
+) -> int:
     """Number of elements, over all replicas' results, that differ from the reference.
 
     ``results`` holds one array per replica (or per local replica of a process), of the
     benchmark's dtype or of any dtype that holds the exact values (float32 or float64
     for bfloat16). NaN and infinities count as wrong: every exact result here is finite.
+    With ``count`` (the elements each result must have), a result of another size counts
+    all ``count`` of its elements wrong; with ``copies`` (the results there must be), each
+    missing result counts ``count`` wrong too. Results an implementation returns (not the
+    benchmark's own buffers) are checked with both, so that a short, empty or missing
+    result cannot pass.
     """
     op = canonical_op(op)
     ref, tol = _reference(n, dtype, op)
     exact = _exact_reference(n, dtype, op)
     step = max(1, _CHECK_BLOCK // PERIOD)
     wrong = 0
+    if copies is not None and len(results) != copies:
+        if count is None:
+            raise ValueError("count_wrong: copies needs count")
+        wrong += abs(copies - len(results)) * count
     for res in results:
         flat = np.asarray(res).reshape(-1)
+        if count is not None and flat.size != count:
+            wrong += count
+            continue
         ex = exact.get(flat.dtype)
         rows, tail = _periods(flat)
         blocks = [rows[i : i + step] for i in range(0, rows.shape[0], step)] + [tail]

@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         values = _distribute(tf, strategy, arrays)
         out = step(values)
         results = [t.numpy() for t in strategy.experimental_local_results(out)]
-        wrong = bd.count_wrong(results, n, a.dtype, op)
+        wrong = bd.count_wrong(results, n, a.dtype, op, count=count, copies=n)
         del out, results
         for _ in range(bd.warmup_for(iters)):
             step(values)
