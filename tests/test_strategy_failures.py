@@ -846,6 +846,90 @@ def test_a_strategy_works_in_a_forked_child(execution):
     s.close()
 
 
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no setitimer")
+@pytest.mark.timeout(240, method="thread")  # SIGALRM is this test's own
+# An interrupt may also land in a garbage-collector callback, which Python reports as
+# "exception ignored" (and pytest as this warning): not what this test looks at.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("agg", ["MEAN", "ONLY_FIRST_REPLICA"])
+def test_ctrl_c_at_random_moments_never_leaves_mirrored_copies_unequal(execution, agg):
+    """Ctrl-C (a KeyboardInterrupt from a signal handler) at random moments of steps
+    that make one aggregated update each: every copy got the update, or none did. The
+    copies stay equal and step by step the value is a whole number of updates."""
+    n = 3
+    s = mirrored(n, execution=execution)
+    with s.scope():
+        v = dv.Variable(np.zeros(4), aggregation=getattr(dv.VariableAggregation, agg))
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        v.assign_add(np.full(4, 1.0 + r))  # MEAN over 3 replicas, or the first's: +2 or +1
+
+    inc = 2.0 if agg == "MEAN" else 1.0
+    rng = random.Random(7)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        s.run(step)
+    span = 3 * (time.perf_counter() - t0) / 20
+    done = 20
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    interrupted = 0
+    try:
+        for i in range(600):
+            try:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, span))
+                    s.run(step)
+                    done += 1
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                interrupted += 1
+            copies = [c.numpy().copy() for c in v.values]
+            assert all(np.array_equal(c, copies[0]) for c in copies), f"step {i}: copies {copies}"
+            k = copies[0][0] / inc
+            assert k == int(k) and done <= k <= done + interrupted and np.all(copies[0] == copies[0][0]), copies
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert interrupted > 0
+    s.run(step)
+    assert all(np.array_equal(c.numpy(), v.values[0].numpy()) for c in v.values)
+    s.close()
+
+
+def test_a_step_ended_by_its_timeout_leaves_mirrored_copies_equal(execution):
+    """Replicas loop on aggregated updates until the step's timeout ends it: the copies
+    are equal afterwards (the updates that landed, landed on every copy), and the next
+    step works."""
+    n = 3
+    s = dv.MirroredStrategy(
+        [f"CPU:{i}" for i in range(n)],
+        execution=execution,
+        communication_options=dv.CommunicationOptions(timeout_seconds=0.2),
+    )
+    with s.scope():
+        v = dv.Variable(np.zeros(4), aggregation=dv.VariableAggregation.MEAN)
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        while True:
+            v.assign_add(np.full(4, 1.0 + r))
+
+    for t in range(12):
+        with pytest.raises(dv.CollectiveTimeoutError):
+            s.run(step)
+        copies = [c.numpy().copy() for c in v.values]
+        assert all(np.array_equal(c, copies[0]) for c in copies), f"trial {t}: copies {copies}"
+        out = s.run(lambda t=t: dv.get_replica_context().all_reduce("sum", np.full(3, 10.0 * t + replica_id())))
+        for part in s.experimental_local_results(out):
+            np.testing.assert_array_equal(part, np.full(3, 30.0 * t + 3))
+    s.close()
+
+
 def _check_group_in_both_styles(g, n: int, counts, op: str) -> None:
     """Single calls (sum) and per-replica calls from n threads (``op``) of ``g``, with
     distinct values per replica, checked on every replica against numpy."""

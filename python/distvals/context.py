@@ -155,24 +155,50 @@ class _Scope:
                 f"{ctx.replica_id_in_sync_group}): it needs cross-replica context; use "
                 "get_replica_context().merge_call() to run code there"
             )
+        # A Ctrl-C handled right after the change below (before the with statement has
+        # taken over, so __exit__ would never run) undoes it: no scope stays entered.
         if current is strategy:
-            self._again += 1
+            try:
+                self._again += 1
+            except BaseException:
+                self._again -= 1
+                raise
         else:
-            _local.stack.append(self._entry)
+            stack = _local.stack
+            try:
+                stack.append(self._entry)
+            except BaseException:
+                _drop(stack, self._entry)
+                raise
         return strategy
 
     def __exit__(self, *exc: object) -> None:
-        if self._again:
-            self._again -= 1
-            return
-        s = _local.stack
-        for i in range(len(s) - 1, -1, -1):
-            if s[i] is self._entry:
-                del s[i]
-                return
+        # Leaving is idempotent (a count set to a value read first, or an entry dropped
+        # by identity): a Ctrl-C handled half-way is caught, leaving is finished, and the
+        # interrupt goes on.
+        again, stack, entry = self._again, _local.stack, self._entry
+        try:
+            self._leave(again, stack, entry)
+        except BaseException:
+            self._leave(again, stack, entry)
+            raise
+
+    def _leave(self, again: int, stack: List[Entry], entry: Entry) -> None:
+        if again:
+            self._again = again - 1
+        else:
+            _drop(stack, entry)
 
     def __repr__(self) -> str:
         return f"_Scope({self._strategy!r})"
+
+
+def _drop(stack: List[Entry], entry: Entry) -> None:
+    """Removes ``entry`` (by identity) from ``stack``, the innermost first."""
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i] is entry:
+            del stack[i]
+            return
 
 
 class _NullScope:

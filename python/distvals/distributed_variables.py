@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 import numpy as np
 
 from . import context, devices, nest, sparse
-from ._core import AbortedError
 from .errors import OutOfRangeError
 from .reduce_op import ReduceOp
-from .replicas_threads import in_abandoned_step
+from .replicas_threads import committing
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import (
     Variable,
@@ -26,6 +25,7 @@ from .variables import (
     _unwrap,
     coerce_sparse,
     coerce_value,
+    commit_copies,
 )
 
 if TYPE_CHECKING:
@@ -113,12 +113,14 @@ class DistributedVariable(DistributedValues, Variable):
         """Replica ``r``'s update of its own copy, from inside ``strategy.run``. A replica
         thread still running a step that has ended with an error (its timeout, another
         replica's failure) must not change its copy after the caller got that error."""
-        if in_abandoned_step():
-            raise AbortedError(
-                f"replica {r}: {kind} of variable '{self.name}' was dropped: this replica's step had "
-                "already ended with an error (a timeout or another replica's failure)"
-            )
-        self._values[r]._apply(kind, value)
+        with committing(lambda: self._dropped(r, kind)):
+            self._values[r]._apply(kind, value)
+
+    def _dropped(self, r: int, kind: str) -> str:
+        return (
+            f"replica {r}: {kind} of variable '{self.name}' was dropped: this replica's step had already "
+            "ended with an error (a timeout, Ctrl-C or another replica's failure)"
+        )
 
     def count_up_to(self, limit: int) -> np.ndarray:
         """As ``Variable.count_up_to``, by the rules of ``assign_add`` for this variable."""
@@ -238,18 +240,24 @@ class MirroredVariable(DistributedVariable, Mirrored):
             # concatenated, as TensorFlow sums IndexedSlices across replicas.
             ctx.merge_call(_merge_sparse_update, args=(self, kind, local, value))
             return self if read_value else None
-        ext = self._strategy.extended
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            result = ext._replica_broadcast(ctx, local)
-        else:
+        # The meeting's resolver combines the replicas' values and updates every local copy
+        # at once (see _commit_update): a failure or Ctrl-C never leaves copies unequal.
+        op: Optional[ReduceOp] = None  # ONLY_FIRST_REPLICA: the first replica's value
+        if agg is not VariableAggregation.ONLY_FIRST_REPLICA:
             op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
-            # The resolver refuses a SUM update that got the very same plain object on
-            # every replica: it would count it once per replica. A sync-on-read variable
-            # is not one: each replica passes its own copy's value.
-            original = local if isinstance(value, SyncOnReadVariable) else value
-            result = ext._replica_update_all_reduce(ctx, self.name, kind, op, local, original)
-        self._replica_write(r, kind, devices.cast(devices.as_value(result), self.dtype))
+        # The resolver refuses a SUM update that got the very same plain object on every
+        # replica: it would count it once per replica. A sync-on-read variable is not one:
+        # each replica passes its own copy's value.
+        original = local if isinstance(value, SyncOnReadVariable) else value
+        self._strategy.extended._replica_update_all_reduce(ctx, self, kind, op, local, original)
         return self if read_value else None
+
+    def _commit_update(self, kind: str, results: List[Any], first_replica: int) -> None:
+        """Every local copy updated with its replica's combined value, as one change (the
+        resolver of an aggregated update calls it once for all local replicas)."""
+        values = [devices.cast(devices.as_value(x), self.dtype) for x in results]
+        with committing(lambda: self._dropped(first_replica, kind)):
+            commit_copies(self._values, kind, values)
 
     def _update_cross_replica(self, kind: str, value: Any) -> None:
         if isinstance(value, PerReplica) or (
@@ -262,8 +270,7 @@ class MirroredVariable(DistributedVariable, Mirrored):
         elif isinstance(value, DistributedValues):
             value = value.values[0]
         coerced = self._coerce_parts(value, kind)
-        for c in self._values:
-            c._apply(kind, coerced)
+        commit_copies(self._values, kind, [coerced] * self._n)
 
     def _aggregate(self, value: PerReplica, kind: str) -> Any:
         agg = self._aggregation
@@ -328,8 +335,7 @@ class SyncOnReadVariable(DistributedVariable):
                     f"for {self._n} copies"
                 )
             parts = [self._coerce_parts(v, kind) for v in value.values]
-            for c, p in zip(self._values, parts):
-                c._apply(kind, p)
+            commit_copies(self._values, kind, parts)
             return self if read_value else None
         if kind != "assign" and agg is VariableAggregation.SUM:
             raise ValueError(
@@ -343,11 +349,9 @@ class SyncOnReadVariable(DistributedVariable):
             total = self._strategy.num_replicas_in_sync
             offset = getattr(self._strategy.extended, "_offset", 0)
             parts = _split_sum(devices.to_host(coerced), total)[offset : offset + self._n]
-            for c, part in zip(self._values, parts):
-                c._apply(kind, part)
+            commit_copies(self._values, kind, parts)
             return self if read_value else None
-        for c in self._values:
-            c._apply(kind, coerced)
+        commit_copies(self._values, kind, [coerced] * self._n)
         return self if read_value else None
 
     def count_up_to(self, limit: int) -> np.ndarray:

@@ -610,14 +610,16 @@ class LocalExtended(CrossReplicaExtended):
         return kinds.restore(out[0], _unwrap(value))
 
     def _replica_update_all_reduce(
-        self, ctx: context.ReplicaContext, name: str, kind: str, op: ReduceOp, local: Any, original: Any
-    ) -> Any:
-        """The all-reduce of an aggregated variable update (``kind``: assign, assign_add,
-        ...); a SUM update that got the very same plain object on every replica is refused
-        (it would count it N times)."""
+        self, ctx: context.ReplicaContext, var: Any, kind: str, op: Optional[ReduceOp], local: Any, original: Any
+    ) -> None:
+        """An aggregated update of MirroredVariable ``var`` (``kind``: assign, assign_add,
+        ...): the replicas' values all-reduced with ``op`` (None: the first replica's,
+        broadcast), and every copy updated by the resolver at once. A SUM update that got
+        the very same plain object on every replica is refused (it would count it N
+        times)."""
         arrays = [self._convert(local)]
-        out = self._meet(ctx, Request("variable update", (name, kind, op), local, (arrays, original)))
-        return out[0]
+        shown = op if op is not None else "ONLY_FIRST_REPLICA"
+        self._meet(ctx, Request("variable update", (var.name, kind, shown), local, (arrays, original, var)))
 
     def _merge_call(
         self, ctx: context.ReplicaContext, merge_fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
@@ -702,14 +704,20 @@ class LocalExtended(CrossReplicaExtended):
         name, kind, op = q0.params
         leaves = [q.extra[0] for q in requests]
         check_leaves(q0.value, leaves, f"{kind} of variable '{name}'")
-        original = q0.extra[1]
+        original, var = q0.extra[1], q0.extra[2]
         if op is ReduceOp.SUM and self._count_twice(original, requests):
             raise ValueError(
                 f"a SUM update ({kind}) of variable '{name}' got the same plain value on every replica, which would "
                 f"count it {self._total_replicas()} times; pass each replica's own value, or use aggregation "
                 "MEAN or ONLY_FIRST_REPLICA"
             )
-        return self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value)
+        if isinstance(op, ReduceOp):
+            outs = self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value)
+        else:
+            outs = self._coll.broadcast(leaves, 0, value=q0.value)
+        first = context.current_run_context()
+        var._commit_update(kind, [o[0] for o in outs], first._replica_id if first is not None else 0)
+        return [None] * len(requests)
 
     def _count_twice(self, original: Any, requests: List[Request]) -> bool:
         return all(q.extra[1] is original for q in requests)

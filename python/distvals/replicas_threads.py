@@ -19,6 +19,7 @@ wait with the step's timeout; a replica that fails or returns early releases the
 from __future__ import annotations
 
 import _thread
+import contextlib
 import contextvars
 import itertools
 import queue
@@ -39,7 +40,7 @@ from .replicas import (
     set_async_exception,
 )
 
-__all__ = ["ThreadRunner", "in_abandoned_step"]
+__all__ = ["ThreadRunner", "committing", "in_abandoned_step"]
 
 _EMPTY: Dict[str, Any] = {}
 _STOP = None
@@ -192,6 +193,7 @@ class _Step:
     __slots__ = (
         "__weakref__",
         "abandoned",
+        "commit_lock",
         "deadline",
         "done",
         "failures",
@@ -226,6 +228,9 @@ class _Step:
         self.timeout = timeout
         self.deadline = _monotonic() + timeout
         self.abandoned = False
+        # Held while variable copies change (see committing): the step is abandoned only
+        # between two such changes, never half-way through one.
+        self.commit_lock = threading.RLock()
         self.on_fail = on_fail
 
     def fail(self, replica: int, error: BaseException) -> None:
@@ -301,6 +306,34 @@ def in_abandoned_step() -> bool:
     (its caller got it): what the replica would still change must not land."""
     step = getattr(_current, "step", None)
     return step is not None and step.abandoned
+
+
+def committing(what: Callable[[], str]) -> Any:
+    """Context for changing variable copies from a replica thread of a step: it waits
+    for no one, but the step cannot be abandoned while it is held, and it raises
+    AbortedError (``what()`` says what was dropped) when the step already was. Outside a
+    threads step (inline replicas, cross-replica code) it does nothing."""
+    step = getattr(_current, "step", None)
+    if step is None:
+        return contextlib.nullcontext()
+    return _Commit(step, what)
+
+
+class _Commit:
+    __slots__ = ("_step", "_what")
+
+    def __init__(self, step: _Step, what: Callable[[], str]) -> None:
+        self._step = step
+        self._what = what
+
+    def __enter__(self) -> None:
+        self._step.commit_lock.acquire()
+        if self._step.abandoned:
+            self._step.commit_lock.release()
+            raise AbortedError(self._what())
+
+    def __exit__(self, *exc: object) -> None:
+        self._step.commit_lock.release()
 
 
 def _stop_workers(workers: List[Optional[_Worker]]) -> None:
@@ -456,7 +489,8 @@ class ThreadRunner:
 
     def _abandon(self, step: _Step, why: str) -> None:
         """Releases every replica of ``step`` still waiting or running: the step is over."""
-        step.abandoned = True
+        with step.commit_lock:  # an update of variable copies in progress lands whole first
+            step.abandoned = True
         stuck = [w.replica for w in self._workers if w is not None and w.current is step]
         step.meeting.abort(stuck[0] if stuck else -1, why)
         self._on_fail(stuck[0] if stuck else -1, why)

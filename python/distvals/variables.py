@@ -39,10 +39,12 @@ on the value.
 
 from __future__ import annotations
 
+import collections
 import enum
+import itertools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import numpy as np
 
@@ -559,17 +561,18 @@ class Variable(metaclass=_VariableMeta):
             self._apply_unlocked(kind, value)
 
     def _apply_unlocked(self, kind: str, value: Any) -> None:
+        self._value = self._new_value(kind, value)
+
+    def _new_value(self, kind: str, value: Any) -> Any:
+        """The value after update ``kind`` with ``value`` (checked, of this variable's
+        dtype and shape); the variable itself does not change."""
         if isinstance(value, sparse.SparseDelta):
             new = sparse.apply_sparse(kind, devices.to_host(self._value), value)
             new.flags.writeable = False
-            self._value = (
-                _placed(new, devices.place_of(self._value)) if not isinstance(self._value, np.ndarray) else new
-            )
-            return
+            return _placed(new, devices.place_of(self._value)) if not isinstance(self._value, np.ndarray) else new
         if not isinstance(self._value, np.ndarray):
             # A copy on a GPU: the new value is computed there (see distvals.devices).
-            self._value = devices.freeze(_device_update(kind, self._value, value))
-            return
+            return devices.freeze(_device_update(kind, self._value, value))
         if not isinstance(value, np.ndarray):
             value = devices.to_host(value)
         if kind == "assign":
@@ -581,7 +584,7 @@ class Variable(metaclass=_VariableMeta):
         # `new` is always a fresh array (a copy, or a ufunc's result): it shares memory
         # with neither the old value nor the caller's.
         new.flags.writeable = False
-        self._value = new
+        return new
 
     def _update(self, kind: str, value: Any, read_value: bool) -> Any:
         self._apply(kind, self._coerce_update(kind, value))
@@ -884,6 +887,16 @@ def coerce_value(var: Any, value: Any, what: str) -> Any:
     if tuple(a.shape) != shape and getattr(var, "_fixed_shape", True):
         raise ValueError(f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape}")
     return a
+
+
+def commit_copies(copies: Sequence[Variable], kind: str, values: Sequence[Any]) -> None:
+    """Updates every copy of a distributed variable (copy i with ``values[i]``) as one
+    change: the new values are computed first (an error or Ctrl-C there changes
+    nothing), then set in one loop of C calls, which no signal handler can interrupt
+    half-way (they run between bytecodes). So a failed or interrupted update leaves the
+    copies equal: all updated, or none."""
+    news = [c._new_value(kind, v) for c, v in zip(copies, values)]
+    collections.deque(map(setattr, copies, itertools.repeat("_value"), news), maxlen=0)
 
 
 def coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
