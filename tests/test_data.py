@@ -237,3 +237,86 @@ def test_distributed_batches_changed_in_a_step_leave_the_source_and_later_epochs
         # Every epoch's replicas see the source's rows, in order, split evenly.
         np.testing.assert_array_equal(np.concatenate([p for parts in got for p in parts]), keep)
     np.testing.assert_array_equal(x, keep)
+
+
+# ---- values as TensorFlow gives them, and no state shared by accident ---------------------------
+
+
+def test_numpy_float64_values_in_lists_keep_their_dtype():
+    # Python floats become float32 (TensorFlow's rule); numpy float64 values do not.
+    got = list(Dataset.from_tensor_slices([np.float64(0.1), np.float64(1 + 2**-40)]))
+    assert [x.dtype for x in got] == [np.float64, np.float64]
+    assert [float(x) for x in got] == [0.1, 1 + 2**-40]
+    rows = list(Dataset.from_tensor_slices([np.arange(3.0), np.arange(3.0) + 0.1]))
+    assert rows[1].dtype == np.float64 and rows[1].tolist() == [0.1, 1.1, 2.1]
+    assert next(iter(Dataset.from_tensors([np.float64(0.1)]))).dtype == np.float64
+    assert [x.dtype for x in Dataset.from_tensor_slices([0.5, 1.5])] == [np.float32, np.float32]
+
+
+def test_map_returning_a_list_gives_a_tuple_of_components():
+    got = list(Dataset.from_tensor_slices(np.arange(3.0)).map(lambda x: [x, x * 2]))
+    assert all(type(e) is tuple and len(e) == 2 for e in got)
+    assert [(float(a), float(b)) for a, b in got] == [(0.0, 0.0), (1.0, 2.0), (2.0, 4.0)]
+    assert all(a.dtype == np.float64 for e in got for a in e)
+
+
+def test_from_tensors_hands_out_copies():
+    x = np.arange(4.0)
+    ds = Dataset.from_tensors(x).repeat(2)
+    seen = []
+    for e in ds:
+        seen.append(e.tolist())
+        e -= 100  # a step that edits its element in place
+    assert seen == [[0.0, 1.0, 2.0, 3.0]] * 2 and x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_shuffle_without_reshuffle_keeps_one_order_without_a_seed():
+    ds = Dataset.range(30).shuffle(30, reshuffle_each_iteration=False)
+    first = [int(x) for x in ds]
+    assert sorted(first) == list(range(30)) and first != list(range(30))
+    assert [int(x) for x in ds] == first
+    twice = [int(x) for x in ds.repeat(2)]
+    assert twice == first + first
+
+
+def test_element_spec_does_not_move_the_shuffle_order():
+    def orders(peek):
+        ds = Dataset.range(8).shuffle(8, seed=1).map(lambda x: x * 1).batch(4)
+        if peek:
+            assert ds.element_spec is not None
+        return [[int(v) for v in b] for _ in range(2) for b in ds]
+
+    assert orders(True) == orders(False)
+
+
+def test_a_distributed_iterator_shared_by_threads_hands_out_each_batch_once():
+    import threading
+    import time
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+
+        def slow(x):
+            time.sleep(0.0001)  # a source that lets other threads in while it works
+            return x
+
+        ds = Dataset.from_tensor_slices(np.arange(4000)).map(slow).batch(4)
+        it = iter(s.experimental_distribute_dataset(ds))
+        seen, errors = [], []
+
+        def take():
+            try:
+                for b in it:
+                    seen.append(np.concatenate(s.experimental_local_results(b)).tolist())
+            except BaseException as e:
+                errors.append(e)
+
+        ts = [threading.Thread(target=take) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert errors == []
+        assert sorted(seen) == [[4 * i + k for k in range(4)] for i in range(1000)]
+    finally:
+        s.close()

@@ -901,6 +901,39 @@ def test_ctrl_c_at_random_moments_never_leaves_mirrored_copies_unequal(execution
     s.close()
 
 
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no setitimer")
+@pytest.mark.timeout(240, method="thread")  # SIGALRM is this test's own
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ctrl_c_around_a_scope_never_leaves_it_entered():
+    """Ctrl-C at random moments around `with strategy.scope():` (nested too): once the
+    statement is left, by its end or by the interrupt, no scope stays entered."""
+    s = mirrored(2)
+    rng = random.Random(3)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for i in range(20_000):
+            try:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 3e-5))
+                    with s.scope(), s.scope():
+                        pass
+                    for _ in range(20):
+                        pass
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                pass
+            assert not dv.has_strategy(), f"a scope stayed entered after try {i}"
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert type(dv.Variable(1.0)) is dv.Variable
+    s.close()
+
+
 def test_a_step_ended_by_its_timeout_leaves_mirrored_copies_equal(execution):
     """Replicas loop on aggregated updates until the step's timeout ends it: the copies
     are equal afterwards (the updates that landed, landed on every copy), and the next

@@ -24,6 +24,7 @@ void register_pool(py::module_& m);
 void register_leaves(py::module_& m);
 void register_meeting(py::module_& m);
 void register_nest(py::module_& m);
+void register_scope(py::module_& m);
 void register_scheduler(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 

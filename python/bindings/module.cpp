@@ -13,6 +13,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_leaves(m);
   distvals_py::register_meeting(m);
   distvals_py::register_nest(m);
+  distvals_py::register_scope(m);
   distvals_py::register_scheduler(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);

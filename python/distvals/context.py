@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ._core import install_scope_exit
+
 if TYPE_CHECKING:  # pragma: no cover
     from .local_extended import LocalExtended
     from .options import CommunicationOptions
@@ -173,21 +175,13 @@ class _Scope:
         return strategy
 
     def __exit__(self, *exc: object) -> None:
-        # Leaving is idempotent (a count set to a value read first, or an entry dropped
-        # by identity): a Ctrl-C handled half-way is caught, leaving is finished, and the
-        # interrupt goes on.
-        again, stack, entry = self._again, _local.stack, self._entry
-        try:
-            self._leave(again, stack, entry)
-        except BaseException:
-            self._leave(again, stack, entry)
-            raise
-
-    def _leave(self, again: int, stack: List[Entry], entry: Entry) -> None:
-        if again:
-            self._again = again - 1
+        # Replaced below by the same steps written in C (distvals._core): a Python
+        # __exit__ begins with a check for signals, so a Ctrl-C landing there would raise
+        # before the scope is left, and leave it entered for good.
+        if self._again:
+            self._again -= 1
         else:
-            _drop(stack, entry)
+            _drop(_local.stack, self._entry)
 
     def __repr__(self) -> str:
         return f"_Scope({self._strategy!r})"
@@ -199,6 +193,9 @@ def _drop(stack: List[Entry], entry: Entry) -> None:
         if stack[i] is entry:
             del stack[i]
             return
+
+
+install_scope_exit(_Scope, _local)
 
 
 class _NullScope:

@@ -19,6 +19,7 @@ a copy of its own.
 from __future__ import annotations
 
 import itertools
+import threading
 import typing
 from typing import Any, Callable, Iterator, List
 
@@ -38,6 +39,14 @@ _INT32 = np.iinfo(np.int32)
 
 # As in tf.data, tuples (namedtuples too) and dicts are structures; a list is one
 # component, converted to an array.
+class _Peeking(threading.local):
+    active = False
+
+
+# Set while element_spec reads a first element (see shuffle).
+_peeking = _Peeking()
+
+
 def _is_structure(x: Any) -> bool:
     return isinstance(x, (tuple, dict))
 
@@ -65,6 +74,13 @@ def _pack(template: Any, leaves: List[Any]) -> Any:
     return build(template)
 
 
+def _python_numbers(x: Any) -> bool:
+    """True for Python numbers and (nested) lists and tuples of only them."""
+    if isinstance(x, (list, tuple)):
+        return all(_python_numbers(v) for v in x)
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
+
+
 def convert_leaf(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
@@ -82,7 +98,9 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
                 pass
         return np.asarray(x)
     a = np.asarray(x)
-    if a.dtype == np.float64:
+    if a.dtype == np.float64 and _python_numbers(x):
+        # Python floats become float32, as in TensorFlow; numpy float64 values in a list
+        # keep their dtype there too.
         return a.astype(np.float32)
     if (
         a.dtype.kind == "i"
@@ -274,11 +292,17 @@ class Dataset:
     @staticmethod
     def from_tensors(tensors: Any) -> Dataset:
         """A dataset of one element, ``tensors``."""
-        leaves = [convert_leaf(x, "from_tensors") for x in _flatten(tensors)]
-        element = _pack(tensors, leaves) if _is_structure(tensors) else leaves[0]
+        # A copy of the caller's arrays, and each pass hands out a copy of its own: a step
+        # that edits its element changes neither the caller's arrays nor the next pass.
+        leaves = [np.array(convert_leaf(x, "from_tensors"), copy=True) for x in _flatten(tensors)]
         leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
         spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
-        return Dataset(lambda: iter((element,)), description="TensorDataset(1 element)", spec=spec, cardinality=1)
+
+        def one() -> Iterator[Any]:
+            fresh = [a.copy() for a in leaves]
+            yield _pack(tensors, fresh) if _is_structure(tensors) else fresh[0]
+
+        return Dataset(one, description="TensorDataset(1 element)", spec=spec, cardinality=1)
 
     @staticmethod
     def range(*args: int) -> Dataset:
@@ -336,10 +360,14 @@ class Dataset:
         buffer_size = int(buffer_size)
         source = self
         epoch = itertools.count()
-        base = np.random.SeedSequence(seed) if seed is not None else None
+        # Without a seed, an order kept over passes still needs one seed, drawn now.
+        base = np.random.SeedSequence(seed) if seed is not None or not reshuffle_each_iteration else None
 
         def generator() -> np.random.Generator:
-            e = next(epoch) if reshuffle_each_iteration else 0
+            # A pass that only peeks at the first element (element_spec) is not an epoch:
+            # it must not move the order of the passes that follow (nor, across workers,
+            # make one worker's epochs differ from the others').
+            e = next(epoch) if reshuffle_each_iteration and not _peeking.active else 0
             if base is None:
                 return np.random.default_rng()
             return np.random.default_rng(np.random.SeedSequence(base.entropy, spawn_key=(e,)))
@@ -467,6 +495,8 @@ class Dataset:
         def make() -> Iterator[Any]:
             for x in source:
                 y = fn(*x) if type(x) is tuple else fn(x)
+                if type(y) is list:
+                    y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
                 leaves = [convert_leaf(v, "map") for v in _flatten(y)]
                 yield _pack(y, leaves) if _is_structure(y) else leaves[0]
 
@@ -486,10 +516,13 @@ class Dataset:
         like the elements; the batch dimension is None when the last batch may be
         smaller. After ``map`` it is read from the first element."""
         if self._spec is None:
+            _peeking.active = True
             try:
                 first = next(iter(self))
             except StopIteration:
                 return None
+            finally:
+                _peeking.active = False
             leaves = [np.asarray(x) for x in _flatten(first)]
             leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
             spec = _pack(first, leaf_specs) if _is_structure(first) else leaf_specs[0]

@@ -25,6 +25,7 @@ hold (bool, strings, ...) stay on the host.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -273,12 +274,15 @@ class DistributedIterator:
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec  # asked only when wanted: it may read the dataset
+        # Threads may share one iterator: each takes whole elements, one at a time.
+        self._lock = threading.Lock()
 
     def __iter__(self) -> DistributedIterator:
         return self
 
     def __next__(self) -> Any:
-        element = next(self._iterator)
+        with self._lock:
+            element = next(self._iterator)
         n = self._n
         if type(element) is np.ndarray and self._places is None:
             # The common case, one host array: its per-replica views straight away.
