@@ -443,3 +443,26 @@ def test_interpreter_exit_while_a_daemon_thread_is_in_a_collective(caller):
     """
     for _ in range(5):
         assert _run_script(body).strip() == "ok"
+
+
+def test_two_threads_passing_the_same_replica_index_get_an_error_at_once():
+    """A second thread in a call as replica 0 (while the first waits for replica 1) is
+    refused at once with an error naming the replica, instead of both waiting out the
+    timeout; the first call then completes with the right values once replica 1 comes."""
+    g = dv.ReplicaGroup(2, timeout_seconds=60)
+    first = np.full(5, 1.0)
+    done = []
+    t = threading.Thread(target=lambda: done.append(g.replica_all_reduce(0, first)))
+    t.start()
+    time.sleep(0.1)  # replica 0's first caller now waits inside the engine
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^replica 0: another thread is already in a call as this replica"):
+        g.replica_all_reduce(0, np.full(5, 7.0))
+    assert time.monotonic() - t0 < 5
+    second = np.full(5, 2.0)
+    g.replica_all_reduce(1, second)
+    t.join(30)
+    assert not t.is_alive() and done == [None]
+    np.testing.assert_array_equal(first, np.full(5, 3.0))
+    np.testing.assert_array_equal(second, np.full(5, 3.0))
+    g.close()

@@ -62,6 +62,7 @@ void group::impl::renew_after_fork() noexcept {
     reps[r].progress.store(0);
     reps[r].seq.store(0);
     reps[r].busy.store(false);
+    reps[r].caller.store(false);
   }
   // Step 3: the executor's own threads and locks.
   if (exec && state.load() != closed) exec->after_fork();

@@ -54,6 +54,10 @@ struct __attribute__((visibility("hidden"))) group::impl {
     // leaves a failed collective first waits for every flag to drop (drain()), so no
     // step still reads or writes its buffers once its caller has the error.
     std::atomic<bool> busy{false};
+    // True while a thread is in a per-replica call as this replica: a second thread
+    // passing the same index is refused at once (it would post over the first one's
+    // arguments, and both would wait for a replica that never comes).
+    std::atomic<bool> caller{false};
     // Last call number; written by the replica's own caller, or by a single call (which
     // runs only while no per-replica caller is inside the gate). Atomic because a caller
     // waiting at the gate reads it to tell whether it joins a started collective.

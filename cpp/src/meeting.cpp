@@ -80,12 +80,21 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
   inside_guard guard(inside);
   if (state.load() == closed) throw closed_error("distvals: the group is closed");
   check_replica_index(replica, n);
+  auto& me = reps[replica];
+  if (me.caller.exchange(true)) {
+    throw invalid_argument_error("replica " + std::to_string(replica) +
+                                 ": another thread is already in a call as this replica; each replica's calls "
+                                 "must come from one thread at a time (two threads passed the same replica index?)");
+  }
+  struct release_caller {
+    std::atomic<bool>& flag;
+    ~release_caller() { flag.store(false); }
+  } one_caller{me.caller};
   throw_if_failed_at_start(replica);
   call_desc desc = desc_in;
   desc.algo = resolve_algorithm(desc);
   const auto timeout = options.timeout.count() > 0 ? options.timeout : opts.timeout;
   const auto deadline = detail::deadline_after(timeout);
-  auto& me = reps[replica];
   enter_replica(replica, deadline, timeout);
   replica_gate leave_gate{*this};
 
