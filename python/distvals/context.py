@@ -225,29 +225,27 @@ class CrossReplica:
             s.pop()
 
 
-class UpdateCopy:
+class UpdateCopy(CrossReplica):
     """The cross-replica context in which ``extended.update`` runs its function on copy
     ``i`` of a variable: there the strategy's distributed variables read and update
     their copy ``i`` only, as in TensorFlow (so an optimizer's function that updates a
     slot variable updates the slot's matching copy, once)."""
 
-    __slots__ = ("_entry", "_i", "_saved")
+    __slots__ = ("_i", "_saved")
 
     def __init__(self, strategy: Strategy, i: int) -> None:
-        self._entry = (strategy, None)
+        super().__init__(strategy)
         self._i = i
         self._saved: Optional[Tuple[Entry, int]] = None
 
     def __enter__(self) -> None:
-        _local.stack.append(self._entry)
+        super().__enter__()
         self._saved = _local.updating
         _local.updating = (self._entry, self._i)
 
     def __exit__(self, *exc: object) -> None:
         _local.updating = self._saved
-        s = _local.stack
-        if s and s[-1] is self._entry:
-            s.pop()
+        super().__exit__(*exc)
 
 
 def updating_copy(strategy: Strategy) -> Optional[int]:

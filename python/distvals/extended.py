@@ -207,11 +207,11 @@ class StrategyExtended:
         split_args = contains_distributed(args, n, "extended.update")
         split_kwargs = contains_distributed(kwargs, n, "extended.update")
         results = []
+        # For a distributed variable, fn runs on copy i in an update context: there the
+        # strategy's distributed variables (var itself, an optimizer's slots) read and
+        # update their copy i only.
+        distributed = isinstance(var, DistributedVariable)
         for i, c in enumerate(copies):
-            # For a distributed variable, fn runs on copy i in an update context: there the
-            # strategy's distributed variables (var itself, an optimizer's slots) read and
-            # update their copy i only.
-            distributed = isinstance(var, DistributedVariable)
             with context.UpdateCopy(self._container, i) if distributed else context.CrossReplica(self._container):
                 results.append(
                     fn(

@@ -40,7 +40,7 @@ from .replicas import (
     set_async_exception,
 )
 
-__all__ = ["ThreadRunner", "committing", "in_abandoned_step"]
+__all__ = ["ThreadRunner", "committing"]
 
 _EMPTY: Dict[str, Any] = {}
 _STOP = None
@@ -299,13 +299,6 @@ def _worker_main(w: _Worker) -> None:
     except BaseException:
         if not w.retired:
             raise
-
-
-def in_abandoned_step() -> bool:
-    """Whether this thread runs a replica of a step that has already ended with an error
-    (its caller got it): what the replica would still change must not land."""
-    step = getattr(_current, "step", None)
-    return step is not None and step.abandoned
 
 
 def committing(what: Callable[[], str]) -> Any:
