@@ -171,7 +171,13 @@ def _merge_sparse_update(strategy: Any, var: MirroredVariable, kind: str, delta:
     the variable's aggregation, go to every copy. ``raw`` (the caller's argument) is the
     same object on every replica only when each replica passed that very object."""
     leaves = nest.flatten(raw) if nest.is_nested(raw) else [raw]
-    if var._aggregation is VariableAggregation.SUM and not any(isinstance(x, PerReplica) for x in leaves):
+    # With one local replica (a worker of a multi-worker strategy) a plain value is that
+    # replica's own: nothing is counted twice.
+    if (
+        var._aggregation is VariableAggregation.SUM
+        and var._n > 1
+        and not any(isinstance(x, PerReplica) for x in leaves)
+    ):
         raise ValueError(
             f"a SUM update ({kind}) of variable '{var.name}' got the same plain value on every replica, which "
             f"would count it {var._n} times; pass each replica's own value, or use aggregation MEAN or "
@@ -280,12 +286,22 @@ class MirroredVariable(DistributedVariable, Mirrored):
                 "variable's aggregation is NONE; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, "
                 "or reduce the value first"
             )
-        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            return value.values[0]
+        ext = self._strategy.extended
+        what = f"{kind} of variable '{self.name}'"
         if kind in sparse.SCATTER_KINDS:
-            deltas = [self._coerce_parts(v, kind) for v in value.values]
+            # Every replica's update, of every worker: their rows differ in number, so
+            # indices and values are gathered rather than reduced.
+            local = [sparse.rows(self._coerce_parts(v, kind)) for v in value.values]
+            idx = ext._every_replica_part([d.indices for d in local], what)
+            vals = ext._every_replica_part([np.asarray(devices.to_host(d.values)) for d in local], what)
+            deltas = [sparse.SparseDelta(i, v, local[0].nd) for i, v in zip(idx, vals)]
+            if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+                return deltas[0]
             scale = None if agg is VariableAggregation.SUM else self.dtype.type(1) / self.dtype.type(len(deltas))
             return sparse.concat_deltas(deltas, scale)
+        if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+            # Global replica 0's value: on a multi-worker strategy, the chief's.
+            return ext._first_replica_value(self._coerce_parts(value.values[0], kind), what)
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         # Each part in the variable's dtype first, as inside run: int32 parts of an int64
         # variable must not wrap around in int32 while they are summed.
@@ -300,7 +316,8 @@ class SyncOnReadVariable(DistributedVariable):
     def _cross_replica_part(self) -> Any:
         agg = self._aggregation
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-            return self._values[0]._value
+            # Global replica 0's copy: on a multi-worker strategy, the chief's.
+            return self._strategy.extended._first_replica_value(self._values[0]._value, f"read of '{self.name}'")
         if agg is VariableAggregation.NONE:
             raise ValueError(
                 f"cannot read SyncOnReadVariable '{self.name}' in cross-replica context: its aggregation is "

@@ -130,10 +130,21 @@ class StrategyExtended:
             )
 
     # ---- hooks for strategies whose replicas span several processes ------------------------
-    def _initial_value(self, value: np.ndarray) -> np.ndarray:
-        """The value a new distributed variable starts from (a multi-worker strategy gives
-        every process the chief's)."""
+    def _initial_value(self, value: np.ndarray, name: str) -> np.ndarray:
+        """The value a new distributed variable ``name`` starts from (a multi-worker
+        strategy gives every process the chief's)."""
         return value
+
+    def _first_replica_value(self, part: Any, what: str) -> Any:
+        """The first replica's value, given ``part``, this process's first replica's (a
+        multi-worker strategy gives every process the chief's)."""
+        return part
+
+    def _every_replica_part(self, parts: Sequence[Any], what: str) -> List[Any]:
+        """Every replica's part, in replica order, given this process's replicas' arrays
+        ``parts`` (their sizes may differ along the first axis; a multi-worker strategy
+        gathers every worker's)."""
+        return list(parts)
 
     def _write_checkpoint(self, write: Callable[[], None]) -> None:
         """Runs ``write``, the file write of ``save_variables`` (a multi-worker strategy

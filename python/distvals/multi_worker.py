@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from . import context, nest
+from . import context, devices, nest
 from .local_extended import LocalExtended
 from .options import CommunicationOptions
 from .reduce_op import ReduceOp
@@ -415,12 +415,34 @@ class _MultiWorkerExtended(LocalExtended):
         return super().broadcast_to(tensor, self._local_destinations(destinations, "broadcast_to"))
 
     # ---- variables and checkpoints -------------------------------------------------------------------
-    def _initial_value(self, value: np.ndarray) -> np.ndarray:
-        """Every worker's new variable starts from the chief's initial value."""
-        out = self._coll.broadcast_from_chief(value, "Variable")
+    def _initial_value(self, value: np.ndarray, name: str) -> np.ndarray:
+        """Every worker's new variable starts from the chief's initial value. The name is
+        part of the agreement: workers that create their variables in different orders get
+        MismatchError, not each other's values."""
+        out = self._coll.broadcast_from_chief(value, f"Variable '{name}'")
         if out is not value:
             out.flags.writeable = False
         return out
+
+    def _first_replica_value(self, part: Any, what: str) -> Any:
+        """Global replica 0's value (the chief's first replica's) on every worker."""
+        if self._num_workers == 1:
+            return part
+        host = np.asarray(devices.to_host(part), order="C")  # 0-d stays 0-d
+        out = self._coll.broadcast_from_chief(host, what)
+        out.flags.writeable = False  # a read of the value, like any variable read
+        return out
+
+    def _every_replica_part(self, parts: Sequence[Any], what: str) -> List[Any]:
+        """Every worker's replicas' parts, in global replica order: one gather of their
+        sizes along the first axis, one of the parts themselves, cut apart again."""
+        if self._num_workers == 1:
+            return list(parts)
+        hosts = [np.asarray(devices.to_host(p), order="C") for p in parts]
+        sizes = self._gather_one(PerReplica(tuple(np.array([len(h)], np.int64) for h in hosts)), 0, what)
+        joined = np.asarray(devices.to_host(self._gather_one(PerReplica(tuple(hosts)), 0, what)))
+        bounds = np.concatenate([[0], np.cumsum(np.asarray(devices.to_host(sizes)))])
+        return [joined[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
     def _write_checkpoint(self, write: Callable[[], None]) -> None:
         """The chief writes; every worker returns once it has (or raises if it failed)."""

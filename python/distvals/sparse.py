@@ -137,10 +137,23 @@ def nd_delta(indices: Any, updates: Any, shape: Tuple[int, ...], coerce: Any, wh
     return SparseDelta(idx, values, nd=True)
 
 
+def rows(delta: SparseDelta) -> SparseDelta:
+    """``delta`` with one update per row: ``scatter_nd`` indices of any leading shape
+    become a (rows, K) matrix and their updates (rows, ...), so that the updates of
+    several replicas join along the first axis whatever their leading shapes."""
+    if not delta.nd or delta.indices.ndim == 2:
+        return delta
+    k = delta.indices.shape[-1]
+    values = np.asarray(kinds.to_numpy(delta.values))
+    lead = delta.indices.ndim - 1
+    return SparseDelta(delta.indices.reshape(-1, k), values.reshape((-1,) + values.shape[lead:]), True)
+
+
 def concat_deltas(deltas: Any, scale: Any = None) -> SparseDelta:
     """The replicas' sparse updates as one: their (indices, values) concatenated, as
     TensorFlow sums IndexedSlices across replicas; ``scale`` multiplies the values (1/N
     for MEAN)."""
+    deltas = [rows(d) for d in deltas]
     first = deltas[0]
     idx = np.concatenate([d.indices for d in deltas], axis=0)
     vals = np.concatenate([np.asarray(kinds.to_numpy(d.values)) for d in deltas], axis=0)

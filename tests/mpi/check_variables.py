@@ -94,6 +94,68 @@ def main() -> int:
     expect_close(sor_sum.read_value(), total * 3.0, rank, "SyncOnRead SUM assign in cross-replica context", 1e-6)
     checks += 3
 
+    # ONLY_FIRST_REPLICA means global replica 0 (the chief's first): a cross-replica
+    # assign of a PerReplica, and the read of a sync-on-read copy, on every worker.
+    first.assign(distributed(s.run(lambda: np.float64(50 + gid()))))
+    copies_equal(first, 50.0, rank, "cross-replica assign of a PerReplica (ONLY_FIRST_REPLICA)")
+    with s.scope():
+        sor_first = dv.Variable(
+            np.float32(0.0),
+            name="sor_first",
+            synchronization=dv.VariableSynchronization.ON_READ,
+            aggregation=dv.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+    s.run(lambda: sor_first.assign(np.float32(5 + 2 * gid())))
+    expect_close(sor_first.read_value(), 5.0, rank, "SyncOnRead ONLY_FIRST_REPLICA read: global replica 0's copy")
+    expect(np.shape(sor_first.read_value()) == (), rank, "a 0-d copy reads as 0-d")
+    checks += 3
+
+    # Sparse updates combine every replica of every worker: SUM and MEAN concatenate all
+    # replicas' rows, ONLY_FIRST_REPLICA takes global replica 0's; replicas pass
+    # different numbers of rows (replica g: rows g % 5 .. g % 5 + g % 2), and nd indices
+    # of different leading shapes.
+    with s.scope():
+        sp = {
+            agg: dv.Variable(np.zeros((5, 2), np.float32), name=f"sp_{agg}", aggregation=agg)
+            for agg in ("SUM", "MEAN", "ONLY_FIRST_REPLICA")
+        }
+        sp_nd = dv.Variable(np.zeros((5, 2), np.float64), name="sp_nd", aggregation="SUM")
+
+    def rows_of(g):
+        idx = np.arange(g % 5, g % 5 + 1 + g % 2) % 5
+        return idx, np.stack([np.full(2, 10.0 * g + k + 1, np.float32) for k in range(len(idx))])
+
+    def sparse_step():
+        g = gid()
+        idx, vals = rows_of(g)
+        sp["SUM"].scatter_add(dv.IndexedSlices(vals, idx))
+        sp["MEAN"].scatter_add(dv.IndexedSlices(vals, idx))
+        sp["ONLY_FIRST_REPLICA"].scatter_update(dv.IndexedSlices(vals, idx))
+        nd = np.array([[i, j] for i in idx for j in range(2)], np.int64)
+        upd = np.array([float(v[j]) for v in vals for j in range(2)])
+        if g % 2:
+            nd, upd = nd.reshape(-1, 2, 2), upd.reshape(-1, 2)  # another leading shape
+        sp_nd.scatter_nd_add(nd, upd)
+
+    s.run(sparse_step)
+    want = np.zeros((5, 2))
+    for g in range(total):
+        idx, vals = rows_of(g)
+        np.add.at(want, idx, vals.astype(np.float64))
+    first_want = np.zeros((5, 2))
+    first_want[rows_of(0)[0]] = rows_of(0)[1]
+    copies_equal(sp["SUM"], want, rank, "scatter_add SUM inside run, every worker's rows", 1e-6)
+    copies_equal(sp["MEAN"], want / total, rank, "scatter_add MEAN inside run, over every replica", 1e-6)
+    copies_equal(sp["ONLY_FIRST_REPLICA"], first_want, rank, "scatter_update ONLY_FIRST_REPLICA: global replica 0's")
+    copies_equal(sp_nd, want, rank, "scatter_nd_add SUM of nd indices of different leading shapes", 1e-12)
+    checks += 4
+    # In cross-replica context, with a PerReplica of every replica's rows.
+    sp["SUM"].assign(np.zeros((5, 2), np.float32))
+    per_rows = distributed(s.run(lambda: dv.IndexedSlices(rows_of(gid())[1], rows_of(gid())[0])))
+    sp["SUM"].scatter_add(per_rows)
+    copies_equal(sp["SUM"], want, rank, "cross-replica scatter_add of a PerReplica, every worker's rows", 1e-6)
+    checks += 1
+
     # A few training-like steps keep every copy on every worker identical (bitwise).
     for i in range(5):
         s.run(lambda i=i: w.assign_sub(np.full(3, 0.01 * (gid() + i), np.float32)))
@@ -122,6 +184,20 @@ def main() -> int:
     with np.load(path) as data:
         copies_equal(w, data["w"], rank, "loaded w")
     checks += 5
+
+    # Workers that create their variables in different orders get an error on every
+    # worker, not each other's initial values.
+    if size > 1:
+        names = ["order_a", "order_b"] if rank != size - 1 else ["order_b", "order_a"]
+        with s.scope():
+            expect_raises(
+                dv.MismatchError,
+                lambda: [dv.Variable(np.full(2, float(i)), name=nm) for i, nm in enumerate(names)],
+                rank,
+                "variables created in different orders",
+                "order_",
+            )
+        checks += 1
 
     # Workers that create differently shaped variables get an error on every worker.
     if size > 1:
