@@ -44,7 +44,9 @@ class SimulatedCuda:
 
     def __init__(self, gpus: int = 2) -> None:
         self.gpus = gpus
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside a locked section can free a DeviceBuffer
+        # whose __del__ takes the lock again on the same thread.
+        self._lock = threading.RLock()
         self._allocs: Dict[int, Tuple[int, int, np.ndarray]] = {}  # ptr -> (end, gpu, storage)
         self.calls: List[Tuple[str, str, str, Tuple[int, ...]]] = []  # (kind, dtype, op, gpus)
         self.waited: List[Tuple[int, int]] = []  # producer streams the collectives were told to follow
@@ -95,11 +97,12 @@ class SimulatedCuda:
     def _gpu_of(self, ptr: int, nbytes: int, what: str) -> int:
         """The GPU of the allocation holding ``[ptr, ptr + nbytes)``; ValueError if none."""
         with self._lock:
-            for base, (end, gpu, _) in self._allocs.items():
-                if base <= ptr < end or (nbytes == 0 and ptr == end):
-                    if ptr + nbytes > end:
-                        raise ValueError(f"{what}: {nbytes} bytes at {ptr:#x} run past the end of their allocation")
-                    return gpu
+            allocs = list(self._allocs.items())  # a free during the walk must not change it
+        for base, (end, gpu, _) in allocs:
+            if base <= ptr < end or (nbytes == 0 and ptr == end):
+                if ptr + nbytes > end:
+                    raise ValueError(f"{what}: {nbytes} bytes at {ptr:#x} run past the end of their allocation")
+                return gpu
         raise ValueError(f"{what}: {ptr:#x} is not simulated device memory")
 
     # ---- the module functions ----------------------------------------------------------

@@ -521,6 +521,37 @@ def test_mirrored_variable_updates_in_cross_replica_context(env, n):
         check_close(v.values[r].value(), want, "float64", f"copy {r}")
 
 
+def test_updates_check_value_ranges_and_keep_host_only_dtypes_on_the_host(env):
+    # Integers that do not fit the variable are refused from device values too (a cast
+    # would wrap 300 to 44 in int8), and variables of dtypes GPUs do not hold (int16,
+    # big-endian) take device values of other dtypes, in and out of run.
+    s = env.strategy(2)
+    with s.scope():
+        v8 = dv.Variable(np.zeros(3, np.int8), aggregation=FIRST)
+        v16 = dv.Variable(np.zeros(3, np.int16), aggregation=SUM)
+        vbe = dv.Variable(np.arange(3, dtype=">f4"), aggregation=SUM)
+    wide = distribute(s, [np.array([300, -200, 5], np.int64), np.array([1, 2, 3], np.int64)])
+    with pytest.raises(TypeError, match=r"replica 0: assign of variable 'Variable:0': -200 does not fit in int8"):
+        s.run(lambda d: v8.assign(d), args=(wide,))
+    with pytest.raises(TypeError, match="-200 does not fit in int8"):
+        v8.assign(wide)
+    for r in range(2):
+        np.testing.assert_array_equal(host_of(v8.values[r].value()), [0, 0, 0], err_msg=f"int8 copy {r} unchanged")
+    small = distribute(s, [np.full(3, r + 1, np.int8) for r in range(2)])
+    s.run(lambda d: v16.assign_add(d), args=(small,))
+    s.run(lambda: vbe.assign_add(np.full(3, rid() + 1, ">f4")))
+    for r in range(2):
+        got16 = host_of(v16.values[r].value())
+        assert got16.dtype == np.int16
+        np.testing.assert_array_equal(got16, [3, 3, 3], err_msg=f"int16 SUM copy {r}")
+        gotbe = host_of(vbe.values[r].value())
+        assert gotbe.dtype == np.dtype(">f4")
+        np.testing.assert_array_equal(gotbe, [3.0, 4.0, 5.0], err_msg=f"big-endian SUM copy {r}")
+    v16.assign(small)  # cross-replica: the SUM of the parts
+    for r in range(2):
+        np.testing.assert_array_equal(host_of(v16.values[r].value()), [3, 3, 3], err_msg=f"int16 assign copy {r}")
+
+
 @pytest.mark.parametrize("n", NS)
 def test_sync_on_read_variable(env, n):
     s = env.strategy(n)

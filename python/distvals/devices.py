@@ -280,14 +280,17 @@ def slice_rows(x: Any, start: int, stop: int) -> Any:
 
 def cast(x: Any, dtype: Any) -> Any:
     """``x`` with ``dtype``, where it lives (``x`` itself when it has it already). A device
-    array changes dtype through the host, since no conversion kernel exists."""
+    array changes dtype through the host, since no conversion kernel exists; it stays
+    there for a dtype GPUs do not hold (int16, big-endian: such variables live on the
+    host)."""
     dt = np.dtype(dtype)
     if x.dtype == dt:
         return x
     if isinstance(x, np.ndarray):
         return x.astype(dt)
     a = _cuda.as_device_array(x)
-    return to_replica_device(a.numpy().astype(dt), a.device)
+    host = a.numpy().astype(dt)
+    return to_replica_device(host, a.device) if can_place(dt) else host
 
 
 def concat_rows(parts: Sequence[Any], device: Union[str, int, None]) -> Any:

@@ -859,9 +859,12 @@ def _check_dtype(a: Any, dtype: np.dtype, python: bool, name: str, what: str) ->
             )
     elif not np.can_cast(src, dtype, casting="same_kind"):
         raise TypeError(f"{what} of variable '{name}': cannot use a {src} value for a {dtype} variable")
-    if src.kind in "iu" and dtype.kind in "iu" and isinstance(a, np.ndarray) and a.size:
+    if src.kind in "iu" and dtype.kind in "iu" and a.size and not np.can_cast(src, dtype, casting="safe"):
+        # Narrowing integers: every value must fit (device values are looked at on the
+        # host: a cast there would wrap 300 to 44 in int8).
+        host = devices.to_host(a)
         info = np.iinfo(dtype)
-        lo, hi = a.min(), a.max()
+        lo, hi = host.min(), host.max()
         if lo < info.min or hi > info.max:
             bad = lo if lo < info.min else hi
             raise TypeError(f"{what} of variable '{name}': {bad} does not fit in {dtype}")
