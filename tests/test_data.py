@@ -320,3 +320,79 @@ def test_a_distributed_iterator_shared_by_threads_hands_out_each_batch_once():
         assert sorted(seen) == [[4 * i + k for k in range(4)] for i in range(1000)]
     finally:
         s.close()
+
+
+# ---- an exception in a map function fails one element, and the pass goes on --------------------
+
+
+def _fails_at(bad):
+    def f(x):
+        if int(x) in bad:
+            raise ValueError(f"element {int(x)}")
+        return x * 10
+
+    return f
+
+
+def _drain(it, limit=40):
+    """What next() gives, one call at a time: values, 'error' for a raised exception."""
+    seen = []
+    for _ in range(limit):
+        try:
+            x = next(it)
+        except StopIteration:
+            return seen
+        except ValueError as e:
+            assert str(e).startswith("element "), e
+            seen.append("error")
+            continue
+        seen.append(np.asarray(x).tolist())
+    raise AssertionError(f"no end after {limit} elements: {seen}")
+
+
+@pytest.mark.parametrize(
+    "build,want",
+    [
+        (lambda f: Dataset.range(6).map(f), [0, 10, "error", 30, "error", 50]),
+        (lambda f: Dataset.range(6).map(f).map(lambda y: y + 1), [1, 11, "error", 31, "error", 51]),
+        # A batch with a failed element fails whole, after taking all of its elements.
+        (lambda f: Dataset.range(7).map(f).batch(2), [[0, 10], "error", "error", [60]]),
+        (lambda f: Dataset.range(7).map(f).batch(2, drop_remainder=True), [[0, 10], "error", "error"]),
+        (lambda f: Dataset.range(3).map(f).repeat(2), [0, 10, "error", 0, 10, "error"]),
+        # A failed element counts as neither taken nor skipped.
+        (lambda f: Dataset.range(6).map(f).take(4), [0, 10, "error", 30, "error", 50]),
+        (lambda f: Dataset.range(6).map(f).skip(1), [10, "error", 30, "error", 50]),
+        (lambda f: Dataset.range(6).map(f).shuffle(1), [0, 10, "error", 30, "error", 50]),
+    ],
+    ids=["map", "map-map", "batch", "batch-drop", "repeat", "take", "skip", "shuffle-1"],
+)
+def test_an_exception_in_map_fails_its_element_and_the_pass_goes_on(build, want):
+    assert _drain(iter(build(_fails_at({2, 4})))) == want
+
+
+def test_a_shuffle_buffer_keeps_its_elements_across_a_failed_one():
+    ds = Dataset.range(20).map(_fails_at({3, 11})).shuffle(5, seed=1)
+    got = _drain(iter(ds))
+    assert got.count("error") == 2
+    assert sorted(x for x in got if x != "error") == [10 * i for i in range(20) if i not in (3, 11)]
+
+
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_distributed_iterator_goes_on_after_a_failed_batch(execution):
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+    try:
+        dist = s.experimental_distribute_dataset(Dataset.range(8).map(_fails_at({2})).batch(2))
+        it = iter(dist)
+        seen = []
+        for _ in range(6):
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            except ValueError:
+                seen.append("error")
+                continue
+            seen.append([np.asarray(p).tolist() for p in s.experimental_local_results(b)])
+        assert seen == [[[0], [10]], "error", [[40], [50]], [[60], [70]]]
+    finally:
+        s.close()

@@ -14,6 +14,12 @@ rows is one copy of a slice of each array, a shuffled batch one vectorized gathe
 element is the caller's own (writing to it changes neither the arrays the dataset was
 made from nor a later epoch); the dataset reads those arrays when it iterates, without
 a copy of its own.
+
+An exception in a ``map`` function reaches the caller's ``next()`` and the pass goes on
+with the next element, as in tf.data: the iterators of ``map``, ``batch``, ``shuffle``,
+``repeat``, ``take`` and ``skip`` are objects whose state survives an exception from
+the element they were computing (generators would end). A batch that holds a failed
+element fails whole, after taking all its elements (tf.data's map-and-batch).
 """
 
 from __future__ import annotations
@@ -332,12 +338,7 @@ class Dataset:
         else:
 
             def make() -> Iterator[Any]:
-                it = iter(source)
-                while True:
-                    chunk = list(itertools.islice(it, batch_size))
-                    if not chunk or (drop_remainder and len(chunk) < batch_size):
-                        return
-                    yield _stack(chunk)
+                return _BatchIterator(iter(source), batch_size, drop_remainder)
 
         spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
         return Dataset(
@@ -388,19 +389,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, rows=rows)
 
         def make() -> Iterator[Any]:
-            rng = generator()
-            buf: List[Any] = []
-            for x in source:
-                if len(buf) < buffer_size:
-                    buf.append(x)
-                    continue
-                j = int(rng.integers(len(buf)))
-                yield buf[j]
-                buf[j] = x
-            while buf:
-                j = int(rng.integers(len(buf)))
-                buf[j], buf[-1] = buf[-1], buf[j]
-                yield buf.pop()
+            return _ShuffleIterator(iter(source), buffer_size, generator)
 
         return self._derived(make, description)
 
@@ -440,13 +429,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, finite=finite, cardinality=new_card, rows=rows)
 
         def make() -> Iterator[Any]:
-            for _ in passes():
-                yielded = False
-                for x in source:
-                    yielded = True
-                    yield x
-                if not yielded:
-                    return
+            return _RepeatIterator(source, passes())
 
         return self._derived(make, description, finite=finite, cardinality=new_card)
 
@@ -468,7 +451,7 @@ class Dataset:
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), 0, count))
             return self._derived(_rows_maker(rows), description, finite=True, cardinality=new_card, rows=rows)
         return self._derived(
-            lambda: itertools.islice(iter(source), count), description, finite=True, cardinality=new_card
+            lambda: _CountedIterator(iter(source), count, 0), description, finite=True, cardinality=new_card
         )
 
     def skip(self, count: int) -> Dataset:
@@ -484,7 +467,7 @@ class Dataset:
             src_rows = self._rows
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), count, None))
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
-        return self._derived(lambda: itertools.islice(iter(source), count, None), description, cardinality=new_card)
+        return self._derived(lambda: _CountedIterator(iter(source), -1, count), description, cardinality=new_card)
 
     def map(self, fn: Callable[..., Any]) -> Dataset:
         """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
@@ -492,13 +475,16 @@ class Dataset:
             raise TypeError(f"map: fn must be callable, got {type(fn).__name__}")
         source = self
 
+        def apply(x: Any) -> Any:
+            y = fn(*x) if type(x) is tuple else fn(x)
+            if type(y) is list:
+                y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
+            leaves = [convert_leaf(v, "map") for v in _flatten(y)]
+            return _pack(y, leaves) if _is_structure(y) else leaves[0]
+
         def make() -> Iterator[Any]:
-            for x in source:
-                y = fn(*x) if type(x) is tuple else fn(x)
-                if type(y) is list:
-                    y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
-                leaves = [convert_leaf(v, "map") for v in _flatten(y)]
-                yield _pack(y, leaves) if _is_structure(y) else leaves[0]
+            # The builtin map: an exception in fn reaches next() and leaves it usable.
+            return map(apply, source)
 
         # What fn makes is known once it has run (see element_spec).
         return Dataset(
@@ -545,6 +531,159 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"<Dataset {self._description}{' batched' if self._batched else ''}>"
+
+
+# ---- iterators that outlive an exception ------------------------------------------------------
+# A generator ends for good when an exception leaves it; these keep their place, so that
+# after a failed element (a map function's exception) the next() call goes on with the
+# next element, as tf.data's iterators do.
+
+
+class _BatchIterator:
+    """Batches of ``size`` elements stacked. A batch with a failed element raises the
+    first failure once all its elements are taken (tf.data's map-and-batch)."""
+
+    __slots__ = ("_drop", "_size", "_source")
+
+    def __init__(self, source: Iterator[Any], size: int, drop_remainder: bool) -> None:
+        self._source = source
+        self._size = size
+        self._drop = drop_remainder
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        chunk: List[Any] = []
+        failed: typing.Optional[Exception] = None
+        taken = 0
+        while taken < self._size:
+            try:
+                x = next(self._source)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - the batch fails whole, below
+                failed = failed or e
+                taken += 1
+                continue
+            chunk.append(x)
+            taken += 1
+        if failed is not None:
+            raise failed
+        if not chunk or (self._drop and taken < self._size):
+            raise StopIteration
+        return _stack(chunk)
+
+
+class _ShuffleIterator:
+    """The elements of ``source`` through a shuffle buffer of ``size``: each element is
+    drawn from the buffer once it is filled (the place the last one left is filled first,
+    so the order for a seed is the one ``Dataset.shuffle`` always gave, and an element
+    that fails comes out where tf.data gives its error)."""
+
+    __slots__ = ("_buf", "_ended", "_generator", "_hole", "_rng", "_size", "_source")
+
+    def __init__(self, source: Iterator[Any], size: int, generator: Callable[[], np.random.Generator]) -> None:
+        self._source = source
+        self._size = size
+        self._generator = generator
+        self._rng: typing.Optional[np.random.Generator] = None
+        self._buf: List[Any] = []
+        self._hole: typing.Optional[int] = None  # the place of the element given out last
+        self._ended = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._rng is None:
+            self._rng = self._generator()  # at the pass's first element, as a generator would
+        buf = self._buf
+        # 1. Fill the buffer, the place the last element left first.
+        while not self._ended and (self._hole is not None or len(buf) < self._size):
+            try:
+                x = next(self._source)
+            except StopIteration:
+                self._ended = True
+                break
+            if self._hole is not None:
+                buf[self._hole] = x
+                self._hole = None
+            else:
+                buf.append(x)
+        if self._hole is not None:
+            # 2. The source has ended: the last element takes the empty place.
+            last = buf.pop()
+            if self._hole < len(buf):
+                buf[self._hole] = last
+            self._hole = None
+        if not buf:
+            raise StopIteration
+        # 3. One element drawn from the full buffer.
+        j = int(self._rng.integers(len(buf)))
+        self._hole = j
+        return buf[j]
+
+
+class _RepeatIterator:
+    """The passes of ``dataset``, one after another, while ``passes`` lasts; stops for
+    good after a pass that had no element (nor a failed one)."""
+
+    __slots__ = ("_dataset", "_it", "_passes", "_seen")
+
+    def __init__(self, dataset: Any, passes: Iterator[int]) -> None:
+        self._dataset = dataset
+        self._passes = passes
+        self._it: typing.Optional[Iterator[Any]] = None
+        self._seen = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._it is None:
+                next(self._passes)  # StopIteration: the last pass is done
+                self._it = iter(self._dataset)
+                self._seen = False
+            try:
+                x = next(self._it)
+            except StopIteration:
+                self._it = None
+                if not self._seen:
+                    self._passes = iter(())  # an empty pass: every later one would be too
+                continue
+            except Exception:
+                self._seen = True
+                raise
+            self._seen = True
+            return x
+
+
+class _CountedIterator:
+    """``source`` without its first ``skip`` elements, then at most ``take`` of them (-1:
+    all). As in tf.data, a failed element counts as neither."""
+
+    __slots__ = ("_skip", "_source", "_take")
+
+    def __init__(self, source: Iterator[Any], take: int, skip: int) -> None:
+        self._source = source
+        self._take = take
+        self._skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while self._skip > 0:
+            next(self._source)
+            self._skip -= 1
+        if self._take == 0:
+            raise StopIteration
+        x = next(self._source)
+        if self._take > 0:
+            self._take -= 1
+        return x
 
 
 def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:

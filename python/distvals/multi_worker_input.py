@@ -54,16 +54,19 @@ def worker_rows(batch: int, total: int, offset: int, count: int) -> slice:
 
 def _shard(iterator: Iterator[Any], total: int, offset: int, count: int) -> Iterator[Any]:
     """This worker's rows of every element; elements the local split rejects (unbatched,
-    components of different batch sizes) pass through whole, so it reports them."""
-    for element in iterator:
+    components of different batch sizes) pass through whole, so it reports them. (The
+    builtin map: an element that fails in the dataset leaves the iterator usable.)"""
+
+    def rows_of(element: Any) -> Any:
         structured = nest.is_nested(element)
         leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
         if not leaves or any(a.ndim == 0 for a in leaves) or any(a.shape[0] != leaves[0].shape[0] for a in leaves):
-            yield element
-            continue
+            return element
         rows = worker_rows(leaves[0].shape[0], total, offset, count)
         parts = [a[rows] for a in leaves]
-        yield nest.pack_sequence_as(element, parts) if structured else parts[0]
+        return nest.pack_sequence_as(element, parts) if structured else parts[0]
+
+    return map(rows_of, iterator)
 
 
 def wrap_single(value: Any) -> Any:
