@@ -445,3 +445,41 @@ def test_fuzz_target_over_pseudo_random_inputs():
         fuzz.one_input(rng.integers(0, 256, size=int(rng.integers(0, 200)), dtype=np.uint8).tobytes())
     for g in fuzz._groups.values():
         g.close()
+
+
+def _misaligned(values, dtype=np.float32):
+    """A C-contiguous array whose data starts one byte past an element boundary."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = bytearray(itemsize * len(values) + 1)
+    a = np.frombuffer(raw, dtype=dtype, count=len(values), offset=1)
+    a[:] = values
+    assert a.flags.c_contiguous and not a.flags.aligned
+    return a
+
+
+def test_misaligned_arrays_are_refused_by_the_group_and_copied_by_strategies():
+    # The engine reads whole, aligned elements: a group call names the problem before
+    # touching anything; inside strategy.run the array is copied first, in every path.
+    g = dv.ReplicaGroup(2)
+    x = [_misaligned(np.arange(8) + 1.0), np.arange(8, dtype=np.float32) * 10]
+    keep = [a.copy() for a in x]
+    with pytest.raises(ValueError, match=r"replica 0: array is not aligned to its 4-byte elements"):
+        g.all_reduce(x)
+    np.testing.assert_array_equal(x[0], keep[0])
+    want = keep[0].astype(np.float64) + keep[1]
+    for execution in ("inline", "threads"):
+        s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+        try:
+            v = s.experimental_distribute_values_from_function(lambda ctx: x[ctx.replica_id_in_sync_group])
+            ctx = dv.get_replica_context
+            one = s.run(lambda a: ctx().all_reduce("SUM", a), args=(v,))
+            tree = s.run(lambda a: ctx().all_reduce("SUM", {"a": a, "b": [a]}), args=(v,))
+            for r in range(2):
+                np.testing.assert_array_equal(s.experimental_local_results(one)[r], want, err_msg=execution)
+                parts = s.experimental_local_results(tree)[r]
+                np.testing.assert_array_equal(parts["a"], want, err_msg=execution)
+                np.testing.assert_array_equal(parts["b"][0], want, err_msg=execution)
+            np.testing.assert_array_equal(s.reduce("SUM", v, axis=None), want)
+            np.testing.assert_array_equal(x[0], keep[0])  # the input is left alone
+        finally:
+            s.close()

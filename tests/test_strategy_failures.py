@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -713,9 +714,10 @@ def test_cross_replica_calls_from_another_thread_while_run_loops(execution):
     t = threading.Thread(target=logger)
     t.start()
     try:
+        # 1.5 s of steps, and at least 11 of them however loaded the machine is.
         deadline = time.monotonic() + 1.5
         tag = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or tag <= 10:
             out = s.run(tagged_step, args=(tag,))
             check_step(out, tag, n)
             results.append((tag, out))
@@ -752,6 +754,48 @@ def test_strategies_release_their_threads_when_closed_or_collected(execution):
     gc.collect()
     left = settle_threads(base)
     assert left <= base, [t.name for t in threading.enumerate()]
+
+
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+def test_a_step_keeps_no_reference_to_its_inputs_results_or_errors(execution):
+    """Once run has returned (or raised) and the caller drops what it got, the step's
+    inputs, results and exceptions are freed: neither the runner, nor a reused replica
+    greenlet or thread, nor the last meeting keeps them (they may be large, or GPU
+    memory) until the next step."""
+    with mirrored(2, execution=execution) as s:
+        for step in range(3):  # the first step (new greenlets and threads) and later ones
+            parts = [np.arange(4096, dtype=np.float32) + 10 * r + step for r in range(2)]
+            x = s.experimental_distribute_values_from_function(lambda ctx, p=parts: p[ctx.replica_id_in_sync_group])
+            out = s.run(lambda v: dv.get_replica_context().all_reduce("SUM", v), args=(x,))
+            got = s.experimental_local_results(out)
+            for r in range(2):
+                np.testing.assert_array_equal(got[r], (parts[0].astype(np.float64) + parts[1]).astype(np.float32))
+            inputs, results = [weakref.ref(p) for p in parts], [weakref.ref(g) for g in got]
+            del parts, x, out, got
+            gc.collect()
+            assert [w() is None for w in inputs] == [True, True], f"step {step}: inputs kept"
+            assert [w() is None for w in results] == [True, True], f"step {step}: results kept"
+
+        class Boom(Exception):
+            pass
+
+        big = [np.ones(4096, np.float32) * (r + 1) for r in range(2)]
+        y = s.experimental_distribute_values_from_function(lambda ctx, b=big: b[ctx.replica_id_in_sync_group])
+
+        def fails(v):
+            if dv.get_replica_context().replica_id_in_sync_group == 1:
+                raise Boom(v)  # the error (and its traceback's frames) refer to the input
+            return v
+
+        with pytest.raises(Boom) as caught:
+            s.run(fails, args=(y,))
+        errors = weakref.ref(caught.value)
+        inputs = [weakref.ref(b) for b in big]
+        del big, y, caught
+        gc.collect()
+        assert errors() is None, "the replica's exception is kept"
+        assert [w() is None for w in inputs] == [True, True], "a failed step's inputs are kept"
+        assert_usable(s)
 
 
 def test_a_failed_thread_start_leaks_no_threads(monkeypatch):

@@ -3,7 +3,8 @@
 Outputs that alias no input and are large enough are written with non-temporal stores
 (whole 64-byte lines; plain stores for the partial lines at either end), then fenced
 before the step is published. These tests compare such results, for every dtype and op,
-with misaligned inputs and outputs, against a float64 numpy reference: at sizes above the
+with inputs and outputs at offsets that align them to their elements but to no vector or
+cache line, against a float64 numpy reference: at sizes above the
 default threshold, and with the threshold lowered so that small sizes (heads and tails
 only, a few lines) take the path too.
 """
@@ -43,7 +44,7 @@ def threshold():
 
 def _view(dt, count, offset_bytes, fill=None):
     """``count`` elements of ``dt`` starting ``offset_bytes`` into a fresh buffer (any
-    offset, so the view may be misaligned for its dtype and for every cache line)."""
+    offset, so the view may be misaligned for every cache line, or for its dtype)."""
     raw = np.zeros(count * dt.itemsize + offset_bytes + 64, np.uint8)
     v = np.frombuffer(raw.data, dt, count, offset=offset_bytes)
     if fill is not None:
@@ -87,7 +88,7 @@ def test_small_outputs_with_the_threshold_at_zero(threshold, dtype, op, n):
     rng = np.random.default_rng(7)
     with distvals.ReplicaGroup(n) as g:
         for count in (1, 13, 64, 2048 + 5, 70_001):
-            for in_off, out_off in ((0, 0), (dt.itemsize, 3 * dt.itemsize), (1, 33)):
+            for in_off, out_off in ((0, 0), (dt.itemsize, 3 * dt.itemsize), (5 * dt.itemsize, 33 * dt.itemsize)):
                 ins = _inputs(n, count, dt, op, rng, [in_off, 0])
                 keep = [a.copy() for a in ins]
                 outs = [_view(dt, count, out_off + 8 * r, fill=0) for r in range(n)]
@@ -95,6 +96,22 @@ def test_small_outputs_with_the_threshold_at_zero(threshold, dtype, op, n):
                 _check(outs, ins, op, dt)
                 for a, b in zip(ins, keep):  # inputs untouched
                     np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d not in ("int8", "uint8")])
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_buffers_not_aligned_to_their_elements_are_refused_untouched(dtype, which):
+    # The kernels load and store whole elements: a pointer between two is refused with
+    # the replica named, before anything is written.
+    dt = _dtype(dtype)
+    n, count = 2, 2048 + 5
+    with distvals.ReplicaGroup(n) as g:
+        ins = _inputs(n, count, dt, "sum", np.random.default_rng(5), [1 if which == "input" else 0, 0])
+        outs = [_view(dt, count, (1 if which == "output" else 0) + 8 * r, fill=0) for r in range(n)]
+        with pytest.raises(ValueError, match=rf"replica 0: .*not aligned to its {dt.itemsize}-byte elements"):
+            g.all_reduce(ins, "sum", "auto", out=outs)
+        for o in outs:
+            assert not o.astype(np.float64).any()
 
 
 @pytest.mark.parametrize("dtype,op", CASES)

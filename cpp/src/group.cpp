@@ -36,7 +36,9 @@ group::impl::impl(std::vector<device> devs, group_options options)
   opts.timeout = detail::resolve_timeout(opts.timeout);
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Oversubscribed: spinning only steals the core we wait for.
-  spin_us = opts.spin_us >= 0 ? opts.spin_us : (n > hw ? 0 : 20);
+  // At most 10 ms: a spin checks neither the deadline nor the interrupt hook, and the
+  // executor's spins are a multiple of it (a larger value would outlast short timeouts).
+  spin_us = opts.spin_us >= 0 ? std::min(opts.spin_us, max_spin_us) : (n > hw ? 0 : 20);
   opts.spin_us = spin_us;
   if (opts.chunk_bytes == 0) opts.chunk_bytes = 256 * 1024;
   reps.reset(new replica_state[static_cast<std::size_t>(n)]);

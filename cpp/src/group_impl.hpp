@@ -37,6 +37,7 @@ struct __attribute__((visibility("hidden"))) group::impl {
   std::vector<device> devices;
   group_options opts;
   int spin_us = 20;  // spin before yield/block
+  static constexpr int max_spin_us = 10000;
   // Extra time idle CPU workers keep spinning for the next collective (µs), set by a
   // caller about to issue several collectives back to back (see group::set_linger_us).
   std::atomic<int> linger_us{0};

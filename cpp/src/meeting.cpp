@@ -62,6 +62,25 @@ struct replica_gate {
   ~replica_gate() { m.leave_replica(); }
 };
 
+// The one thread in a call as a replica, from run() or report_invalid(): a second
+// thread that claims the same replica meanwhile is refused at once. (It would post a
+// call of its own over the first one's, and replicas in the middle of the first call
+// would take it as finished and read or return half-written buffers.)
+struct one_caller {
+  std::atomic<bool>& flag;
+  one_caller(std::atomic<bool>& f, int replica) : flag(f) {
+    if (flag.exchange(true)) {
+      throw invalid_argument_error("replica " + std::to_string(replica) +
+                                   ": another thread is already in a call as this replica; each replica's calls "
+                                   "must come from one thread at a time (two threads passed the same replica "
+                                   "index?)");
+    }
+  }
+  ~one_caller() { flag.store(false); }
+  one_caller(const one_caller&) = delete;
+  one_caller& operator=(const one_caller&) = delete;
+};
+
 }  // namespace
 
 void group::run(int replica, const call_desc& desc, buffer_view in, buffer_view out, std::chrono::nanoseconds timeout) {
@@ -81,15 +100,7 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
   if (state.load() == closed) throw closed_error("distvals: the group is closed");
   check_replica_index(replica, n);
   auto& me = reps[replica];
-  if (me.caller.exchange(true)) {
-    throw invalid_argument_error("replica " + std::to_string(replica) +
-                                 ": another thread is already in a call as this replica; each replica's calls "
-                                 "must come from one thread at a time (two threads passed the same replica index?)");
-  }
-  struct release_caller {
-    std::atomic<bool>& flag;
-    ~release_caller() { flag.store(false); }
-  } one_caller{me.caller};
+  const one_caller caller(me.caller, replica);
   throw_if_failed_at_start(replica);
   call_desc desc = desc_in;
   desc.algo = resolve_algorithm(desc);
@@ -143,10 +154,11 @@ void group::report_invalid(int replica, const std::string& why, bool type_error,
   inside_guard guard(m.inside);
   if (m.state.load() == impl::closed) throw closed_error("distvals: the group is closed");
   check_replica_index(replica, m.n);
+  auto& me = m.reps[replica];
+  const one_caller caller(me.caller, replica);
   m.throw_if_failed_at_start(replica);
   const auto timeout = timeout_in.count() > 0 ? timeout_in : m.opts.timeout;
   const auto deadline = detail::deadline_after(timeout);
-  auto& me = m.reps[replica];
   m.enter_replica(replica, deadline, timeout);
   replica_gate leave_gate{m};
   // Arrive like run() with an error posted and no buffers: step 3 of run_arrived makes

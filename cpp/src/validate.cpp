@@ -29,13 +29,51 @@ void check_count(int replica, const buffer_view& b, std::size_t want, const char
   if (want != 0 && b.data == nullptr) {
     throw invalid_argument_error(who(replica) + ": " + which + " is a null pointer");
   }
+  // Kernels load and store whole elements (vectors of them), on every backend.
+  if (want != 0 && reinterpret_cast<std::uintptr_t>(b.data) % dtype_size(b.type) != 0) {
+    throw invalid_argument_error(who(replica) + ": " + which + " is not aligned to its " +
+                                 std::to_string(dtype_size(b.type)) + "-byte " + dtype_name(b.type) +
+                                 " elements (address " + std::to_string(reinterpret_cast<std::uintptr_t>(b.data)) +
+                                 "); pass an aligned copy");
+  }
   // Where the memory lives is the backend's check (executor::check_buffer).
+}
+
+// An enum value outside its enumerators (cast from an integer): refused, rather than a
+// kernel or an operator picked by accident.
+template <class E>
+void check_enum(E value, E last, const char* what) {
+  if (static_cast<unsigned>(value) > static_cast<unsigned>(last)) {
+    throw invalid_argument_error(std::string(what) + " " + std::to_string(static_cast<unsigned>(value)) +
+                                 " is not one of the " + std::to_string(static_cast<unsigned>(last) + 1) + " " +
+                                 what + "s (0 to " + std::to_string(static_cast<unsigned>(last)) + ")");
+  }
+}
+
+// The call itself, the same for every replica: its enums, and sizes that fit in size_t.
+void check_call(const call_desc& d, int n) {
+  check_enum(d.kind, collective::reduce_scatter, "collective");
+  if (static_cast<int>(d.type) >= dtype_count) {
+    throw dtype_error("dtype " + std::to_string(static_cast<unsigned>(d.type)) + " is not one of the " +
+                      std::to_string(dtype_count) + " dtypes (0 to " + std::to_string(dtype_count - 1) + ")");
+  }
+  check_enum(d.op, reduce_op::mean, "reduce op");
+  check_enum(d.algo, algorithm::direct, "algorithm");
+  // The largest buffer of the call (all_gather's output holds n inputs) in bytes.
+  const std::size_t factor = d.kind == collective::all_gather ? static_cast<std::size_t>(n) : 1;
+  if (d.count > SIZE_MAX / dtype_size(d.type) / factor) {
+    throw invalid_argument_error(std::string(collective_name(d.kind)) + " of " + std::to_string(d.count) + " " +
+                                 dtype_name(d.type) + " elements" +
+                                 (factor > 1 ? " from each of " + std::to_string(n) + " replicas" : "") +
+                                 ": its size in bytes does not fit in size_t");
+  }
 }
 
 }  // namespace
 
 void validate_replica_buffers(const call_desc& d, int n, int r, const buffer_view& in,
                               const buffer_view& out) {
+  check_call(d, n);
   if (d.op == reduce_op::mean && !is_floating(d.type) &&
       (d.kind == collective::all_reduce || d.kind == collective::reduce ||
        d.kind == collective::reduce_scatter)) {

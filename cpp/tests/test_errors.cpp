@@ -506,3 +506,143 @@ TEST_CASE("a call on an aborted group says so, names the original failure and th
 }
 
 TEST_MAIN()
+
+TEST_CASE("malformed calls are refused before any data is touched: enums, sizes, alignment") {
+  group g(2);
+  buffer a(16, dtype::float32), b(16, dtype::float32);
+  for (int i = 0; i < 16; ++i) {
+    a.as<float>()[i] = 1.0f + static_cast<float>(i);
+    b.as<float>()[i] = 100.0f + static_cast<float>(i);
+  }
+  const std::vector<buffer_view> in{a.view(), b.view()};
+  // Enum values outside their enumerators (cast from integers) name what was wrong;
+  // an unknown reduce op is never taken for a sum, nor an unknown dtype for a kernel.
+  auto refused = [&](call_desc d, const char* part) {
+    try {
+      g.run(d, in, in);
+      CHECK(false);
+    } catch (const std::exception& e) {
+      CHECK(contains(e.what(), part));
+    }
+  };
+  call_desc d{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::automatic, 16, 0};
+  call_desc bad = d;
+  bad.op = static_cast<reduce_op>(7);
+  refused(bad, "reduce op 7 is not one of the 5");
+  bad = d;
+  bad.algo = static_cast<algorithm>(9);
+  refused(bad, "algorithm 9");
+  bad = d;
+  bad.kind = static_cast<collective>(9);
+  refused(bad, "collective 9");
+  bad = d;
+  bad.type = static_cast<dtype>(42);
+  try {
+    const buffer_view odd{a.data(), 16, static_cast<dtype>(42), {}};
+    g.run(bad, {odd, odd}, {odd, odd});
+    CHECK(false);
+  } catch (const dtype_error& e) {
+    CHECK(contains(e.what(), "dtype 42 is not one of the 8"));
+  }
+  // Counts whose size in bytes does not fit in size_t: refused, not wrapped around.
+  const std::size_t huge = SIZE_MAX / 4 + 2;
+  const buffer_view big_a{a.data(), huge, dtype::float32, {}}, big_b{b.data(), huge, dtype::float32, {}};
+  try {
+    g.all_reduce({big_a, big_b}, {big_a, big_b}, reduce_op::sum);
+    CHECK(false);
+  } catch (const invalid_argument_error& e) {
+    CHECK(contains(e.what(), "does not fit in size_t"));
+  }
+  const std::size_t half = std::size_t{1} << 63;
+  const buffer_view gin_a{a.data(), half, dtype::uint8, {}}, gin_b{b.data(), half, dtype::uint8, {}};
+  const buffer_view gout{nullptr, 0, dtype::uint8, {}};
+  try {
+    g.run(call_desc{collective::all_gather, dtype::uint8, reduce_op::sum, algorithm::direct, half, 0}, {gin_a, gin_b},
+          {gout, gout});
+    CHECK(false);
+  } catch (const invalid_argument_error& e) {
+    CHECK(contains(e.what(), "from each of 2 replicas"));
+  }
+  // Pointers not aligned to whole elements.
+  const buffer_view skew{static_cast<char*>(a.data()) + 1, 8, dtype::float32, {}};
+  const buffer_view eight{b.data(), 8, dtype::float32, {}};
+  try {
+    g.all_reduce({skew, eight}, {skew, eight}, reduce_op::sum);
+    CHECK(false);
+  } catch (const invalid_argument_error& e) {
+    CHECK(contains(e.what(), "replica 0"));
+    CHECK(contains(e.what(), "not aligned to its 4-byte float32 elements"));
+  }
+  // Nothing was touched, and the group still works.
+  for (int i = 0; i < 16; ++i) {
+    CHECK(a.as<float>()[i] == 1.0f + static_cast<float>(i));
+    CHECK(b.as<float>()[i] == 100.0f + static_cast<float>(i));
+  }
+  g.all_reduce(in, in, reduce_op::sum);
+  for (int i = 0; i < 16; ++i) CHECK(a.as<float>()[i] == 101.0f + 2.0f * static_cast<float>(i));
+  // A buffer whose size overflows cannot be had.
+  CHECK_THROWS_AS(buffer(SIZE_MAX, dtype::uint8), std::bad_alloc);
+  CHECK_THROWS_AS(buffer(SIZE_MAX / 4 + 2, dtype::float32), std::bad_alloc);
+}
+
+TEST_CASE("per replica: a second thread as a replica that is in a call is refused at once, in run and report_invalid") {
+  group_options o;
+  o.timeout = 10s;
+  group g(2, o);
+  buffer a(1 << 16, dtype::float32), b(1 << 16, dtype::float32);
+  for (std::size_t i = 0; i < a.count(); ++i) {
+    a.as<float>()[i] = static_cast<float>(i % 97);
+    b.as<float>()[i] = 1000.0f + static_cast<float>(i % 89);
+  }
+  std::atomic<bool> done{false};
+  std::string first_error;
+  std::thread first([&]() {
+    try {
+      g.all_reduce(0, a.view(), a.view(), reduce_op::sum);  // waits for replica 1
+    } catch (const std::exception& e) {
+      first_error = e.what();
+    }
+    done = true;
+  });
+  std::this_thread::sleep_for(200ms);  // replica 0 is inside its call, waiting
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    g.report_invalid(0, "replica 0: bad", false);
+    CHECK(false);
+  } catch (const invalid_argument_error& e) {
+    CHECK(contains(e.what(), "another thread is already in a call as this replica"));
+  }
+  try {
+    buffer c(a.count(), dtype::float32);
+    g.all_reduce(0, c.view(), c.view(), reduce_op::sum);
+    CHECK(false);
+  } catch (const invalid_argument_error& e) {
+    CHECK(contains(e.what(), "another thread is already in a call as this replica"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK(!done.load());
+  // Replica 1 arrives: the first call completes, right on both replicas.
+  g.all_reduce(1, b.view(), b.view(), reduce_op::sum);
+  first.join();
+  CHECK(first_error.empty());
+  for (std::size_t i = 0; i < a.count(); ++i) {
+    const float want = static_cast<float>(i % 97) + 1000.0f + static_cast<float>(i % 89);
+    if (a.as<float>()[i] != want || b.as<float>()[i] != want) {
+      CHECK(false);
+      break;
+    }
+  }
+  CHECK(!g.aborted());
+}
+
+TEST_CASE("a spin longer than the clamp is clamped, so short timeouts still fire on time") {
+  group_options o;
+  o.spin_us = 20000000;  // 20 s asked
+  o.timeout = 300ms;
+  group g(2, o);
+  CHECK(g.options().spin_us == 10000);
+  buffer a(8, dtype::float32);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(g.all_reduce(0, a.view(), a.view(), reduce_op::sum), timeout_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+}

@@ -62,8 +62,9 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
     py::object x = rows[static_cast<std::size_t>(r)][i];
     if (!py::isinstance<py::array>(x)) return false;
     py::array a = py::reinterpret_borrow<py::array>(x);
-    if (!(py::detail::array_proxy(a.ptr())->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) {
-      a = py::array::ensure(a, py::array::c_style);  // a contiguous copy, as the engine needs
+    constexpr int as_engine = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+    if ((py::detail::array_proxy(a.ptr())->flags & as_engine) != as_engine) {
+      a = py::array::ensure(a, as_engine);  // a contiguous, aligned copy, as the engine needs
       if (!a) {
         // ensure() clears the error it met; for an array that can only be memory.
         PyErr_NoMemory();

@@ -75,7 +75,9 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
     PyObject* x = PyTuple_GET_ITEM(q, 2);
     if (Py_TYPE(x) != array_type) return py::none();
     py::array a = py::reinterpret_borrow<py::array>(x);
-    if (!(py::detail::array_proxy(x)->flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_)) return py::none();
+    // Contiguous and aligned to its elements, as the engine reads it (else the general path copies it).
+    constexpr int as_engine = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+    if ((py::detail::array_proxy(x)->flags & as_engine) != as_engine) return py::none();
     distvals::dtype t;
     try {
       t = to_dtype(a.dtype(), r);

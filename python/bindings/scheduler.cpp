@@ -141,22 +141,30 @@ bool resume(drive_state& s, Py_ssize_t r, PyObject* value, PyObject* error) {
     Py_DECREF(val);
     return ok;
   }
-  if (PyTuple_CheckExact(m) && PyTuple_GET_SIZE(m) == 2) {
-    PyObject* tag = PyTuple_GET_ITEM(m, 0);
-    if (tag == names.done) {
-      PyObject* res = PyTuple_GET_ITEM(m, 1);
-      Py_INCREF(res);
+  // The replica's outcome: [_DONE, result] or [_FAILED, error]. The replica's frame keeps
+  // the list while it waits for its next task, so it is emptied here: no result or error
+  // stays alive in it after the step.
+  if (PyList_CheckExact(m) && PyList_GET_SIZE(m) == 2) {
+    PyObject* tag = PyList_GET_ITEM(m, 0);
+    if (tag == names.done || tag == names.failed) {
+      PyObject* item = PyList_GET_ITEM(m, 1);
+      Py_INCREF(item);
+      const bool emptied = PyList_SetSlice(m, 0, 2, nullptr) == 0;
       Py_DECREF(m);
-      if (!in_range(s, r)) {
-        Py_DECREF(res);
+      if (!emptied) {
+        Py_DECREF(item);
         return false;
       }
-      return put(s.results, r, res);
-    }
-    if (tag == names.failed) {
-      const bool ok = note_failure(s, r, PyTuple_GET_ITEM(m, 1));
-      Py_DECREF(m);
-      return ok;
+      if (tag == names.failed) {
+        const bool ok = note_failure(s, r, item);
+        Py_DECREF(item);
+        return ok;
+      }
+      if (!in_range(s, r)) {
+        Py_DECREF(item);
+        return false;
+      }
+      return put(s.results, r, item);
     }
   }
   // Anything else is a request: a Request, or its quick tuple form.

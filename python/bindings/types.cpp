@@ -115,6 +115,10 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
                           std::string(py::str(a.attr("strides"))) +
                           "); pass numpy.ascontiguousarray(x), which copies, or a contiguous array");
   }
+  if (!(flags & py::detail::npy_api::NPY_ARRAY_ALIGNED_)) {
+    throw py::value_error(where() + role + " is not aligned to its " + std::to_string(a.itemsize()) +
+                          "-byte elements; pass numpy.require(x, requirements=['C', 'A']), which copies");
+  }
   if (writable && !(flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_)) {
     throw py::value_error(where() + role + " is read-only, but the collective writes into it");
   }

@@ -66,7 +66,9 @@ class HostCollectives(EngineCollectives):
 
     def _engine_input(self, x: Any, r: int) -> np.ndarray:
         a = np.asarray(x)
-        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        flags = a.flags
+        # The engine reads whole, aligned elements: anything else is copied first.
+        return a if flags.c_contiguous and flags.aligned else np.require(a, requirements=("C", "A"))
 
     def _pack(self, xs: Sequence[Any], dtype: np.dtype, r: int) -> np.ndarray:
         total = 0

@@ -403,10 +403,11 @@ class LocalExtended(CrossReplicaExtended):
         try:
             results = runner.step(fn, per, self._entries, self._timeout)
         except StepTimeout as e:
-            if runner.failures and any(isinstance(f.error, Exception) for f in runner.failures):
+            failures, runner.failures = runner.failures, []  # the caller's now (see below)
+            if failures and any(isinstance(f.error, Exception) for f in failures):
                 # A replica's own error (a collective that timed out waiting for the
                 # stuck replica, say) says more than "the step timed out".
-                self._raise_failure(runner.failures)
+                self._raise_failure(failures)
             stuck = e.stuck
             raise CollectiveTimeoutError(
                 f"replica {stuck[0] if stuck else '?'}: strategy.run did not finish within {e.timeout:g} s"
@@ -414,7 +415,10 @@ class LocalExtended(CrossReplicaExtended):
                 f"{e.why + '; ' if e.why else ''}the timeout is CommunicationOptions.timeout_seconds"
             ) from None
         if runner.failures:
-            self._raise_failure(runner.failures)
+            # The errors go to the caller, and the runner keeps none of them: with its
+            # traceback an error holds the replica's frames, and so the step's inputs.
+            failures, runner.failures = runner.failures, []
+            self._raise_failure(failures)
         return regroup(results)
 
     @staticmethod
@@ -491,8 +495,8 @@ class LocalExtended(CrossReplicaExtended):
             return [Raise(e)] * n
 
     def _resolve_quick(self, requests: List[Any]) -> Optional[List[Any]]:
-        """Every replica all-reduces one C-contiguous numpy array of one engine dtype and
-        shape with the same op: one engine call, straight from the replicas' arrays into
+        """Every replica all-reduces one C-contiguous, aligned numpy array of one engine
+        dtype and shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
         differs (the general path then checks and reports it)."""
         ins = []
@@ -514,8 +518,9 @@ class LocalExtended(CrossReplicaExtended):
                     return None
             elif qop is not op or a.shape != shape or (a.dtype is not dt and a.dtype != dt):
                 return None
-            if not a.flags.c_contiguous:
-                return None
+            flags = a.flags
+            if not (flags.c_contiguous and flags.aligned):
+                return None  # the general path copies it as the engine reads it
         if a0.nbytes < _POOL_MIN_BYTES:
             outs = [np.empty(shape, dt) for _ in ins]
         else:

@@ -369,13 +369,18 @@ class HierarchicalCollectives(WorkerAgreement):
 
     def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any]) -> Optional[_ArraysKind]:
         """The kind of ``all_reduce_arrays`` call ``ins`` make, or None when they are not
-        C-contiguous numpy arrays of one dtype and shape."""
+        C-contiguous, aligned numpy arrays of one dtype and shape."""
         a0 = ins[0]
-        if type(a0) is not np.ndarray or not a0.flags.c_contiguous or not a0.dtype.isnative:
+        if type(a0) is not np.ndarray or not (a0.flags.c_contiguous and a0.flags.aligned) or not a0.dtype.isnative:
             return None
         dt, shape = a0.dtype, a0.shape
         for a in ins[1:]:
-            if type(a) is not np.ndarray or a.dtype != dt or a.shape != shape or not a.flags.c_contiguous:
+            if (
+                type(a) is not np.ndarray
+                or a.dtype != dt
+                or a.shape != shape
+                or not (a.flags.c_contiguous and a.flags.aligned)
+            ):
                 return None
         return self._arrays_kind(op, a0)
 

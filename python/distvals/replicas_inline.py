@@ -93,20 +93,29 @@ class InlineTimeout(BaseException):
 _Task = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
 
 
-def _replica_main(task: _Task, runner: Any = None) -> None:
+def _replica_main(task: Optional[_Task] = None, runner: Any = None) -> None:
     # The body of every replica greenlet: run a task, switch its outcome to the
     # scheduler (the parent), receive the next task. `runner` stays in this frame so
-    # that the watchdog can tell whose step a thread is in (see _in_step_of).
+    # that the watchdog can tell whose step a thread is in (see _in_step_of). The
+    # outcome is a list that the scheduler empties once it has taken it: this frame
+    # waits for the next step with it, and must not keep the result (or the
+    # exception, with the frames of its traceback) alive until then.
+    # The greenlet is started without a task and gets its first one here: arguments
+    # of the greenlet's start stay referenced for its whole life (this body never
+    # returns), and a step's inputs must not. (One that an interrupt kept from being
+    # started that way is started with its first task.)
+    if task is None:
+        task = _getcurrent().parent.switch()
     while True:
         fn, args, kwargs = task
-        task = None  # type: ignore[assignment]
+        task = None
         try:
-            out: Tuple[Any, Any] = (_DONE, fn(*args, **kwargs))
+            out: List[Any] = [_DONE, fn(*args, **kwargs)]
         except _GreenletExit:
             return  # killed (an abandoned step's greenlet): end quietly
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the scheduler
-            out = (_FAILED, e)
-        fn = args = kwargs = None  # type: ignore[assignment]
+            out = [_FAILED, e]
+        fn = args = kwargs = None
         task = _getcurrent().parent.switch(out)
 
 
@@ -122,9 +131,10 @@ class InlineRunner:
 
     # State of the step in progress, set by ``step``: each replica's result, context
     # stack and pending request (a Request or its quick tuple form; None when running).
-    _results: List[Any]
+    # Between steps the results and requests are None.
+    _results: Optional[List[Any]]
     _stacks: List[List[context.Entry]]
-    _msgs: List[Any]
+    _msgs: Optional[List[Any]]
     _waiting: int
     _lost: bool
 
@@ -179,6 +189,9 @@ class InlineRunner:
         last step cannot serve (``step`` reuses them when that step ended cleanly, under
         the same scheduler; a step that did not end cleanly dropped them)."""
         gls = self._greenlets
+        # Set again once every greenlet is ready: an interrupt in between (a greenlet that
+        # dies while it starts, say) leaves none that the next step would take as ready.
+        self._greenlets = None
         parent = _getcurrent()
         me = threading.get_ident()
         if gls is None or self._owner != me:
@@ -186,13 +199,16 @@ class InlineRunner:
                 self._bury()
             # Greenlets belong to the thread that made them.
             gls = [_Greenlet(self._main) for _ in range(self.n)]
-            self._greenlets, self._owner = gls, me
+            self._owner = me
             self._abandoned = gls
         for r, g in enumerate(gls):
             if g.dead:
                 gls[r] = g = _Greenlet(self._main)
             if g.parent is not parent:
                 g.parent = parent
+            if not g:
+                g.switch()  # started: it waits for its first task (see _replica_main)
+        self._greenlets = gls
         self._parent = parent
         return gls
 
@@ -268,6 +284,9 @@ class InlineRunner:
         finally:
             local.stack = saved
             fired = self._disarm() if self._active else 0
+            # The step's results and requests are the caller's now: the runner keeps no
+            # reference to them (they may be large) until the next step.
+            self._results = self._msgs = None
         if fired:
             self._timeout_failures(failures, timeout, fired)
         return results

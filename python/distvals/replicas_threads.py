@@ -460,6 +460,10 @@ class ThreadRunner:
         except BaseException:
             self._abandon(step, "strategy.run was interrupted")
             raise
+        # Every replica is done: the results are the caller's now, and neither the runner
+        # nor the step's last meeting keeps them (they may be large) until the next step.
+        self._step = None
+        step.meeting.outcomes = None
         return step.results
 
     def _wait(self, step: _Step) -> None:

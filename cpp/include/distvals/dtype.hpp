@@ -12,7 +12,11 @@
 
 namespace distvals {
 
-/// Element type of a buffer. float16 and bfloat16 are reduced in float32.
+/// Element type of a buffer. float16 and bfloat16 are reduced in float32: `direct` (the
+/// automatic choice on the CPU) combines every replica's element in float32 and rounds
+/// once; `ring` and `tree` round each partial result to the dtype as it passes between
+/// replicas (as NCCL does), so with more than two replicas their sums and products can
+/// differ from direct's in the last bits, or overflow where direct's do not.
 enum class dtype : std::uint8_t {
   float16,   ///< IEEE 754 half precision
   bfloat16,  ///< bfloat16: float32's exponent, 7-bit mantissa

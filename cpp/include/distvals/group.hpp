@@ -46,8 +46,9 @@ struct group_options {
   int threads = 0;
   /// CPU: pipelining chunk of ring and tree, in bytes; 0: the default (256 KiB).
   std::size_t chunk_bytes = 0;
-  /// CPU: how long a wait spins before it yields and then blocks, in microseconds.
-  /// Negative: the default (20 µs, none when replicas outnumber hardware threads).
+  /// CPU: how long a wait spins before it yields and then blocks, in microseconds, at
+  /// most 10,000 (larger values are taken as 10,000). Negative: the default (20 µs, none
+  /// when replicas outnumber hardware threads).
   int spin_us = -1;
   /// GPU: logical GPUs per CUDA device; replica "GPU:k" runs on CUDA device
   /// k / logical_per_gpu (several replicas may share one GPU).
