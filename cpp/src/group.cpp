@@ -55,6 +55,10 @@ std::unique_ptr<group::impl> make_state(const std::vector<device>& devices, grou
                                  std::to_string(max_group_size) + ")");
   }
   for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i].index < 0) {
+      throw invalid_argument_error("replica " + std::to_string(i) + "'s device has index " +
+                                   std::to_string(devices[i].index) + "; device indices start at 0");
+    }
     if (devices[i].is_cpu() != devices[0].is_cpu()) {
       throw invalid_argument_error("a group runs either CPU or GPU replicas, not both: replica 0 is " +
                                    devices[0].str() + ", replica " + std::to_string(i) + " is " + devices[i].str());

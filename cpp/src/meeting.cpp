@@ -129,6 +129,21 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
   me.type_error[slot] = false;
   try {
     check_replica(desc, replica, in, out);
+    if (options.ndim > 0 && options.shape != nullptr) {
+      // A shape describes the input: its elements must be the call's.
+      std::uint64_t elements = 1;
+      bool negative = false;
+      for (int i = 0; i < options.ndim; ++i) {
+        negative = negative || options.shape[i] < 0;
+        elements *= static_cast<std::uint64_t>(options.shape[i]);
+      }
+      if (negative || (desc.kind != collective::broadcast && elements != desc.count)) {
+        std::string s = "(";
+        for (int i = 0; i < options.ndim; ++i) s += (i ? ", " : "") + std::to_string(options.shape[i]);
+        throw invalid_argument_error("replica " + std::to_string(replica) + ": shape " + s + ") does not describe " +
+                                     std::to_string(desc.count) + " elements");
+      }
+    }
   } catch (const dtype_error& e) {
     me.error[slot] = e.what();
     me.type_error[slot] = true;

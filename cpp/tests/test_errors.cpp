@@ -646,3 +646,25 @@ TEST_CASE("a spin longer than the clamp is clamped, so short timeouts still fire
   CHECK_THROWS_AS(g.all_reduce(0, a.view(), a.view(), reduce_op::sum), timeout_error);
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
 }
+
+TEST_CASE("negative device indices and shapes that do not describe the count are refused") {
+  CHECK_THROWS_AS(group({device{device::kind_t::cpu, -1}}), invalid_argument_error);
+  group g(2);
+  buffer a(8, dtype::float32), b(8, dtype::float32);
+  a.as<float>()[0] = 1.0f;
+  b.as<float>()[0] = 2.0f;
+  const std::int64_t wrong[2] = {5, 7};  // 35 elements for a call of 8
+  const std::int64_t right[2] = {2, 4};
+  auto errors = on_threads(2, [&](int r) {
+    replica_options o;
+    o.shape = r == 0 ? wrong : right;
+    o.ndim = 2;
+    buffer& x = r == 0 ? a : b;
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::automatic, 8, 0}, x.view(),
+          x.view(), o);
+  });
+  CHECK(contains(errors[0], "replica 0: shape (5, 7) does not describe 8 elements"));
+  CHECK(contains(errors[1], "shape (5, 7)"));
+  CHECK(a.as<float>()[0] == 1.0f && b.as<float>()[0] == 2.0f);
+  CHECK(!g.aborted());
+}
