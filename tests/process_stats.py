@@ -25,6 +25,12 @@ def _under_asan() -> bool:
 
 
 needs_plain_malloc = pytest.mark.skipif(_under_asan(), reason="RSS is meaningless under AddressSanitizer")
+# GCC 12's libasan neither intercepts fork() nor registers fork handlers: a child forked
+# while another thread holds the sanitizer allocator's lock (numpy allocating, say)
+# deadlocks at its first allocation. glibc's malloc takes its locks around fork().
+forks_while_threads_allocate = pytest.mark.skipif(
+    _under_asan(), reason="AddressSanitizer's allocator (GCC 12) can deadlock a child forked while threads allocate"
+)
 
 
 def rss_bytes() -> int:

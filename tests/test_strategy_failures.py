@@ -21,7 +21,7 @@ import weakref
 import numpy as np
 import pytest
 from conftest import EXECUTION_MODES
-from process_stats import needs_plain_malloc, os_threads, rss_bytes, settle_threads
+from process_stats import forks_while_threads_allocate, needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from strategy_checks import LONG, assert_usable, frames_of, mirrored, on_main_thread, replica_id
 
 import distvals as dv
@@ -1091,6 +1091,7 @@ def _fork_with_deadline(body, seconds: float) -> int:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@forks_while_threads_allocate
 @pytest.mark.parametrize("style", ["single_call", "per_replica"])
 def test_a_replica_group_works_in_a_child_forked_while_other_threads_are_in_its_calls(style):
     """Threads of the parent loop over calls of a group (big enough to run on the
