@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
@@ -394,5 +395,85 @@ def test_a_distributed_iterator_goes_on_after_a_failed_batch(execution):
                 continue
             seen.append([np.asarray(p).tolist() for p in s.experimental_local_results(b)])
         assert seen == [[[0], [10]], "error", [[40], [50]], [[60], [70]]]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "build,want",
+    [
+        # Not right after a map, a batch fails at once: the elements it took before the
+        # failed one are dropped, and the next batch starts after it (tf.data's unfused batch).
+        (lambda f: Dataset.range(9).map(f).take(9).batch(3), ["error", "error", [50, 60, 70], [80]]),
+        (lambda f: Dataset.range(9).map(f).prefetch(1).batch(3), ["error", "error", [50, 60, 70], [80]]),
+        (lambda f: Dataset.range(5).map(f).repeat(2).batch(4), ["error"] * 4),
+    ],
+    ids=["take-batch", "prefetch-batch", "repeat-batch"],
+)
+def test_a_batch_not_right_after_map_fails_at_once(build, want):
+    assert _drain(iter(build(_fails_at({2, 4})))) == want
+
+
+def test_stop_iteration_in_a_map_function_is_an_error_not_the_end():
+    def f(x):
+        if int(x) == 4:
+            raise StopIteration("not the end")
+        return x
+
+    it = iter(Dataset.range(8).map(f).batch(3))
+    assert np.asarray(next(it)).tolist() == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="map function raised StopIteration"):
+        next(it)
+    assert [np.asarray(b).tolist() for b in it] == [[6, 7]]
+    # Skipped elements that fail raise too, and do not count as skipped.
+    it = iter(Dataset.range(8).map(f).skip(5))
+    with pytest.raises(RuntimeError, match="map function raised StopIteration"):
+        next(it)
+    assert [int(x) for x in it] == [6, 7]
+
+
+def test_element_spec_skips_elements_that_fail():
+    ds = Dataset.range(6).map(_fails_at({0, 1}))
+    assert ds.element_spec == dv.TensorSpec((), np.int64)
+    assert ds.batch(2).element_spec == dv.TensorSpec((None,), np.int64)
+    with pytest.raises(ValueError, match="element 0"):
+        Dataset.range(3).map(_fails_at({0, 1, 2})).element_spec  # noqa: B018 - the property raises
+
+
+@pytest.mark.parametrize("how", ["dataset", "from_function", "distributed"])
+def test_threads_sharing_one_iterator_each_take_whole_elements(how):
+    # Every element exactly once, every batch consecutive rows, however the threads
+    # interleave (tf.data's iterators are thread-safe).
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+        base = Dataset.range(4000)
+        if how == "dataset":
+            it = iter(base.skip(5).take(3000).batch(4))
+        elif how == "from_function":
+            it = iter(s.distribute_datasets_from_function(lambda ctx: base.batch(2)))
+        else:
+            it = iter(s.experimental_distribute_dataset(base.batch(4)))
+        got: list = []
+        lock = threading.Lock()
+
+        def pull():
+            while True:
+                try:
+                    x = next(it)
+                except StopIteration:
+                    return
+                rows = np.concatenate([np.asarray(p) for p in s.experimental_local_results(x)])
+                with lock:
+                    got.append(rows.tolist())
+
+        threads = [threading.Thread(target=pull) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for rows in got:
+            assert rows == list(range(rows[0], rows[0] + len(rows))), rows
+        flat = sorted(v for rows in got for v in rows)
+        assert flat == (list(range(5, 3005)) if how == "dataset" else list(range(4000)))
     finally:
         s.close()

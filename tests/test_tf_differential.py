@@ -605,6 +605,10 @@ def an_exception_in_map_fails_one_element_and_the_pass_goes_on(api):
         D.range(5).map(f).take(4),
         D.range(5).map(f).skip(1),
         D.range(5).map(f).map(lambda y: y + 1),
+        # A batch not right after the map fails at once and keeps the elements after it.
+        D.range(7).map(f).take(7).batch(3),
+        D.range(7).map(f).prefetch(1).batch(3),
+        D.range(5).map(f).repeat(2).batch(4),
     ]
     seen = []
     for ds in pipelines:

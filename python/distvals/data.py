@@ -240,6 +240,8 @@ class Dataset:
         self._spec = spec
         self._cardinality = cardinality
         self._rows = rows
+        # Made by map: a batch right after it fails whole (tf.data fuses the two).
+        self._mapped = False
 
     def _derived(
         self,
@@ -336,9 +338,10 @@ class Dataset:
                 for sel in _batches(rows.selections(), batch_size, drop_remainder):
                     yield rows.batch(sel)
         else:
+            whole = self._mapped
 
             def make() -> Iterator[Any]:
-                return _BatchIterator(iter(source), batch_size, drop_remainder)
+                return _BatchIterator(iter(source), batch_size, drop_remainder, whole)
 
         spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
         return Dataset(
@@ -476,7 +479,12 @@ class Dataset:
         source = self
 
         def apply(x: Any) -> Any:
-            y = fn(*x) if type(x) is tuple else fn(x)
+            try:
+                y = fn(*x) if type(x) is tuple else fn(x)
+            except StopIteration as e:
+                # Not the end of the data (the iterators would take it for that): an
+                # error of this element, as a generator turns it into one.
+                raise RuntimeError(f"map: the map function raised StopIteration: {e!r}") from e
             if type(y) is list:
                 y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
             leaves = [convert_leaf(v, "map") for v in _flatten(y)]
@@ -487,13 +495,18 @@ class Dataset:
             return map(apply, source)
 
         # What fn makes is known once it has run (see element_spec).
-        return Dataset(
+        out = Dataset(
             make, batched=self._batched, finite=self._finite, description="MapDataset", cardinality=self._cardinality
         )
+        out._mapped = True
+        return out
 
     def prefetch(self, buffer_size: Any = None) -> Dataset:
-        """Accepted for compatibility; elements are produced on demand."""
-        return self
+        """Accepted for compatibility; elements are produced on demand. (A batch after it
+        is not fused with a map before it, as in tf.data.)"""
+        if not self._mapped:
+            return self
+        return self._derived(self._make_iterator, self._description, rows=self._rows)
 
     # ---- what it holds --------------------------------------------------------------------------
     @property
@@ -504,7 +517,7 @@ class Dataset:
         if self._spec is None:
             _peeking.active = True
             try:
-                first = next(iter(self))
+                first = self._first_good()
             except StopIteration:
                 return None
             finally:
@@ -515,6 +528,24 @@ class Dataset:
             self._spec = specs.unbatched(spec) if self._batched else spec
         return self._spec
 
+    def _first_good(self) -> Any:
+        """The first element that does not fail (a map function's exception for the
+        first ones: tf.data knows the spec without running it); StopIteration when
+        there is none; the first failure when 64 fail in a row."""
+        it = iter(self)
+        first_error: typing.Optional[Exception] = None
+        for _ in range(64):
+            try:
+                return next(it)
+            except StopIteration:
+                if first_error is not None:
+                    raise first_error from None
+                raise
+            except Exception as e:  # noqa: BLE001 - the next element may tell the spec
+                first_error = first_error or e
+        assert first_error is not None
+        raise first_error
+
     def cardinality(self) -> np.int64:
         """The number of elements: ``INFINITE_CARDINALITY`` (-1) for a dataset that repeats
         forever, ``UNKNOWN_CARDINALITY`` (-2) when it cannot be known without reading it."""
@@ -523,7 +554,7 @@ class Dataset:
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._make_iterator())
+        return _Shared(iter(self._make_iterator()))
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """An iterator over the elements (already numpy arrays)."""
@@ -534,21 +565,45 @@ class Dataset:
 
 
 # ---- iterators that outlive an exception ------------------------------------------------------
+
+
+class _Shared:
+    """A dataset's iterator, which threads may share: each next() takes one whole
+    element (a whole batch, a whole shuffle draw), one thread at a time, as tf.data's
+    iterators do. (Reentrant: a map function may iterate its own dataset.)"""
+
+    __slots__ = ("_it", "_lock")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self._lock = threading.RLock()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
+
+
 # A generator ends for good when an exception leaves it; these keep their place, so that
 # after a failed element (a map function's exception) the next() call goes on with the
 # next element, as tf.data's iterators do.
 
 
 class _BatchIterator:
-    """Batches of ``size`` elements stacked. A batch with a failed element raises the
-    first failure once all its elements are taken (tf.data's map-and-batch)."""
+    """Batches of ``size`` elements stacked. An element that fails fails its batch, as in
+    tf.data: right after a map (``whole``, tf.data's fused map-and-batch) once all the
+    batch's elements are taken; otherwise at once, dropping the elements taken so far
+    and starting the next batch after the failed one."""
 
-    __slots__ = ("_drop", "_size", "_source")
+    __slots__ = ("_drop", "_size", "_source", "_whole")
 
-    def __init__(self, source: Iterator[Any], size: int, drop_remainder: bool) -> None:
+    def __init__(self, source: Iterator[Any], size: int, drop_remainder: bool, whole: bool) -> None:
         self._source = source
         self._size = size
         self._drop = drop_remainder
+        self._whole = whole
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -562,7 +617,9 @@ class _BatchIterator:
                 x = next(self._source)
             except StopIteration:
                 break
-            except Exception as e:  # noqa: BLE001 - the batch fails whole, below
+            except Exception as e:  # the batch fails whole (or at once), below
+                if not self._whole:
+                    raise
                 failed = failed or e
                 taken += 1
                 continue

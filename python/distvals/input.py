@@ -448,6 +448,8 @@ class _FromFunctionIterator(DistributedIterator):
         self._n = strategy.num_replicas_in_sync
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec
+        # Threads may share one iterator: each takes one step's elements, together.
+        self._lock = threading.Lock()
 
     def __iter__(self) -> _FromFunctionIterator:
         return self
@@ -468,7 +470,8 @@ class _FromFunctionIterator(DistributedIterator):
         return got
 
     def __next__(self) -> Any:
-        raw = self._take()
+        with self._lock:
+            raw = self._take()
         if not raw:
             raise StopIteration
         on_gpu = self._places is not None
