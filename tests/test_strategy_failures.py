@@ -1223,3 +1223,78 @@ def test_importing_distvals_leaves_ctypes_pythonapi_as_it_was():
     assert fn.argtypes is None
     # An unknown thread id: nothing to do, 0 threads modified.
     assert fn(ctypes.c_ulong(0), ctypes.py_object(KeyboardInterrupt)) == 0
+
+
+@pytest.mark.parametrize("execution", EXECUTION_MODES)
+@pytest.mark.parametrize("where", ["start", "between"])
+def test_a_replica_raising_greenlet_exit_fails_like_any_error(execution, where):
+    """GreenletExit is what kills an abandoned inline replica; raised by the replica's own
+    code it is that replica's failure (named, the others released, the next run fine),
+    not a greenlet that ends without an outcome."""
+    import greenlet
+
+    with mirrored(2, timeout=20.0, execution=execution) as s:
+
+        def step():
+            r = replica_id()
+            if where == "between":
+                dv.get_replica_context().all_reduce("SUM", np.float64(r))
+            if r == 1:
+                raise greenlet.GreenletExit(f"replica {r} ends")
+            return dv.get_replica_context().all_reduce("SUM", np.float64(r + 1))
+
+        t0 = time.monotonic()
+        with pytest.raises(greenlet.GreenletExit, match="replica 1 ends") as caught:
+            s.run(step)
+        assert time.monotonic() - t0 < 5.0
+        assert getattr(caught.value, "replica", 1) == 1
+        assert_usable(s)
+
+
+def test_ctrl_c_in_the_first_steps_of_new_inline_strategies_never_hangs_later_ones(tmp_path):
+    """Interrupts at random points of new inline strategies' first steps and closes (the
+    process-wide watchdog registers each runner then): no lock is left held, so later
+    strategies keep stepping, closing and timing out."""
+    script = tmp_path / "first_steps.py"
+    script.write_text(
+        """
+import random, signal, sys, time
+import numpy as np
+import distvals as dv
+
+def handler(sig, frame):
+    raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, handler)
+rng = random.Random(int(sys.argv[1]))
+step = lambda: dv.get_replica_context().all_reduce("SUM", np.float64(1.0))
+end = time.monotonic() + 3.0
+tries = 0
+while time.monotonic() < end:
+    tries += 1
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution="inline")
+    try:
+        signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 3e-4))
+        try:
+            s.run(step)
+            s.close()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except KeyboardInterrupt:
+        pass
+    s.close()
+# And after all that, a step timeout still fires.
+s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution="inline",
+                        communication_options=dv.CommunicationOptions(timeout_seconds=0.5))
+try:
+    s.run(lambda: time.sleep(3) if dv.get_replica_context().replica_id_in_sync_group else None)
+except dv.CollectiveTimeoutError:
+    print("timed out as asked after", tries, "tries")
+"""
+    )
+    import subprocess
+
+    for seed in (1, 2):
+        proc = subprocess.run([sys.executable, str(script), str(seed)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "timed out as asked" in proc.stdout, proc.stdout + proc.stderr[-3000:]

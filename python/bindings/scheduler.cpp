@@ -167,6 +167,18 @@ bool resume(drive_state& s, Py_ssize_t r, PyObject* value, PyObject* error) {
       return put(s.results, r, item);
     }
   }
+  if (m == Py_None) {
+    // No outcome and no request: the replica's greenlet ended (returned) instead of
+    // switching back. Never taken for a request: that replica failed, and this step's
+    // greenlets are not resumed again.
+    Py_DECREF(m);
+    PyObject* err = PyObject_CallFunction(PyExc_RuntimeError, "s",
+                                          "inline scheduler: the replica's greenlet ended without an outcome");
+    if (err == nullptr) return false;
+    const bool ok = PyObject_SetAttr(s.runner, names.lost, Py_True) == 0 && note_failure(s, r, err);
+    Py_DECREF(err);
+    return ok;
+  }
   // Anything else is a request: a Request, or its quick tuple form.
   if (!in_range(s, r)) {
     Py_DECREF(m);

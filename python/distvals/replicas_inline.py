@@ -31,6 +31,7 @@ import contextvars
 import functools
 import itertools
 import math
+import os
 import signal
 import sys
 import threading
@@ -111,8 +112,13 @@ def _replica_main(task: Optional[_Task] = None, runner: Any = None) -> None:
         task = None
         try:
             out: List[Any] = [_DONE, fn(*args, **kwargs)]
-        except _GreenletExit:
-            return  # killed (an abandoned step's greenlet): end quietly
+        except _GreenletExit as e:
+            # Killed (the greenlet of an abandoned step, or collected): end quietly. The
+            # replica's own GreenletExit, in the step that runs it, is its failure.
+            owner = runner() if runner is not None else None
+            if owner is None or _getcurrent() not in (owner._running or ()):
+                return
+            out = [_FAILED, e]
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the scheduler
             out = [_FAILED, e]
         fn = args = kwargs = None
@@ -162,12 +168,16 @@ class InlineRunner:
         # through a suspended greenlet's frame, which the garbage collector cannot see.
         self._main = functools.partial(_replica_main, runner=weakref.ref(self))
         self._registered: Optional[int] = None  # the fork generation it registered in
+        # The greenlets of the step that is running (None between steps): their
+        # GreenletExit is a replica's failure; any other greenlet's is a kill.
+        self._running: Optional[List[Any]] = None
 
     def _bury(self) -> None:
         """Ends the greenlets of an abandoned step (suspended at a meeting) here and now,
         rather than whenever the garbage collector gets to them: their `finally` blocks
         run at a known point, and nothing they raise goes unreported."""
         old, self._abandoned = self._abandoned, None
+        self._running = None  # these are killed, not failing
         for g in old or ():
             if not g.dead:
                 try:
@@ -251,6 +261,7 @@ class InlineRunner:
         if timeout < _INF:
             self._arm(timeout)
         try:
+            self._running = gls
             # Every replica runs until its first meeting (or its end); then, while every
             # replica waits at a meeting, the meeting is resolved and each resumed with
             # its outcome. The scheduler's loop (_drive, in C) does both and comes back
@@ -282,6 +293,7 @@ class InlineRunner:
                 raise StepTimeout(timeout, [], "the step was interrupted by its timeout") from None
             raise
         finally:
+            self._running = None
             local.stack = saved
             fired = self._disarm() if self._active else 0
             # The step's results and requests are the caller's now: the runner keeps no
@@ -432,36 +444,55 @@ class _Watchdog:
     deadline (or for the shortest timeout when no step runs, so a step that starts while
     it computes its next wake-up is seen within one timeout), then interrupts the runners
     whose deadline has passed. Steps that end in time cost one lock and no wake-up.
+
+    Only plain locks, whose acquire and release are single C calls: a Ctrl-C on the
+    caller's thread lands before or after them, never half-way. (A Condition's or an
+    Event's methods are Python code; an interrupt inside one could leave its lock held,
+    and every later step and close of any inline strategy would wait for it.) The thread
+    sleeps on ``_bell``, a lock it holds, which ``_ring`` releases to wake it.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._bell = threading.Lock()
+        self._bell.acquire()
         self._runners: weakref.WeakSet[InlineRunner] = weakref.WeakSet()
         self._wake_at = math.inf
         self._thread: Optional[threading.Thread] = None
         self._pid = 0
 
-    def watch(self, runner: InlineRunner) -> None:
-        import os
+    def after_fork_in_child(self) -> None:
+        """The parent's watchdog thread is gone, and with it any lock it held."""
+        self._lock = threading.Lock()
+        self._bell = threading.Lock()
+        self._bell.acquire()
+        self._thread = None
+        self._wake_at = math.inf
 
-        with self._cond:
+    def _ring(self) -> None:
+        try:
+            self._bell.release()
+        except RuntimeError:
+            pass  # already rung: the thread wakes once for both
+
+    def watch(self, runner: InlineRunner) -> None:
+        with self._lock:
             self._runners.add(runner)
             runner._registered = _forks[0]
             if self._thread is None or self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._loop, name="distvals-inline-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+        self._ring()
 
     def forget(self, runner: InlineRunner) -> None:
-        with self._cond:
+        with self._lock:
             self._runners.discard(runner)
 
     def _loop(self) -> None:
-        cond = self._cond
         while True:
             due: List[InlineRunner] = []
-            with cond:
+            with self._lock:
                 now = _monotonic()
                 nearest = math.inf
                 shortest = math.inf
@@ -478,9 +509,10 @@ class _Watchdog:
                 if nearest == math.inf:
                     nearest = now + shortest
                 self._wake_at = nearest
-                if not due:
-                    cond.wait(None if nearest == math.inf else max(nearest - now, 0.001))
-                    continue
+            if not due:
+                # Until the nearest deadline, or a ring (a new runner, an earlier deadline).
+                self._bell.acquire(True, -1 if nearest == math.inf else min(max(nearest - now, 0.001), _MAX_WAIT))
+                continue
             for r in due:
                 r._fire(now)
             r = None  # type: ignore[assignment]
@@ -488,3 +520,7 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WATCHDOG.after_fork_in_child)
+# Lock.acquire takes timeouts up to threading.TIMEOUT_MAX; a longer wait is cut short.
+_MAX_WAIT = min(threading.TIMEOUT_MAX, 86400.0)
