@@ -70,6 +70,14 @@ bool reraise_interrupt();
 /// (buffer protocol, DLPack), without copying.
 py::array as_array(const py::handle& obj, int replica, bool writable, const char* role);
 
+// numpy flags of an array the engine reads as it is: C-contiguous and aligned to its
+// elements (anything else is copied first, or refused).
+inline constexpr int engine_array_flags =
+    py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+inline bool engine_readable(PyObject* array) {
+  return (py::detail::array_proxy(array)->flags & engine_array_flags) == engine_array_flags;
+}
+
 /// The engine dtype of a numpy dtype; throws TypeError naming the replica.
 distvals::dtype to_dtype(const py::dtype& dt, int replica);
 /// Whether the engine dtype is an integer one (whose MEAN runs in float, elsewhere).

@@ -62,9 +62,8 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
     py::object x = rows[static_cast<std::size_t>(r)][i];
     if (!py::isinstance<py::array>(x)) return false;
     py::array a = py::reinterpret_borrow<py::array>(x);
-    constexpr int as_engine = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
-    if ((py::detail::array_proxy(a.ptr())->flags & as_engine) != as_engine) {
-      a = py::array::ensure(a, as_engine);  // a contiguous, aligned copy, as the engine needs
+    if (!engine_readable(a.ptr())) {
+      a = py::array::ensure(a, engine_array_flags);  // a contiguous, aligned copy, as the engine needs
       if (!a) {
         // ensure() clears the error it met; for an array that can only be memory.
         PyErr_NoMemory();

@@ -76,8 +76,7 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
     if (Py_TYPE(x) != array_type) return py::none();
     py::array a = py::reinterpret_borrow<py::array>(x);
     // Contiguous and aligned to its elements, as the engine reads it (else the general path copies it).
-    constexpr int as_engine = py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_ | py::detail::npy_api::NPY_ARRAY_ALIGNED_;
-    if ((py::detail::array_proxy(x)->flags & as_engine) != as_engine) return py::none();
+    if (!engine_readable(x)) return py::none();
     distvals::dtype t;
     try {
       t = to_dtype(a.dtype(), r);

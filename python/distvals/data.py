@@ -18,8 +18,10 @@ a copy of its own.
 An exception in a ``map`` function reaches the caller's ``next()`` and the pass goes on
 with the next element, as in tf.data: the iterators of ``map``, ``batch``, ``shuffle``,
 ``repeat``, ``take`` and ``skip`` are objects whose state survives an exception from
-the element they were computing (generators would end). A batch that holds a failed
-element fails whole, after taking all its elements (tf.data's map-and-batch).
+the element they were computing (generators would end). A batch right after a map
+that holds a failed element fails whole, after taking all its elements (tf.data's fused
+map-and-batch); any other batch fails at once, and the next starts after the failed
+element.
 """
 
 from __future__ import annotations
@@ -341,7 +343,7 @@ class Dataset:
             whole = self._mapped
 
             def make() -> Iterator[Any]:
-                return _BatchIterator(iter(source), batch_size, drop_remainder, whole)
+                return _BatchIterator(source._iterate(), batch_size, drop_remainder, whole)
 
         spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
         return Dataset(
@@ -392,7 +394,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, rows=rows)
 
         def make() -> Iterator[Any]:
-            return _ShuffleIterator(iter(source), buffer_size, generator)
+            return _ShuffleIterator(source._iterate(), buffer_size, generator)
 
         return self._derived(make, description)
 
@@ -442,7 +444,7 @@ class Dataset:
             raise ValueError(f"take: count must be -1 or a non-negative int, got {count!r}")
         source = self
         if count == -1:
-            return self._derived(lambda: iter(source), "TakeDataset(-1)", rows=self._rows)
+            return self._derived(source._iterate, "TakeDataset(-1)", rows=self._rows)
         count = int(count)
         card = self._cardinality
         new_card = (
@@ -454,7 +456,7 @@ class Dataset:
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), 0, count))
             return self._derived(_rows_maker(rows), description, finite=True, cardinality=new_card, rows=rows)
         return self._derived(
-            lambda: _CountedIterator(iter(source), count, 0), description, finite=True, cardinality=new_card
+            lambda: _CountedIterator(source._iterate(), count, 0), description, finite=True, cardinality=new_card
         )
 
     def skip(self, count: int) -> Dataset:
@@ -470,7 +472,7 @@ class Dataset:
             src_rows = self._rows
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), count, None))
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
-        return self._derived(lambda: _CountedIterator(iter(source), -1, count), description, cardinality=new_card)
+        return self._derived(lambda: _CountedIterator(source._iterate(), -1, count), description, cardinality=new_card)
 
     def map(self, fn: Callable[..., Any]) -> Dataset:
         """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
@@ -492,7 +494,7 @@ class Dataset:
 
         def make() -> Iterator[Any]:
             # The builtin map: an exception in fn reaches next() and leaves it usable.
-            return map(apply, source)
+            return map(apply, source._iterate())
 
         # What fn makes is known once it has run (see element_spec).
         out = Dataset(
@@ -554,7 +556,12 @@ class Dataset:
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return _Shared(iter(self._make_iterator()))
+        return _Shared(self._iterate())
+
+    def _iterate(self) -> Iterator[Any]:
+        """A pass's iterator without the lock of ``__iter__``'s: what the combinators
+        read from (only the outermost iterator can be shared by threads)."""
+        return iter(self._make_iterator())
 
     def as_numpy_iterator(self) -> Iterator[Any]:
         """An iterator over the elements (already numpy arrays)."""
@@ -701,7 +708,7 @@ class _RepeatIterator:
         while True:
             if self._it is None:
                 next(self._passes)  # StopIteration: the last pass is done
-                self._it = iter(self._dataset)
+                self._it = self._dataset._iterate()
                 self._seen = False
             try:
                 x = next(self._it)

@@ -453,20 +453,17 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bell = threading.Lock()
-        self._bell.acquire()
         self._runners: weakref.WeakSet[InlineRunner] = weakref.WeakSet()
-        self._wake_at = math.inf
-        self._thread: Optional[threading.Thread] = None
         self._pid = 0
+        self.after_fork_in_child()
 
     def after_fork_in_child(self) -> None:
-        """The parent's watchdog thread is gone, and with it any lock it held."""
+        """No thread, fresh locks (in a forked child: the parent's watchdog thread is
+        gone, and with it any lock it held)."""
         self._lock = threading.Lock()
         self._bell = threading.Lock()
         self._bell.acquire()
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None
         self._wake_at = math.inf
 
     def _ring(self) -> None:
