@@ -1282,7 +1282,10 @@ while time.monotonic() < end:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
         pass
-    s.close()
+    try:
+        s.close()
+    except KeyboardInterrupt:  # the interrupt was still pending when the timer stopped
+        s.close()
 # And after all that, a step timeout still fires.
 s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution="inline",
                         communication_options=dv.CommunicationOptions(timeout_seconds=0.5))
