@@ -234,18 +234,18 @@ class _Unknown(Exception):
     """The first element of a one-shot iterator whose pass has begun is gone."""
 
 
-def _per_replica_spec(spec: Any, n: int, split: Optional[int]) -> Any:
+def _per_replica_spec(spec: Any, n: int, split: Optional[int], wrap: bool = False) -> Any:
     """The spec of a distributed element from the spec of one element: with ``split`` (the
     global replica count) the batch dimension is divided (known only when it divides
     evenly), otherwise every replica gets a whole element. One replica gets the plain
-    spec, as in TensorFlow."""
+    spec, as in TensorFlow (unless ``wrap``: elements wrapped as PerReplica of one)."""
 
     def one(s: specs.TensorSpec) -> Any:
         if split is not None and s.shape:
             b = s.shape[0]
             per = b // split if b is not None and b % split == 0 else None
             s = specs.TensorSpec((per,) + s.shape[1:], s.dtype, s.name)
-        return s if n == 1 else specs.PerReplicaSpec(*([s] * n))
+        return s if n == 1 and not wrap else specs.PerReplicaSpec(*([s] * n))
 
     if spec is None:
         return None

@@ -247,6 +247,12 @@ class _MultiWorkerExtended(LocalExtended):
         self._wait_setup(comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
         self._hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
         self._comm = comm
+        # The distributed input's agreement on each element (multi_worker_input) has a
+        # communicator of its own: it never pairs with a collective.
+        input_comm, req = comm.Idup()
+        self._wait_setup(req, timeout)
+        self._input_comm = input_comm
+        self._input_iterators = 0  # iterators made so far: each one's serial number
         return HierarchicalCollectives(
             local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
         )

@@ -87,7 +87,45 @@ def main() -> int:
             1e-5,
         )
         checks += 1
+    checks += check_input_on_the_gpus(s, rank)
     return finish(rank, checks, s)
+
+
+def check_input_on_the_gpus(s, rank: int) -> int:
+    """Distributed datasets hand each GPU replica its part on its own GPU, with the
+    global batch's rows (InputOptions(experimental_fetch_to_device=False) keeps them on
+    the host)."""
+    ext = s.extended
+    total, offset, n = s.num_replicas_in_sync, ext._offset, ext._n
+    x = np.arange(3 * total * 2, dtype=np.float32).reshape(3 * total, 2)
+    checks = 0
+    for options, on_device in [(None, True), (dv.InputOptions(experimental_fetch_to_device=False), False)]:
+        dist = s.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(x).batch(total), options)
+        for step, element in enumerate(dist):
+            for r, part in enumerate(s.experimental_local_results(element)):
+                g = offset + r
+                if on_device:
+                    expect(
+                        isinstance(part, dv.cuda.DeviceArray) and part.device == ext._places[r],
+                        rank,
+                        f"step {step}: replica {g}'s part is a {type(part).__name__} on {getattr(part, 'device', None)}",
+                    )
+                    part = part.numpy()
+                else:
+                    expect(isinstance(part, np.ndarray), rank, f"host part: {type(part).__name__}")
+                expect_close(part, x[step * total + g : step * total + g + 1], rank, f"step {step}: replica {g}'s rows")
+            checks += 1
+    dist = s.distribute_datasets_from_function(lambda ctx: [x[i : i + 1] for i in range(n)])
+    for element in dist:
+        for r, part in enumerate(s.experimental_local_results(element)):
+            expect(
+                isinstance(part, dv.cuda.DeviceArray) and part.device == ext._places[r],
+                rank,
+                f"from_function: replica {offset + r}'s part is a {type(part).__name__}",
+            )
+            expect_close(part.numpy(), x[r : r + 1], rank, f"from_function: replica {offset + r}'s rows")
+        checks += 1
+    return checks
 
 
 if __name__ == "__main__":

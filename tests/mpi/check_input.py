@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, finish, make_strategy, parse_args
+from _check import counts_of, expect, expect_close, expect_raises, finish, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -90,7 +90,108 @@ def main() -> int:
         expect_close(gathered, want, rank, f"from_function step {step}: gathered over workers")
         checks += 2
 
+    checks += check_agreement_on_every_element(s, rank, size, counts)
     return finish(rank, checks, s)
+
+
+def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
+    """The workers agree on every element of a distributed iterator: uneven data gives
+    the workers that ran out empty batches, an error on one worker fails that element on
+    every worker (and a loop that goes on stays in step), iterators out of step raise
+    MismatchError everywhere, and reading element_spec loses no element."""
+    checks = 0
+    total = sum(counts)
+    # Uneven pipelines: worker w has 2 + w batches of one row per local replica,
+    # each row tagged with its worker, step and replica; two passes over the dataset.
+    steps_of = [2 + w for w in range(size)]
+
+    def dataset_fn(ctx):
+        w = ctx.input_pipeline_id
+        rows = [np.full((1, 2), 1000.0 * w + 10.0 * k + r) for k in range(steps_of[w]) for r in range(counts[w])]
+        return rows
+
+    dist = s.distribute_datasets_from_function(dataset_fn)
+    for epoch in range(2):
+        got = 0
+        for k, element in enumerate(dist):
+            out = s.run(lambda e: dv.get_replica_context().all_reduce("sum", np.float64(e.sum())), args=(element,))
+            # Workers whose data has ended contribute empty batches (a sum of 0).
+            want = sum(
+                2.0 * (1000.0 * w + 10.0 * k + r) for w in range(size) if k < steps_of[w] for r in range(counts[w])
+            )
+            for r, v in enumerate(s.experimental_local_results(out)):
+                expect_close(v, want, rank, f"uneven epoch {epoch} step {k}: replica {r}")
+            for p in s.experimental_local_results(element):
+                expect(p.shape == ((1, 2) if k < steps_of[rank] else (0, 2)), rank, f"uneven step {k}: {p.shape}")
+            got += 1
+        expect(got == max(steps_of), rank, f"uneven epoch {epoch}: {got} steps, expected {max(steps_of)}")
+        checks += 1
+
+    # An error in one worker's pipeline: that worker raises it, the others AbortedError
+    # naming it; every worker skips that element, so the loop that goes on stays in step.
+    def bad_on_last_worker(v):
+        if rank == size - 1 and float(v) == 5.0:
+            raise ValueError(f"bad element on worker {rank}")
+        return v
+
+    ds = dv.data.Dataset.from_tensor_slices(np.arange(12, dtype=np.float64)).map(bad_on_last_worker).batch(4)
+    it = iter(s.experimental_distribute_dataset(ds))
+    sums, failures = [], []
+    while True:
+        try:
+            element = next(it)
+        except StopIteration:
+            break
+        except (ValueError, dv.AbortedError) as e:
+            failures.append(e)
+            continue
+        out = s.run(lambda e: dv.get_replica_context().all_reduce("sum", np.float64(e.sum())), args=(element,))
+        sums.append(float(np.asarray(s.experimental_local_results(out)[0])))
+    expect(sums == [6.0, 38.0], rank, f"sums around a failed element: {sums}")
+    expect(len(failures) == 1, rank, f"{len(failures)} failures, expected 1")
+    if rank == size - 1:
+        expect(isinstance(failures[0], ValueError), rank, f"own error: {failures[0]!r}")
+    else:
+        expect(
+            isinstance(failures[0], dv.AbortedError) and f"worker {size - 1}'s input raised" in str(failures[0]),
+            rank,
+            f"released: {failures[0]!r}",
+        )
+    checks += 1
+
+    # element_spec read before (and during) the pass over a one-shot generator loses nothing.
+    def gen():
+        for i in range(3):
+            yield np.full((total, 2), float(i), np.float32)
+
+    dist = s.experimental_distribute_dataset(gen())
+    expect(dist.element_spec is not None, rank, "element_spec of a generator")
+    it = iter(dist)
+    expect(it.element_spec is not None, rank, "the iterator's element_spec")
+    firsts = []
+    for element in it:
+        _ = dist.element_spec
+        firsts.append(float(np.asarray(s.experimental_local_results(element)[0]).flat[0]))
+    expect(firsts == [0.0, 1.0, 2.0], rank, f"generator batches after element_spec: {firsts}")
+    checks += 1
+    # An iterator made but never advanced (to read its element_spec, say) on one worker
+    # only changes nothing.
+    if rank == 0:
+        iter(dist)
+
+    if size > 1:
+        # Iterators out of step (last: the workers stay out of step after it): every
+        # worker but the last asks its iterator for a second element, while the last
+        # asks a new iterator for its first.
+        data = dv.data.Dataset.from_tensor_slices(np.arange(8.0)).batch(4)
+        dist = s.experimental_distribute_dataset(data)
+        it = iter(dist)
+        next(it)
+        if rank == size - 1:
+            it = iter(dist)
+        expect_raises(dv.MismatchError, lambda: next(it), rank, "iterators out of step", "out of step")
+        checks += 1
+    return checks
 
 
 if __name__ == "__main__":
