@@ -232,18 +232,20 @@ def test_exception_in_a_dataset_iterator(s3):
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
-def test_per_call_timeout_option(collective):
+def test_per_call_timeout_option(collective, execution):
     """CommunicationOptions(timeout_seconds=) passed to one call overrides the
-    strategy's minute; the error names the replica that never arrived (threads: the
-    others wait for a replica still busy in its own code)."""
-    s = mirrored(3, execution="threads")
+    strategy's minute; the error comes from a replica that waited there and names the
+    replica that never arrived (threads: the others wait for a replica still busy in its
+    own code; inline: the watchdog interrupts the busy replica once the first one has
+    waited at the call for its timeout)."""
+    s = mirrored(3, timeout=20.0, execution=execution)
     opts = dv.CommunicationOptions(timeout_seconds=0.3)
     release = threading.Event()
 
     def step():
         ctx = dv.get_replica_context()
         if replica_id() == 2:
-            release.wait(2.0)  # busy well past the call's timeout
+            release.wait(5.0)  # busy well past the call's timeout
         if collective == "all_reduce":
             return ctx.all_reduce("sum", np.ones(3), options=opts)
         return ctx.all_gather(np.ones(3), axis=0, options=opts)
@@ -253,13 +255,40 @@ def test_per_call_timeout_option(collective):
         with pytest.raises(dv.CollectiveTimeoutError) as info:
             s.run(step)
         took = time.monotonic() - t0
-        assert 0.25 < took < 1.5, took
-        assert f"{collective}" in str(info.value) and "timed out after 0.3" in str(info.value), str(info.value)
-        assert "replica(s) 2 never arrived" in str(info.value), str(info.value)
+        assert 0.25 < took < 2.5, took
+        msg = str(info.value)
+        # A replica that waited (threads: whichever wait ended first; inline: the first).
+        assert info.value.replica in ((0,) if execution == "inline" else (0, 1)), msg
+        assert msg.startswith(f"replica {info.value.replica}: "), msg
+        assert f"{collective}" in msg and "timed out after 0.3" in msg, msg
+        assert "replica(s) 2 never arrived" in msg, msg
         assert isinstance(info.value, TimeoutError)
-        assert_usable(s)  # replica 2's thread is still busy: a fresh one runs this step
+        assert_usable(s)  # threads: replica 2's thread is still busy: a fresh one runs this step
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", replica_id() + 1.0, options=opts))
+        assert [float(v) for v in s.experimental_local_results(out)] == [6.0] * 3
     finally:
         release.set()
+        s.close()
+
+
+def test_per_call_timeout_lasts_only_until_its_meeting_is_resolved(execution):
+    """After a call with a short timeout of its own is resolved, the replicas may run
+    longer than that timeout before the step ends: only the step's timeout applies."""
+    s = mirrored(2, timeout=20.0, execution=execution)
+    opts = dv.CommunicationOptions(timeout_seconds=0.2)
+    try:
+
+        def step():
+            ctx = dv.get_replica_context()
+            x = ctx.all_reduce("sum", np.full(2, replica_id() + 1.0), options=opts)
+            time.sleep(0.4)  # each replica, in turn when inline: 0.8 s in all
+            return ctx.all_reduce("max", x + replica_id())
+
+        out = s.run(step)
+        for r, v in enumerate(s.experimental_local_results(out)):
+            np.testing.assert_array_equal(v, np.full(2, 4.0))
+        assert_usable(s)
+    finally:
         s.close()
 
 
@@ -567,6 +596,46 @@ def test_closed_strategy_refuses_to_run(execution):
     s.close()  # idempotent
     with pytest.raises(dv.ClosedError, match="is closed"):
         s.run(lambda: 1)
+
+
+def test_closing_a_strategy_while_another_thread_runs_a_step_names_a_replica(execution):
+    """close() from another thread while replicas loop on collectives: the step raises
+    ClosedError as one of its replicas' errors (``replica k:``, ``.replica``), which each
+    replica could catch where it waited, in both modes."""
+    s = mirrored(2, timeout=20.0, execution=execution)
+    x = np.ones(1 << 12, np.float32)
+    started = threading.Event()
+    caught = [0, 0]
+
+    def fn():
+        ctx = dv.get_replica_context()
+        started.set()
+        for _ in range(10**6):
+            try:
+                ctx.all_reduce("sum", x)
+            except dv.ClosedError:
+                caught[replica_id()] += 1
+                raise
+
+    got = []
+
+    def caller():
+        try:
+            s.run(fn)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    assert started.wait(10)
+    time.sleep(0.05)
+    s.close()
+    t.join(20)
+    assert not t.is_alive()
+    (e,) = got
+    assert isinstance(e, dv.ClosedError), repr(e)
+    assert e.replica in (0, 1) and str(e).startswith(f"replica {e.replica}: "), str(e)
+    assert sum(caught) >= 1, caught
 
 
 @pytest.mark.parametrize("execution", EXECUTION_MODES)

@@ -242,7 +242,28 @@ bool meet_all(drive_state& s, PyObject* saved, PyObject* resolve) {
     if (PyList_GET_SIZE(s.failures) > 0 || s.waiting < s.n) return true;  // Python's part
     if (PyObject_SetAttr(s.local, names.stack, saved) < 0) return false;
     PyObject* outcomes = PyObject_CallOneArg(resolve, s.msgs);
-    if (outcomes == nullptr) return false;
+    if (outcomes == nullptr) {
+      // The meeting itself failed (the group was closed by another thread, say): every
+      // replica raises the error where it waits, as replica threads do, so that each
+      // can handle it and the step reports it with a replica's name. An interrupt
+      // (KeyboardInterrupt, SystemExit) leaves the step at once instead.
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return false;
+      PyObject *type, *error, *tb;
+      PyErr_Fetch(&type, &error, &tb);
+      PyErr_NormalizeException(&type, &error, &tb);
+      if (tb != nullptr && error != nullptr) PyException_SetTraceback(error, tb);
+      Py_XDECREF(type);
+      Py_XDECREF(tb);
+      if (error == nullptr) {
+        PyErr_SetString(PyExc_SystemError, "inline scheduler: a meeting failed without an exception");
+        return false;
+      }
+      bool ok = true;
+      for (Py_ssize_t r = 0; r < s.n && ok; ++r) ok = resume(s, r, nullptr, error);
+      Py_DECREF(error);
+      if (!ok) return false;
+      continue;
+    }
     // A tuple of its own: code that runs while replicas resume cannot change it.
     PyObject* seq = PySequence_Tuple(outcomes);
     Py_DECREF(outcomes);

@@ -409,11 +409,14 @@ class LocalExtended(CrossReplicaExtended):
                 # stuck replica, say) says more than "the step timed out".
                 self._raise_failure(failures)
             stuck = e.stuck
-            raise CollectiveTimeoutError(
+            err = CollectiveTimeoutError(
                 f"replica {stuck[0] if stuck else '?'}: strategy.run did not finish within {e.timeout:g} s"
                 f" (replica(s) still running: {names(stuck) or 'none'}); "
                 f"{e.why + '; ' if e.why else ''}the timeout is CommunicationOptions.timeout_seconds"
-            ) from None
+            )
+            if stuck:
+                err.replica = stuck[0]  # type: ignore[attr-defined]
+            raise err from None
         if runner.failures:
             # The errors go to the caller, and the runner keeps none of them: with its
             # traceback an error holds the replica's frames, and so the step's inputs.

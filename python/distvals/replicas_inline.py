@@ -40,7 +40,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import context
-from ._core import AbortedError, MismatchError
+from ._core import AbortedError, CollectiveTimeoutError, MismatchError
 from ._core import inline_drive as _drive
 from ._core import inline_resume as _resume
 from ._core import inline_setup as _inline_setup
@@ -171,6 +171,12 @@ class InlineRunner:
         # The greenlets of the step that is running (None between steps): their
         # GreenletExit is a replica's failure; any other greenlet's is a kill.
         self._running: Optional[List[Any]] = None
+        # A meeting with a timeout of its own (see _meet_within): (replica, request,
+        # timeout) of the replica that set the watchdog's deadline for it, and, once the
+        # watchdog fired for it, the same in _fired_call.
+        self._call: Optional[Tuple[int, Request, float]] = None
+        self._fired_call: Optional[Tuple[int, Request, float]] = None
+        self._steps = 0  # steps started: a meeting's deadline belongs to one step
 
     def _bury(self) -> None:
         """Ends the greenlets of an abandoned step (suspended at a meeting) here and now,
@@ -191,7 +197,38 @@ class InlineRunner:
         sched = _getcurrent().parent
         if sched is not self._parent:
             raise foreign_greenlet_error(replica, request.kind)
+        if type(request) is Request and request.timeout is not None and self._call is None:
+            return self._meet_within(sched, replica, request, request.timeout)
         return sched.switch(request)
+
+    def _meet_within(self, sched: Any, replica: int, request: Request, timeout: float) -> Any:
+        """A meeting with a timeout of its own (``CommunicationOptions(timeout_seconds=)``
+        passed to the call), reached first by ``replica``: until the meeting is resolved,
+        the watchdog ends the step at most ``timeout`` seconds from now, as the waiting
+        replica's own wait would end in threads mode. Then the step's deadline applies
+        again."""
+        deadline = _monotonic() + timeout
+        if self._active and deadline >= self._deadline:
+            return sched.switch(request)  # the step's deadline comes first
+        saved = (self._active, self._deadline, self._timeout)
+        step = self._steps
+        self._call = (replica, request, timeout)
+        if saved[0]:
+            self._deadline = deadline
+            if deadline < _WATCHDOG._wake_at:
+                _WATCHDOG.watch(self)
+        else:
+            self._arm(timeout)
+        try:
+            return sched.switch(request)
+        finally:
+            # Only within the same step: a greenlet of an abandoned step ends later.
+            # The watchdog stays armed (the step's end disarms it): with the step's own
+            # deadline, or with none. A fire it decided on just before this still counts.
+            if self._steps == step and self._call is not None and self._call[0] == replica:
+                self._call = None
+                self._timeout = saved[2]
+                self._deadline = saved[1] if saved[0] else _INF
 
     # ---- one step ------------------------------------------------------------------------
     def _replica_greenlets(self) -> List[Any]:
@@ -252,6 +289,8 @@ class InlineRunner:
         self._msgs = msgs = [None] * n
         self._waiting = 0
         self._lost = False
+        self._steps += 1
+        self._call = self._fired_call = None
         # Each replica has a contextvars context of its own (the greenlet's). When the
         # caller has context variables, each replica starts the step from a copy of them.
         base: Optional[contextvars.Context]
@@ -339,10 +378,22 @@ class InlineRunner:
 
     def _timeout_failures(self, failures: List[Failure], timeout: float, fired: int) -> None:
         """After the watchdog fired: the replica it interrupted failed with InlineTimeout
-        (or, on the main thread, KeyboardInterrupt); that is a timeout of the step."""
+        (or, on the main thread, KeyboardInterrupt); that is a timeout of the step, or of
+        the meeting whose own timeout it was (the replica that waited there reports it,
+        as in threads mode)."""
+        call, self._fired_call = self._fired_call, None
         for f in failures:
             e = f.error
             if isinstance(e, InlineTimeout) or (fired == 2 and isinstance(e, KeyboardInterrupt)):
+                if call is not None:
+                    waiter, request, t = call
+                    err = CollectiveTimeoutError(
+                        f"replica {waiter}: {request.describe()} timed out after {t:g} s: replica(s) "
+                        f"{f.replica} never arrived (inline replicas take turns on one thread: replica "
+                        f"{f.replica} was interrupted)"
+                    )
+                    err.replica = waiter  # type: ignore[attr-defined]
+                    raise err
                 raise StepTimeout(
                     timeout,
                     [f.replica],
@@ -403,6 +454,7 @@ class InlineRunner:
             else:
                 self._fired = 1
                 set_async_exception(tid, InlineTimeout)
+            self._fired_call = self._call
 
     def close(self) -> None:
         """Drops the replica greenlets (a suspended one is ended by the garbage collector)."""
