@@ -505,6 +505,50 @@ def test_save_and_load_names_that_are_savez_arguments(tmp_path):
     np.testing.assert_array_equal(b.numpy(), np.ones(2, np.float32))
 
 
+def test_save_and_load_keys_that_end_like_member_names(s2, tmp_path):
+    # Key k is stored as the member "k.npy": a key "a.npy" (member "a.npy.npy") loaded
+    # the value of key "a" (member "a.npy") through numpy's lookup by key.
+    with s2.scope():
+        a = dv.Variable(np.array([1.0, 2.0], np.float32))
+        b = dv.Variable(np.array([10.0, 20.0], np.float32))
+        a2 = dv.Variable(np.zeros(2, np.float32))
+        b2 = dv.Variable(np.zeros(2, np.float32))
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, {"a": a, "a.npy": b})
+    dv.load_variables(path, {"a.npy": b2, "a": a2})
+    for copy in s2.experimental_local_results(b2):
+        np.testing.assert_array_equal(np.asarray(copy), [10.0, 20.0])
+    for copy in s2.experimental_local_results(a2):
+        np.testing.assert_array_equal(np.asarray(copy), [1.0, 2.0])
+    with pytest.raises(KeyError, match=r"has no value for 'b' \(it holds: a, a.npy\)"):
+        dv.load_variables(path, {"b": b2})
+
+
+def test_a_checkpoint_gets_the_mode_of_any_new_file(tmp_path):
+    # (tempfile.mkstemp's file is readable by its owner only: workers running as other
+    # users could not load the chief's checkpoint.)
+    old = os.umask(0o027)
+    try:
+        path = tmp_path / "ckpt.npz"
+        dv.save_variables(path, [dv.Variable(np.ones(2), name="v")])
+        np.savez(tmp_path / "plain.npz", v=np.ones(2))
+        assert (path.stat().st_mode & 0o777) == 0o640 == ((tmp_path / "plain.npz").stat().st_mode & 0o777)
+    finally:
+        os.umask(old)
+
+
+def test_a_variable_whose_shape_may_change_loads_a_value_of_another_shape(s2, tmp_path):
+    with s2.scope():
+        v = dv.Variable(np.arange(2.0), shape=[None])
+        w = dv.Variable(np.zeros(2), shape=[None])
+    v.assign(np.arange(5.0))
+    path = tmp_path / "ckpt.npz"
+    dv.save_variables(path, {"v": v})
+    dv.load_variables(path, {"v": w})
+    for copy in s2.experimental_local_results(w):
+        np.testing.assert_array_equal(np.asarray(copy), np.arange(5.0))
+
+
 def test_save_is_atomic(s2, tmp_path, monkeypatch):
     v = dv.Variable(np.ones(3), name="v")
     path = tmp_path / "ckpt.npz"

@@ -86,6 +86,9 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
+        # mkstemp makes the file readable by its owner only; a checkpoint gets the mode
+        # any new file gets (np.savez's), so that workers running as other users read it.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             # What np.savez writes; np.savez(f, **arrays) would take a variable named
             # "file" or "allow_pickle" for its own argument of that name.
@@ -109,6 +112,22 @@ def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process's file mode creation mask."""
+    try:
+        # Linux says it without changing it (os.umask can only read it by setting it,
+        # and another thread could create a file in between).
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # The .npy format cannot name dtypes that numpy does not define (ml_dtypes' bfloat16
@@ -144,17 +163,21 @@ def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
     items = _named(variables, "load_variables")
     named = _stored_dtypes(os.fspath(path))
     with np.load(os.fspath(path), allow_pickle=False) as data:
+        # Key k is the member "k.npy", read by that exact name: numpy's lookup by key
+        # would take the member "a.npy" (key "a") for a key "a.npy".
+        members = set(data.zip.namelist())
         stored = {}
         for key, v in items:
-            if key not in data.files:
+            if key + ".npy" not in members:
+                keys = sorted(m[:-4] for m in members if m.endswith(".npy"))
                 raise KeyError(
                     f"load_variables: {os.fspath(path)} has no value for '{key}' (it holds: "
-                    f"{', '.join(sorted(data.files)) or 'nothing'})"
+                    f"{', '.join(keys) or 'nothing'})"
                 )
-            a = data[key]
+            a = data[key + ".npy"]
             if key in named and a.dtype.kind == "V" and a.dtype.itemsize == named[key].itemsize:
                 a = a.view(named[key])
-            if a.shape != v.shape:
+            if a.shape != v.shape and getattr(v, "_fixed_shape", True):
                 raise ValueError(f"load_variables: '{key}' is stored with shape {a.shape}, the variable has {v.shape}")
             if a.dtype != v.dtype:
                 raise TypeError(f"load_variables: '{key}' is stored as {a.dtype}, the variable is {v.dtype}")
