@@ -97,6 +97,35 @@ def test_count_wrong_counts_each_corrupted_element(dtype, op):
         assert bd.count_wrong(results, n, dtype, op) == 10
 
 
+@pytest.mark.parametrize("n", [8, 12])
+def test_uint8_products_over_many_replicas_still_catch_a_lost_replica(n):
+    # 2**n no longer fits in uint8: the inputs were all ones, so any result passed.
+    count = 4096
+    inputs = [bd.make_input(n, r, count, "uint8", "prod") for r in range(n)]
+    assert len({a.tobytes() for a in inputs}) == n  # distinct per replica
+    want = numpy_reference(inputs, "prod")
+    assert want.max() <= 255 and want.max() > 1
+    assert bd.count_wrong([want.astype(np.uint8)] * n, n, "uint8", "prod") == 0
+    assert bd.count_wrong([inputs[0].copy() for _ in range(n)], n, "uint8", "prod") > count // 4
+    dropped = numpy_reference(inputs[1:], "prod").astype(np.uint8)
+    assert bd.count_wrong([dropped] * n, n, "uint8", "prod") > count // 8
+
+
+def test_rows_that_move_no_data_have_no_bandwidth_or_bound():
+    # A step without a collective, and one replica's in-place all-reduce (nothing to do).
+    common = dict(
+        impl="distvals", algorithm="auto", dtype="float32", op="sum", bytes=1 << 22, count=1 << 20, iters=5, wrong=0
+    )
+    common["checked"] = 0
+    trivial = Row(level="strategy-trivial", replicas=2, time_us=5.0, **common).finish(100.0)
+    alone = Row(level="group", replicas=1, time_us=0.2, **common).finish(100.0)
+    alone_out = Row(level="group", replicas=1, time_us=200.0, out_of_place=True, **common).finish(100.0)
+    for row in (trivial, alone):
+        assert row.algbw_gbps == 0.0 and row.busbw_gbps == 0.0 and row.bound_pct is None
+        assert not over_bound(row, None)
+    assert alone_out.algbw_gbps > 0 and alone_out.bound_pct == pytest.approx(50.0)
+
+
 def test_count_wrong_flags_a_replica_left_unreduced():
     n, count, dtype, op = 2, 5000, "float32", "sum"
     inputs = [bd.make_input(n, r, count, dtype, op) for r in range(n)]
@@ -157,6 +186,8 @@ def test_default_sweep_holds_the_headline_sizes():
 
 def test_plan_rounds_sizes_to_whole_elements():
     assert cli.build_plan([1, 8, 12, 64], "float64", 10, 1) == [(8, 10), (64, 10)]
+    # A size given twice, apart, is measured once (its rows would merge in the table).
+    assert cli.build_plan([1024, 2048, 1024], "float32", 10, 1) == [(1024, 10), (2048, 10)]
     assert cli.parse_size("16M") == 16 << 20 and cli.parse_size("1KiB") == 1024 and cli.parse_size("8") == 8
     assert format_size(16 << 20) == "16 MiB" and format_size(1000) == "1000 B"
 
@@ -325,6 +356,8 @@ def test_cli_load_prints_the_same_report(capsys, tmp_path):
         (["--compare", "--peers", "jax"], "unknown peer"),
         (["--sizes", "0"], "at least 1 byte"),
         (["--replicas", "0"], "at least 1"),
+        (["--iters", "0"], "--iters and --min-iters must be at least 1"),
+        (["--min-iters", "0"], "--iters and --min-iters must be at least 1"),
     ],
 )
 def test_cli_rejects_bad_arguments(capsys, args, message):

@@ -71,7 +71,7 @@ def build_plan(sizes: Sequence[int], dtype: str, max_iters: int, min_iters: int)
     out: List[Tuple[int, int]] = []
     for s in sizes:
         nb = max(1, s // itemsize) * itemsize
-        if not out or out[-1][0] != nb:
+        if all(b != nb for b, _ in out):  # a size given twice (or rounding to one) once
             out.append((nb, bd.iterations(nb, max_iters, min_iters)))
     return out
 
@@ -162,8 +162,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     quick = _QUICK if a.quick else {}
     a.min_bytes = a.min_bytes or quick.get("min_bytes", 8)
     a.max_bytes = a.max_bytes or quick.get("max_bytes", 256 << 20)
-    a.iters = a.iters or quick.get("iters", 1000)
-    a.min_iters = a.min_iters or quick.get("min_iters", 5)
+    a.iters = quick.get("iters", 1000) if a.iters is None else a.iters
+    a.min_iters = quick.get("min_iters", 5) if a.min_iters is None else a.min_iters
     a.replicas = a.replicas or ([2, 4] if a.compare else [2])
     a.api = a.api or ("all" if a.compare else "group")
     if any(n < 1 for n in a.replicas):
@@ -221,7 +221,8 @@ def _measure(a: argparse.Namespace, command: str) -> Report:
     from .results import Report
 
     plan = build_plan(a.sizes, a.dtype, a.iters, a.min_iters)
-    algos = list(ALGORITHMS) if a.algo == "all" else [a.algo]
+    # --api strategy measures steps only: no group rows, so no algorithms.
+    algos = [] if a.api == "strategy" else list(ALGORITHMS) if a.algo == "all" else [a.algo]
     report = Report(
         command=command,
         machine=_machine(),
@@ -267,8 +268,6 @@ def _sweep(a: argparse.Namespace, report: Report, plan: List[Tuple[int, int]], a
                 "this MirroredStrategy takes no execution= argument: its one mode "
                 "(replica threads) is listed as 'default'"
             )
-    if a.api == "strategy":
-        algos = []
     per_size = len(algos) + len(modes) + len(a.peer_list)
     enabled = sys.stderr.isatty() if a.progress is None else a.progress
     with Progress(len(a.replicas) * len(plan) * per_size, enabled) as bar:

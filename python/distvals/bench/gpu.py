@@ -133,7 +133,8 @@ def run(
                 if time.monotonic() - t0 > budget_seconds:
                     print(f"# stopped: the time budget of {budget_seconds:g} s is spent", file=out)
                     return rows
-                count = size // esize
+                count = max(1, size // esize)
+                size = count * esize  # whole elements: the bytes the call moves
                 views = [_prefix(b, count) for b in bufs]
                 for r, v in enumerate(views):
                     v.copy_from(hosts[r][:count])

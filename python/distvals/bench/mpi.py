@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .peers import bench_data as bd
+from .table import format_size
 
 __all__ = ["main", "parse_args"]
 
@@ -257,6 +258,18 @@ def _fmt_us(us: Optional[float]) -> str:
     return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
 
+def _chunked_label() -> str:
+    """What the chunked column holds: the call with the pipeline switched the other way
+    from this run's setting (DISTVALS_MPI_CHUNK_BYTES)."""
+    from ..mpi_collectives import PIPELINE_CHUNK_BYTES
+    from ..multi_worker import _chunk_bytes
+
+    set_to = _chunk_bytes()
+    if set_to <= 0:
+        return f"pipelined in {format_size(PIPELINE_CHUNK_BYTES)} chunks"
+    return f"the unpipelined call (this run pipelines in {format_size(set_to)} chunks)"
+
+
 def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, notes: List[str]) -> str:
     R = a.replicas
     lines = [
@@ -264,7 +277,7 @@ def _table(a: argparse.Namespace, rows: List[Dict[str, Any]], W: int, lib: str, 
         f"# peers: plain mpi4py Allreduce(IN_PLACE) over {W} and over {W * R} processes ({lib})",
         "# time: median over calls of the slowest process, microseconds",
         "#   hier: the hierarchical all-reduce (single call); run: the same in strategy.run; chunked: hier",
-        "#   pipelined in 4 MiB chunks; local: its local reduce + broadcast alone; W+local: mpi W + local",
+        f"#   {_chunked_label()}; local: its local reduce + broadcast alone; W+local: mpi W + local",
         "#   run/W = run / mpi W; hier/sum = hier / (mpi W + local), at most 1 when nothing is wasted;",
         "#   WxR/hier = mpi WxR / hier (above 1: the hierarchy beats one process per replica)",
         (
@@ -360,6 +373,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "replicas_per_worker": a.replicas,
                         "dtype": a.dtype,
                         "mpi": lib,
+                        "chunked": _chunked_label(),
                         "rows": rows,
                         "notes": notes,
                     },

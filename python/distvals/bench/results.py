@@ -66,6 +66,12 @@ class Row:
     def finish(self, bound_us: Optional[float]) -> Row:
         """Fill the derived columns from the time and the memory-bound time."""
         t = self.time_us * 1e-6
+        if self.level == "strategy-trivial" or (self.replicas == 1 and not self.out_of_place and self.level == "group"):
+            # Rows that move no data: a step without a collective, and an in-place
+            # all-reduce of one replica (nothing to combine). No bandwidth, no bound.
+            self.algbw_gbps = self.busbw_gbps = 0.0
+            self.bound_us = self.bound_pct = None
+            return self
         self.algbw_gbps = self.bytes / t / 1e9 if t > 0 else float("inf")
         self.busbw_gbps = self.algbw_gbps * bus_factor(self.replicas)
         self.bound_us = bound_us

@@ -171,7 +171,10 @@ def format_bound_summary(report: Report, replicas: int) -> str:
 
 
 def format_out_of_place(report: Report, replicas: int) -> str:
-    """Out-of-place time / in-place time per algorithm and size (both timed in the engine)."""
+    """Out-of-place time / in-place time per algorithm and size (both timed in the engine).
+    None for one replica, whose in-place call has nothing to do."""
+    if replicas == 1:
+        return ""
     rows = [r for r in report.rows if r.replicas == replicas and r.impl == "distvals" and r.level == "group"]
     pairs: Dict[Tuple[int, str], Dict[bool, Row]] = {}
     for r in rows:

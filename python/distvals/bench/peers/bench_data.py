@@ -101,7 +101,10 @@ def _choices(n: int, dtype: str, op: str) -> np.ndarray:
     if op == "prod":
         big = 2**n <= limit
         if unsigned:
-            return np.array([1, 2] if big else [1], dtype=np.int64)
+            # With many replicas a product of 2s would overflow: then only 1s and 2s
+            # with a 2 at most on 7 replicas per element (see _pattern_int), so that a
+            # lost or doubled replica still changes the result.
+            return np.array([1, 2], dtype=np.int64)
         return np.array([-2, -1, 1, 2] if big else [-1, 1], dtype=np.int64)
     if op in ("min", "max"):
         k = 8
@@ -122,6 +125,11 @@ def _pattern_int(n: int, replica: int, dtype: str, op: str) -> np.ndarray:
     h ^= h >> np.uint64(29)
     h *= np.uint64(0x94D049BB133111EB)
     h ^= h >> np.uint64(32)
+    if op == "prod" and dtype == "uint8" and 2**n > _EXACT[dtype]:
+        # Element i has its 2 (at most one per replica) on replicas i, i+1, .. i+6 (mod
+        # n) only where the hash says so: a product of at most 2**7.
+        lit = ((idx.astype(np.int64) - replica) % n) < 7
+        return np.where(lit & ((h & np.uint64(1)) == 1), 2, 1).astype(np.int64)
     return choices[(h % np.uint64(len(choices))).astype(np.int64)]
 
 
