@@ -477,3 +477,86 @@ def test_threads_sharing_one_iterator_each_take_whole_elements(how):
         assert flat == (list(range(5, 3005)) if how == "dataset" else list(range(4000)))
     finally:
         s.close()
+
+
+# ---- from_generator, AUTOTUNE and the arguments tf.data takes for parallelism -------------------
+
+
+def test_from_generator_calls_the_generator_for_each_pass_and_conforms_to_the_signature():
+    calls = []
+
+    def gen(n, scale):
+        calls.append((n, scale))
+        for i in range(n):
+            yield (np.arange(i + 1) * scale, float(i))  # float64 data, int in the signature
+
+    sig = (dv.TensorSpec(shape=(None,), dtype=np.float32), dv.TensorSpec(shape=(), dtype=np.int64))
+    ds = Dataset.from_generator(gen, args=(3, 2.0), output_signature=sig)
+    assert ds.element_spec == sig
+    assert int(ds.cardinality()) == dv.data.UNKNOWN_CARDINALITY
+    for _ in range(2):  # two passes, the generator called for each
+        got = list(ds)
+        assert [(a.dtype, b.dtype) for a, b in got] == [(np.float32, np.int64)] * 3
+        for i, (a, b) in enumerate(got):
+            np.testing.assert_array_equal(a, np.arange(i + 1, dtype=np.float64) * 2.0)
+            assert int(b) == i
+    assert calls == [(3, 2.0), (3, 2.0)]
+    # The older output_types / output_shapes give the same signature.
+    old = Dataset.from_generator(gen, output_types=(np.float32, np.int64), output_shapes=((None,), ()), args=(3, 2.0))
+    assert old.element_spec == sig
+    # Without a signature, leaves are converted as from_tensor_slices converts (float32 floats).
+    plain = Dataset.from_generator(lambda: iter([1.5, 2.5])).batch(2)
+    (batch,) = list(plain)
+    assert batch.dtype == np.float32 and batch.tolist() == [1.5, 2.5]
+
+
+def test_from_generator_elements_that_do_not_fit_fail_alone_and_the_pass_goes_on():
+    def gen():
+        yield np.zeros(2)
+        yield np.zeros(3)  # wrong shape
+        yield (np.zeros(2), np.zeros(2))  # wrong structure
+        yield "text"  # not a number
+        yield np.ones(2)
+
+    it = iter(Dataset.from_generator(gen, output_signature=dv.TensorSpec((2,), np.float64)))
+    np.testing.assert_array_equal(next(it), np.zeros(2))
+    with pytest.raises(ValueError, match=r"component 0 of an element has shape \(3,\).*\(2,\)"):
+        next(it)
+    with pytest.raises(TypeError, match=r"structure \(\*, \*\) where the output signature is \*"):
+        next(it)
+    with pytest.raises(TypeError, match="cannot be converted to float64"):
+        next(it)
+    np.testing.assert_array_equal(next(it), np.ones(2))
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_from_generator_refuses_bad_arguments():
+    with pytest.raises(TypeError, match="generator must be callable"):
+        Dataset.from_generator(iter([1, 2]))
+    with pytest.raises(TypeError, match="not both"):
+        Dataset.from_generator(lambda: iter([]), output_types=np.float32, output_signature=dv.TensorSpec(()))
+    with pytest.raises(TypeError, match="TensorSpec leaves"):
+        Dataset.from_generator(lambda: iter([]), output_signature=(np.float32,))
+    with pytest.raises(TypeError, match="output_shapes needs output_types"):
+        Dataset.from_generator(lambda: iter([]), output_shapes=(2,))
+
+
+def test_autotune_and_parallel_arguments_are_accepted_and_change_nothing():
+    assert dv.data.AUTOTUNE == -1
+    x = np.arange(10.0)
+    want = [list(b) for b in Dataset.from_tensor_slices(x).map(lambda v: v * 3).batch(4)]
+    ds = (
+        Dataset.from_tensor_slices(x)
+        .map(lambda v: v * 3, num_parallel_calls=dv.data.AUTOTUNE, deterministic=True)
+        .batch(4, num_parallel_calls=2, deterministic=False)
+        .prefetch(dv.data.AUTOTUNE)
+    )
+    assert [list(b) for b in ds] == want == [[0.0, 3.0, 6.0, 9.0], [12.0, 15.0, 18.0, 21.0], [24.0, 27.0]]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="num_parallel_calls must be AUTOTUNE"):
+            Dataset.range(3).map(lambda v: v, num_parallel_calls=bad)
+        with pytest.raises(ValueError, match="num_parallel_calls must be AUTOTUNE"):
+            Dataset.range(3).batch(2, num_parallel_calls=bad)
+    with pytest.raises(ValueError, match="prefetch: buffer_size"):
+        Dataset.range(3).prefetch(-5)

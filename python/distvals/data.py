@@ -1,8 +1,11 @@
 """``distvals.data.Dataset``: a small input pipeline in the style of ``tf.data.Dataset``.
 
 Enough for examples and tests: ``from_tensor_slices``, ``from_tensors``, ``range``,
-``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``map``, ``prefetch``, and
-``element_spec`` / ``cardinality()`` as tf.data has them. Iteration yields numpy arrays
+``from_generator``, ``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``map``,
+``prefetch``, and ``element_spec`` / ``cardinality()`` as tf.data has them.
+``num_parallel_calls`` (``AUTOTUNE`` or a count) and ``deterministic`` are accepted
+where tf.data takes them; elements are still made one at a time, in order, on the
+thread that asks for them. Iteration yields numpy arrays
 (0-d arrays for scalar elements) or nested structures (tuples, namedtuples, dicts) of
 them; as in tf.data, a list is one component. Python floats become float32 and Python
 ints int32, as in TensorFlow; numpy arrays keep their dtype.
@@ -36,7 +39,10 @@ import numpy as np
 from . import nest, specs
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
-__all__ = ["INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
+__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
+
+# tf.data.AUTOTUNE: "let the runtime choose" for num_parallel_calls and prefetch sizes.
+AUTOTUNE = -1
 
 #: What ``cardinality()`` says of a dataset that never ends / whose length is unknown.
 INFINITE_CARDINALITY = -1
@@ -325,10 +331,64 @@ class Dataset:
             cardinality=len(r),
         )
 
+    @staticmethod
+    def from_generator(
+        generator: Callable[..., Any],
+        output_types: Any = None,
+        output_shapes: Any = None,
+        args: Any = None,
+        output_signature: Any = None,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """The elements that ``generator(*args)`` yields; each pass calls it again.
+
+        ``output_signature`` (a ``TensorSpec`` or a nested structure of them), or the
+        older ``output_types`` (and ``output_shapes``), says what each element is: every
+        element must have that structure, its leaves are converted to the dtypes (as
+        tf.data does) and must fit the shapes (None: any size), else the element raises
+        a ``TypeError`` or ``ValueError`` naming what differs. Without either, leaves are
+        converted as ``from_tensor_slices`` converts its components."""
+        if not callable(generator):
+            raise TypeError(f"from_generator: generator must be callable, got {type(generator).__name__}")
+        if output_signature is not None and (output_types is not None or output_shapes is not None):
+            raise TypeError("from_generator: give output_signature, or output_types (and output_shapes), not both")
+        spec = output_signature
+        if spec is None and output_types is not None:
+            spec = _signature_of(output_types, output_shapes)
+        elif spec is None and output_shapes is not None:
+            raise TypeError("from_generator: output_shapes needs output_types")
+        if spec is not None:
+            for leaf in _flatten(spec):
+                if not isinstance(leaf, specs.TensorSpec):
+                    raise TypeError(
+                        f"from_generator: output_signature must hold TensorSpec leaves, got {type(leaf).__name__}"
+                    )
+        call_args = tuple(args) if args is not None else ()
+
+        def convert(x: Any) -> Any:
+            if spec is None:
+                leaves = [convert_leaf(v, "from_generator") for v in _flatten(x)]
+                return _pack(x, leaves) if _is_structure(x) else leaves[0]
+            return _conform(x, spec)
+
+        def make() -> Iterator[Any]:
+            return map(convert, iter(generator(*call_args)))
+
+        return Dataset(make, description=name or "GeneratorDataset", spec=spec)
+
     # ---- transformations ----------------------------------------------------------------------
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> Dataset:
+    def batch(
+        self,
+        batch_size: int,
+        drop_remainder: bool = False,
+        num_parallel_calls: typing.Optional[int] = None,
+        deterministic: typing.Optional[bool] = None,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
         """Stacks ``batch_size`` consecutive elements into one (a new first axis); the last
-        batch may be smaller unless ``drop_remainder``."""
+        batch may be smaller unless ``drop_remainder``. (``num_parallel_calls``,
+        ``deterministic`` and ``name``: accepted as in tf.data.)"""
+        _check_parallel(num_parallel_calls, "batch")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
         batch_size = int(batch_size)
@@ -474,8 +534,18 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
         return self._derived(lambda: _CountedIterator(source._iterate(), -1, count), description, cardinality=new_card)
 
-    def map(self, fn: Callable[..., Any]) -> Dataset:
-        """Applies ``fn`` to every element (a tuple element is passed as arguments)."""
+    def map(
+        self,
+        fn: Callable[..., Any],
+        num_parallel_calls: typing.Optional[int] = None,
+        deterministic: typing.Optional[bool] = None,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """Applies ``fn`` to every element (a tuple element is passed as arguments).
+        ``num_parallel_calls`` (``AUTOTUNE`` or a positive count), ``deterministic`` and
+        ``name`` are accepted as in tf.data; the elements are made one at a time, in
+        order."""
+        _check_parallel(num_parallel_calls, "map")
         if not callable(fn):
             raise TypeError(f"map: fn must be callable, got {type(fn).__name__}")
         source = self
@@ -503,9 +573,14 @@ class Dataset:
         out._mapped = True
         return out
 
-    def prefetch(self, buffer_size: Any = None) -> Dataset:
-        """Accepted for compatibility; elements are produced on demand. (A batch after it
-        is not fused with a map before it, as in tf.data.)"""
+    def prefetch(self, buffer_size: Any = AUTOTUNE, name: typing.Optional[str] = None) -> Dataset:
+        """Accepted for compatibility (``buffer_size``: ``AUTOTUNE`` or a count of at
+        least 0); elements are produced on demand. (A batch after it is not fused with a
+        map before it, as in tf.data.)"""
+        if buffer_size is not None and (
+            isinstance(buffer_size, bool) or not isinstance(buffer_size, (int, np.integer)) or buffer_size < AUTOTUNE
+        ):
+            raise ValueError(f"prefetch: buffer_size must be AUTOTUNE or a count of at least 0, got {buffer_size!r}")
         if not self._mapped:
             return self
         return self._derived(self._make_iterator, self._description, rows=self._rows)
@@ -569,6 +644,90 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"<Dataset {self._description}{' batched' if self._batched else ''}>"
+
+
+def _check_parallel(num_parallel_calls: Any, what: str) -> None:
+    if num_parallel_calls is None:
+        return
+    if (
+        isinstance(num_parallel_calls, bool)
+        or not isinstance(num_parallel_calls, (int, np.integer))
+        or not (num_parallel_calls == AUTOTUNE or num_parallel_calls >= 1)
+    ):
+        raise ValueError(
+            f"{what}: num_parallel_calls must be AUTOTUNE (-1) or a positive count, got {num_parallel_calls!r}"
+        )
+
+
+def _signature_of(types: Any, shapes: Any) -> Any:
+    """A signature of TensorSpecs from from_generator's output_types and output_shapes."""
+    type_leaves = _flatten(types)
+    if shapes is None:
+        shape_leaves: List[Any] = [None] * len(type_leaves)
+    elif _is_structure(types):
+        shape_leaves = [shapes[k] for k in types] if isinstance(types, dict) else list(shapes)
+        if len(shape_leaves) != len(type_leaves):
+            raise ValueError(
+                f"from_generator: output_shapes has {len(shape_leaves)} shapes for {len(type_leaves)} output_types"
+            )
+    else:
+        shape_leaves = [shapes]
+    leaves = [specs.TensorSpec(sh, _numpy_dtype(t)) for t, sh in zip(type_leaves, shape_leaves)]
+    return _pack(types, leaves) if _is_structure(types) else leaves[0]
+
+
+def _numpy_dtype(t: Any) -> np.dtype:
+    # tf.DType objects say their numpy dtype; anything numpy understands is taken as is.
+    dtype: np.dtype = np.dtype(getattr(t, "as_numpy_dtype", t))
+    return dtype
+
+
+def _conform(x: Any, spec: Any) -> Any:
+    """Generator element ``x`` in the structure, dtypes and shapes of ``spec``."""
+    if type(x) is list and type(spec) is tuple:
+        x = tuple(x)
+    leaf_specs = _flatten(spec)
+    if not _same_structure(x, spec):
+        raise TypeError(
+            f"from_generator: the generator yielded an element of structure {_structure_text(x)} where the "
+            f"output signature is {_structure_text(spec)}"
+        )
+    leaves = _flatten(x)
+    out = []
+    for i, (v, sp) in enumerate(zip(leaves, leaf_specs)):
+        try:
+            a = np.asarray(v, dtype=sp.dtype)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TypeError(
+                f"from_generator: component {i} of an element cannot be converted to {sp.dtype}: {e}"
+            ) from None
+        if sp.shape is not None and (
+            a.ndim != len(sp.shape) or any(d is not None and d != n for d, n in zip(sp.shape, a.shape))
+        ):
+            raise ValueError(
+                f"from_generator: component {i} of an element has shape {a.shape}, which does not fit the "
+                f"output signature's {sp.shape}"
+            )
+        out.append(a)
+    return _pack(spec, out) if _is_structure(spec) else out[0]
+
+
+def _same_structure(x: Any, spec: Any) -> bool:
+    """Whether ``x`` nests like ``spec`` (tuples of the same length, dicts of the same
+    keys; a list is one component, as everywhere in this module)."""
+    if isinstance(spec, tuple):
+        return isinstance(x, tuple) and len(x) == len(spec) and all(map(_same_structure, x, spec))
+    if isinstance(spec, dict):
+        return isinstance(x, dict) and set(x) == set(spec) and all(_same_structure(x[k], spec[k]) for k in spec)
+    return not _is_structure(x)
+
+
+def _structure_text(x: Any) -> str:
+    if isinstance(x, tuple):
+        return "(" + ", ".join(_structure_text(v) for v in x) + ("," if len(x) == 1 else "") + ")"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {_structure_text(x[k])}" for k in x) + "}"
+    return "*"
 
 
 # ---- iterators that outlive an exception ------------------------------------------------------
