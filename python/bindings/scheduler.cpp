@@ -93,6 +93,20 @@ bool in_range(drive_state& s, Py_ssize_t r) {
 // Stores `item` (a new reference, always consumed) at list[r].
 bool put(PyObject* list, Py_ssize_t r, PyObject* item) { return PyList_SetItem(list, r, item) == 0; }
 
+// The exception being raised, taken out of the error state as a new reference, with its
+// traceback on it (so that it can be raised again elsewhere). NULL with a SystemError set
+// when `what` failed without one.
+PyObject* take_error(const char* what) {
+  PyObject *type, *val, *tb;
+  PyErr_Fetch(&type, &val, &tb);
+  PyErr_NormalizeException(&type, &val, &tb);
+  if (tb != nullptr && val != nullptr) PyException_SetTraceback(val, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  if (val == nullptr) PyErr_Format(PyExc_SystemError, "inline scheduler: %s failed without an exception", what);
+  return val;
+}
+
 // Switches into replica r with `value` (or throws `error` there) and notes what it
 // switched back with: a request (in msgs[r]), its result or its failure. False with an
 // error set only when the bookkeeping itself failed (the replica's own errors are its
@@ -127,16 +141,8 @@ bool resume(drive_state& s, Py_ssize_t r, PyObject* value, PyObject* error) {
     // The greenlet died, or an interrupt landed right after it switched back and what
     // it switched back with is lost: this step's greenlets are never resumed again, and
     // the exception is the replica's failure.
-    PyObject *type, *val, *tb;
-    PyErr_Fetch(&type, &val, &tb);
-    PyErr_NormalizeException(&type, &val, &tb);
-    if (tb != nullptr && val != nullptr) PyException_SetTraceback(val, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    if (val == nullptr) {
-      PyErr_SetString(PyExc_SystemError, "inline scheduler: a switch failed without an exception");
-      return false;
-    }
+    PyObject* val = take_error("a switch");
+    if (val == nullptr) return false;
     const bool ok = PyObject_SetAttr(s.runner, names.lost, Py_True) == 0 && note_failure(s, r, val);
     Py_DECREF(val);
     return ok;
@@ -248,16 +254,8 @@ bool meet_all(drive_state& s, PyObject* saved, PyObject* resolve) {
       // can handle it and the step reports it with a replica's name. An interrupt
       // (KeyboardInterrupt, SystemExit) leaves the step at once instead.
       if (!PyErr_ExceptionMatches(PyExc_Exception)) return false;
-      PyObject *type, *error, *tb;
-      PyErr_Fetch(&type, &error, &tb);
-      PyErr_NormalizeException(&type, &error, &tb);
-      if (tb != nullptr && error != nullptr) PyException_SetTraceback(error, tb);
-      Py_XDECREF(type);
-      Py_XDECREF(tb);
-      if (error == nullptr) {
-        PyErr_SetString(PyExc_SystemError, "inline scheduler: a meeting failed without an exception");
-        return false;
-      }
+      PyObject* error = take_error("a meeting");
+      if (error == nullptr) return false;
       bool ok = true;
       for (Py_ssize_t r = 0; r < s.n && ok; ++r) ok = resume(s, r, nullptr, error);
       Py_DECREF(error);
