@@ -79,6 +79,8 @@ class TensorFlowApi:
         self.dist = tf.distribute
         self.Variable = tf.Variable
         self.Dataset = tf.data.Dataset
+        self.TensorSpec = tf.TensorSpec
+        self.AUTOTUNE = tf.data.AUTOTUNE
         self.IndexedSlices = tf.IndexedSlices
         self.VariableAggregation = tf.VariableAggregation
         self.VariableSynchronization = tf.VariableSynchronization
@@ -121,6 +123,8 @@ class DistvalsApi:
         self.dist = dv
         self.Variable = dv.Variable
         self.Dataset = dv.data.Dataset
+        self.TensorSpec = dv.TensorSpec
+        self.AUTOTUNE = dv.data.AUTOTUNE
         self.IndexedSlices = dv.IndexedSlices
         self.VariableAggregation = dv.VariableAggregation
         self.VariableSynchronization = dv.VariableSynchronization
@@ -625,6 +629,41 @@ def an_exception_in_map_fails_one_element_and_the_pass_goes_on(api):
             seq.append(np.asarray(x).tolist())
         seen.append(seq)
     return seen
+
+
+@program()
+def from_generator_conforms_elements_to_its_signature(api):
+    # float64 data into a float32 signature, ints into int64, a dimension of any size;
+    # then a map and a batch with AUTOTUNE, distributed over 2 replicas.
+    def gen():
+        for i in range(5):
+            yield np.arange(i % 3 + 2, dtype=np.float64)[:2] * (i + 0.5), i
+
+    sig = (api.TensorSpec(shape=(None,), dtype=np.float32), api.TensorSpec(shape=(), dtype=np.int64))
+    ds = api.Dataset.from_generator(gen, output_signature=sig)
+    specs = (ds.element_spec, ds.batch(2).element_spec)
+    # (After a map distvals reads the spec from the first element, where TensorFlow
+    # traces the function: the sizes of a None dimension may differ, so not compared.)
+    ds = ds.map(lambda x, y: (x * 2, y + 1), num_parallel_calls=api.AUTOTUNE, deterministic=True)
+    batched = ds.batch(2, num_parallel_calls=api.AUTOTUNE).prefetch(api.AUTOTUNE)
+    s = api.strategy(2)
+    out = []
+    for x, y in s.experimental_distribute_dataset(batched):
+        out.append([np.asarray(v).tolist() for v in s.experimental_local_results(x)])
+        out.append([np.asarray(v).tolist() for v in s.experimental_local_results(y)])
+    return specs, out, [np.asarray(v).dtype for v in next(iter(ds))]
+
+
+@program()
+def from_generator_with_output_types_and_shapes(api):
+    def gen():
+        yield {"a": [1, 2], "b": 3.5}
+        yield {"a": [4, 5], "b": -1.0}
+
+    ds = api.Dataset.from_generator(
+        gen, output_types={"a": np.int32, "b": np.float32}, output_shapes={"a": (2,), "b": ()}
+    )
+    return ds.element_spec, [{k: np.asarray(v).tolist() for k, v in e.items()} for e in ds]
 
 
 @program()
