@@ -213,3 +213,47 @@ def test_the_scheduler_loop_refuses_what_it_cannot_drive():
     with pytest.raises(RuntimeError, match="not a list of 2 items"):
         runner._results = [None]
         _core.inline_resume(runner, [None, None], threading.local(), 0, None, None)
+
+
+def test_a_calls_own_timeout_ends_when_every_replica_has_reached_the_call(s3):
+    """A call's own timeout bounds the wait for the replicas that have not arrived, not
+    the meeting's resolution: a resolve slower than the timeout still succeeds, at every
+    meeting of the step; a replica that never arrives still ends it, named."""
+    import time
+
+    from distvals.replicas import Request
+
+    def resolve(requests):
+        time.sleep(0.25)  # the collective itself, longer than the call's timeout
+        return [sum(q.value for q in requests) + r for r in range(3)]
+
+    def fn(x):
+        got = 0
+        for _ in range(3):
+            got = _current_runner[0].meet(replica_id(), Request("all_reduce", ("SUM",), x + got, None, 0.05))
+        return got
+
+    _current_runner.clear()
+    runner = InlineRunner(3, resolve)
+    _current_runner.append(runner)
+    results = runner.step(fn, [((x,), None) for x in (1, 20, 300)], s3.extended._entries, 20.0)
+    assert runner.failures == [], runner.failures
+    # Each meeting: the sum of every replica's value plus the replica's id.
+    want = [0, 0, 0]
+    for _ in range(3):
+        total = sum(x + w for x, w in zip((1, 20, 300), want))
+        want = [total + r for r in range(3)]
+    assert results == want
+
+    def late(x):
+        if replica_id() == 1:
+            time.sleep(2.0)  # interrupted by the first replica's call timeout
+        return _current_runner[0].meet(replica_id(), Request("all_reduce", ("SUM",), x, None, 0.1))
+
+    t0 = time.monotonic()
+    with pytest.raises(
+        dv.CollectiveTimeoutError, match=r"^replica 0: all_reduce\('SUM'\) timed out after 0.1 s"
+    ) as info:
+        runner.step(late, [((x,), None) for x in (1, 20, 300)], s3.extended._entries, 20.0)
+    assert time.monotonic() - t0 < 1.5
+    assert info.value.replica == 0 and "replica(s) 1 never arrived" in str(info.value)

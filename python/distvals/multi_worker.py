@@ -23,6 +23,7 @@ worker that never arrives (hung, killed) makes the others abort once
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -252,7 +253,8 @@ class _MultiWorkerExtended(LocalExtended):
         input_comm, req = comm.Idup()
         self._wait_setup(req, timeout)
         self._input_comm = input_comm
-        self._input_iterators = 0  # iterators made so far: each one's serial number
+        self._input_datasets = 0  # distributed datasets made so far: each one's serial number
+        self._input_lock = threading.Lock()  # one exchange on the input's communicator at a time
         return HierarchicalCollectives(
             local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
         )

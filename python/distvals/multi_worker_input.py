@@ -22,9 +22,10 @@ with one small MPI all-reduce (MAX of eight int64s, on a communicator of its own
 never pairs with a collective) of what each worker got:
 
 - its outcome: an element, the end of its data, or an exception;
-- where it stands: which of the strategy's iterators this is (numbered in the order of
-  their first ``next``), and how many ``next`` calls it has had (an element that raised
-  counts, on every worker).
+- where it stands: which of the strategy's distributed datasets it iterates (numbered
+  as they are made), which pass over it (numbered at their first ``next``), and how
+  many ``next`` calls the pass has had (an element that raised counts, on every
+  worker).
 
 Each quantity goes as ``x`` and ``-x``, so the maximum gives both extremes. Then:
 
@@ -36,9 +37,13 @@ Each quantity goes as ``x`` and ``-x``, so the maximum gives both extremes. Then
 - every worker at its end: ``StopIteration`` everywhere;
 - some workers at their end, others not (uneven data, as in TensorFlow): the workers
   whose data has ended give their replicas empty batches (no rows, the trailing shape
-  and dtype of their earlier batches) until every worker's has.
+  and dtype of their earlier batches) until every worker's has; when one of them cannot
+  (it had no element, or its elements have no batch axis), every worker raises.
 
-It costs one small all-reduce per element (a few microseconds), against a step.
+It costs one small all-reduce per element (a few microseconds), against a step. The
+exchanges of one worker go one at a time, so threads may read different iterators, but
+then they must take their turns in the same order on every worker (or the workers get a
+``MismatchError``), as TensorFlow's collectives need.
 """
 
 from __future__ import annotations
@@ -122,13 +127,14 @@ _VALUE, _END, _ERROR = 0, 1, 2
 
 def _empty_of(value: Any) -> Any:
     """``value`` (a distributed element: PerReplica leaves, or plain arrays for one
-    replica) with no rows in any part; None when a leaf has no batch axis."""
+    replica) with no rows in any part; ``_NO_ROWS`` when a leaf has no batch axis."""
 
     def rows0(a: Any) -> Any:
         if isinstance(a, np.ndarray) or devices.is_device_array(a):
             if len(getattr(a, "shape", ())) == 0:
                 raise _NoRows
-            return a[:0] if isinstance(a, np.ndarray) else devices.slice_rows(a, 0, 0)
+            # A new empty array on the host (a view would keep the whole batch alive).
+            return np.empty((0,) + a.shape[1:], a.dtype) if isinstance(a, np.ndarray) else devices.slice_rows(a, 0, 0)
         raise _NoRows
 
     def one(x: Any) -> Any:
@@ -139,11 +145,14 @@ def _empty_of(value: Any) -> Any:
     try:
         return nest.map_structure(one, value) if nest.is_nested(value) else one(value)
     except _NoRows:
-        return None
+        return _NO_ROWS
 
 
 class _NoRows(Exception):
     pass
+
+
+_NO_ROWS = object()
 
 
 class _AgreedNext:
@@ -151,18 +160,20 @@ class _AgreedNext:
     has said what it got (see the module doc)."""
 
     _ext: Any
-    _serial: int
+    _dataset: Any
+    _pass: int
     _calls: int
     _wrap: bool
     _template: Any
     _agree_lock: threading.Lock
 
-    def _setup(self, ext: Any) -> None:
+    def _setup(self, ext: Any, dataset: Any) -> None:
         self._ext = ext
-        self._serial = 0  # numbered at its first next: an iterator never advanced counts for nothing
+        self._dataset = dataset  # its serial and its count of passes say where this iterator is
+        self._pass = 0  # numbered at its first next: an iterator never advanced counts for nothing
         self._calls = 0
         self._wrap = bool(ext._wrap_results)
-        self._template = None
+        self._template = None  # _NO_ROWS once known that an element has a leaf without rows
         # Threads that share the iterator: one element (and its agreement) at a time.
         self._agree_lock = threading.Lock()
 
@@ -172,9 +183,9 @@ class _AgreedNext:
 
     def _agreed_next(self) -> Any:
         ext = self._ext
-        if not self._serial:
-            ext._input_iterators += 1
-            self._serial = ext._input_iterators
+        if not self._pass:
+            self._dataset._passes += 1
+            self._pass = self._dataset._passes
         self._calls += 1
         error: Optional[BaseException] = None
         value: Any = None
@@ -196,49 +207,54 @@ class _AgreedNext:
             if status == _END:
                 raise StopIteration
             return value
-        no_template = status == _END and self._template is None
-        mine = [status, self._serial, self._calls]
+        # Why this worker could not make empty batches, should it need to: 1, it has had
+        # no element; 2, an element has a leaf without a batch axis.
+        cannot_fill = 0
+        if status == _END:
+            cannot_fill = 1 if self._template is None else 2 if self._template is _NO_ROWS else 0
+        where = (self._dataset._serial, self._pass, self._calls)
         buf = np.array(
-            [
-                mine[0],
-                -mine[0],
-                mine[1],
-                -mine[1],
-                mine[2],
-                -mine[2],
-                ext._rank if status == _ERROR else -1,
-                no_template,
-            ],
+            [status, -status, where[0], -where[0], where[1], -where[1], where[2], -where[2], -1, cannot_fill],
             dtype=np.int64,
         )
+        if status == _ERROR:
+            buf[8] = ext._rank
         got = self._exchange(buf)
         top, low = int(got[0]), -int(got[1])
-        where = f"worker {ext._rank}: distributed input"
-        if got[2] != -got[3] or got[4] != -got[5]:
+        prefix = f"worker {ext._rank}: distributed input"
+        if any(got[k] != -got[k + 1] for k in (2, 4, 6)):
             raise MismatchError(
-                f"{where}: the workers' iterators are out of step (iterator {-got[3]} to {got[2]} of the "
-                f"strategy, element {-got[5]} to {got[4]} of it; this worker is at iterator {self._serial}, "
-                f"element {self._calls}); every worker must create the same distributed iterators and call "
-                "next on them the same number of times"
+                f"{prefix}: the workers' iterators are out of step (distributed dataset {-got[3]} to {got[2]} "
+                f"of the strategy, pass {-got[5]} to {got[4]} over it, element {-got[7]} to {got[6]} of the pass; "
+                f"this worker: dataset {where[0]}, pass {where[1]}, element {where[2]}); every worker must make "
+                "the same distributed datasets, iterate them in the same order and call next on them the same "
+                "number of times (threads that read different iterators must take their turns in the same "
+                "order on every worker)"
             ) from error
         if top == _ERROR:
             if error is not None:
                 raise error
             raise AbortedError(
-                f"{where}: released from element {self._calls} because worker {int(got[6])}'s input raised "
-                "an error there (see that worker's output); every worker skipped that element"
+                f"{prefix}: released from element {self._calls} because worker {int(got[8])}'s input raised an "
+                "error there (see that worker's output); every worker skipped that element"
             )
         if top == _END and low == _END:
             raise StopIteration
+        if top == _END and got[9]:
+            # Some worker's data has ended while others' has not, and it cannot give its
+            # replicas empty batches: every worker raises (none goes on to a step alone).
+            raise ValueError(
+                f"{prefix}: a worker's data ended while other workers' data goes on, and it cannot give its "
+                "replicas empty batches until theirs ends: "
+                + (
+                    "its data gave no element at all (give every worker at least one batch)"
+                    if got[9] == 1
+                    else "its elements have a component without a batch axis (batch the dataset)"
+                )
+            )
         if status == _VALUE:
             return value
         # This worker's data has ended, another's has not: empty batches, as in TensorFlow.
-        if got[7]:
-            raise ValueError(
-                f"{where}: a worker's data ended before it gave a single element while other workers' "
-                "data goes on, so it cannot make empty batches of the right shape; give every worker "
-                "at least one batch"
-            )
         return self._template
 
     def _exchange(self, buf: np.ndarray) -> np.ndarray:
@@ -249,12 +265,24 @@ class _AgreedNext:
         ext = self._ext
         out = np.empty_like(buf)
         timeout = float(ext._timeout)
-        if not poll(ext._input_comm.Iallreduce(buf, out, ext._mpi.MAX), time.monotonic() + timeout):
+        # One exchange at a time per worker: threads reading different iterators would
+        # otherwise post collectives on one communicator at once (which MPI forbids).
+        with ext._input_lock:
+            done = poll(ext._input_comm.Iallreduce(buf, out, ext._mpi.MAX), time.monotonic() + timeout)
+        if not done:
             ext._fatal(
                 f"the next element of a distributed iterator waited {timeout:g} s for the other workers, "
                 "which did not all ask for theirs (every worker must iterate the same distributed datasets)"
             )
         return out
+
+
+def _number(dataset: Any, ext: Any) -> None:
+    """Gives a distributed dataset its serial number among the strategy's (every worker
+    makes them in the same order) and a count of the passes over it."""
+    ext._input_datasets += 1
+    dataset._serial = ext._input_datasets
+    dataset._passes = 0
 
 
 class _WorkerIterator(_AgreedNext, DistributedIterator):
@@ -272,6 +300,7 @@ class WorkerDistributedDataset(DistributedDataset):
     def __init__(self, strategy: Any, dataset: Any, options: Any = None) -> None:
         super().__init__(strategy, dataset, options)
         ext = strategy.extended
+        _number(self, ext)
         self._total = strategy.num_replicas_in_sync
         self._offset = ext._offset
         self._count = ext._n
@@ -281,7 +310,7 @@ class WorkerDistributedDataset(DistributedDataset):
         # From the source: an element read ahead for element_spec comes first.
         rows = _shard(self._source_of().iterator(), self._total, self._offset, self._count)
         it = _WorkerIterator(_LocalReplicas(ext), rows, self._options, lambda: self.element_spec)
-        it._setup(ext)
+        it._setup(ext, self)
         return it
 
     @property
@@ -303,6 +332,7 @@ class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):
 
         check_options(options, "distribute_datasets_from_function")
         ext = strategy.extended
+        _number(self, ext)
         self._strategy = strategy
         self._options = options
         self._datasets = None
@@ -316,7 +346,7 @@ class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):
         it = _WorkerFromFunctionIterator(
             _LocalReplicas(ext), self._source.iterator(), self._options, element_spec=lambda: self.element_spec
         )
-        it._setup(ext)
+        it._setup(ext, self)
         return it
 
     @property

@@ -176,6 +176,7 @@ class InlineRunner:
         # watchdog fired for it, the same in _fired_call.
         self._call: Optional[Tuple[int, Request, float]] = None
         self._fired_call: Optional[Tuple[int, Request, float]] = None
+        self._step_deadline = _INF  # the step's own deadline, while a call's applies
         self._steps = 0  # steps started: a meeting's deadline belongs to one step
 
     def _bury(self) -> None:
@@ -212,6 +213,7 @@ class InlineRunner:
             return sched.switch(request)  # the step's deadline comes first
         saved = (self._active, self._deadline, self._timeout)
         step = self._steps
+        self._step_deadline = saved[1] if saved[0] else _INF
         self._call = (replica, request, timeout)
         if saved[0]:
             self._deadline = deadline
@@ -289,8 +291,7 @@ class InlineRunner:
         self._msgs = msgs = [None] * n
         self._waiting = 0
         self._lost = False
-        self._steps += 1
-        self._call = self._fired_call = None
+        self._new_step()
         # Each replica has a contextvars context of its own (the greenlet's). When the
         # caller has context variables, each replica starts the step from a copy of them.
         base: Optional[contextvars.Context]
@@ -329,6 +330,10 @@ class InlineRunner:
         except (InlineTimeout, KeyboardInterrupt):
             # The watchdog's interrupt landed in the scheduler itself (between replicas).
             if self._fired:
+                call = self._fired_call
+                if call is not None:
+                    missing = [r for r in range(n) if msgs[r] is None]
+                    raise self._call_timeout(call, missing) from None
                 raise StepTimeout(timeout, [], "the step was interrupted by its timeout") from None
             raise
         finally:
@@ -341,6 +346,11 @@ class InlineRunner:
         if fired:
             self._timeout_failures(failures, timeout, fired)
         return results
+
+    def _new_step(self) -> None:
+        # A call's deadline belongs to one step (see _meet_within).
+        self._steps += 1
+        self._call = self._fired_call = None
 
     def _note_failure(self, r: int, error: BaseException) -> None:
         """Replica ``r`` failed with ``error`` (its function raised, or its greenlet died)."""
@@ -386,14 +396,7 @@ class InlineRunner:
             e = f.error
             if isinstance(e, InlineTimeout) or (fired == 2 and isinstance(e, KeyboardInterrupt)):
                 if call is not None:
-                    waiter, request, t = call
-                    err = CollectiveTimeoutError(
-                        f"replica {waiter}: {request.describe()} timed out after {t:g} s: replica(s) "
-                        f"{f.replica} never arrived (inline replicas take turns on one thread: replica "
-                        f"{f.replica} was interrupted)"
-                    )
-                    err.replica = waiter  # type: ignore[attr-defined]
-                    raise err
+                    raise self._call_timeout(call, [f.replica])
                 raise StepTimeout(
                     timeout,
                     [f.replica],
@@ -404,6 +407,17 @@ class InlineRunner:
                         "execution='threads' for such code"
                     ),
                 )
+
+    @staticmethod
+    def _call_timeout(call: Tuple[int, Request, float], missing: List[int]) -> CollectiveTimeoutError:
+        """The error of a call whose own timeout passed while its first replica waited."""
+        waiter, request, t = call
+        err = CollectiveTimeoutError(
+            f"replica {waiter}: {request.describe()} timed out after {t:g} s: replica(s) {names(missing)} never "
+            "arrived (inline replicas take turns on one thread: the replica that had not arrived was interrupted)"
+        )
+        err.replica = waiter  # type: ignore[attr-defined]
+        return err
 
     # ---- watchdog ------------------------------------------------------------------------
     def _arm(self, timeout: float) -> None:
@@ -448,13 +462,29 @@ class InlineRunner:
                 # A step interrupted before it could disarm: nothing runs it any more.
                 self._active = False
                 return
+            call = self._call
+            if call is not None and not self._call_waits(call[0]):
+                # The call's own timeout bounds only the wait for the others: every
+                # replica has reached it (it is being resolved), or its first replica is
+                # past it. The step's deadline applies again.
+                self._deadline = self._step_deadline
+                return
+            self._fired_call = call
             if tid == main_thread_id() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 self._fired = 2
                 signal.pthread_kill(tid, signal.SIGINT)  # type: ignore[arg-type]
             else:
                 self._fired = 1
                 set_async_exception(tid, InlineTimeout)
-            self._fired_call = self._call
+
+    def _call_waits(self, first: int) -> bool:
+        """Whether replica ``first`` (the first at a call with a timeout of its own) still
+        waits there for a replica that has not arrived. Read on the watchdog's thread:
+        single reads of a list that the scheduler changes in place."""
+        msgs = self._msgs
+        if msgs is None or msgs[first] is None:
+            return False
+        return any(m is None for m in msgs)
 
     def close(self) -> None:
         """Drops the replica greenlets (a suspended one is ended by the garbage collector)."""

@@ -180,6 +180,48 @@ def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
         iter(dist)
 
     if size > 1:
+        # A worker whose data gives nothing while the others' goes on cannot make empty
+        # batches: every worker raises from the same next (none goes on to a step alone).
+        empty_last = s.distribute_datasets_from_function(
+            lambda ctx: [] if ctx.input_pipeline_id == size - 1 else [np.ones((2, 3))] * counts[rank]
+        )
+        expect_raises(ValueError, lambda: next(iter(empty_last)), rank, "no element anywhere", "gave no element")
+        checks += 1
+        # Two datasets read by two threads taking turns in the same order on every
+        # worker: each gets its own elements.
+        import threading
+
+        a = s.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(np.arange(8.0)).batch(total))
+        b = s.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(-np.arange(8.0)).batch(total))
+        turns = [threading.Semaphore(1), threading.Semaphore(0)]
+        seen: dict = {"a": [], "b": []}
+
+        def reader(name, dist, mine, other):
+            try:
+                for element in dist:
+                    part = np.asarray(s.experimental_local_results(element)[0])
+                    seen[name].append(float(part.flat[0]) if part.size else None)  # a last batch's empty part
+                    other.release()
+                    mine.acquire()
+            finally:
+                other.release()
+
+        turns[0].acquire()
+        threads = [
+            threading.Thread(target=reader, args=("a", a, turns[0], turns[1])),
+            threading.Thread(target=reader, args=("b", b, turns[1], turns[0])),
+        ]
+        threads[0].start()
+        turns[1].acquire()  # a has taken its first element: b may start
+        threads[1].start()
+        for t in threads:
+            t.join(60)
+        first = sum(counts[:rank])
+        want = [float(k * total + first) if k * total + first < 8 else None for k in range(-(-8 // total))]
+        expect(seen["a"] == want, rank, f"thread a: {seen['a']}, expected {want}")
+        expect(seen["b"] == [None if v is None else -v for v in want], rank, f"thread b: {seen['b']}")
+        checks += 1
+
         # Iterators out of step (last: the workers stay out of step after it): every
         # worker but the last asks its iterator for a second element, while the last
         # asks a new iterator for its first.
