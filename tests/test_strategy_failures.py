@@ -867,6 +867,37 @@ def test_a_step_keeps_no_reference_to_its_inputs_results_or_errors(execution):
         assert_usable(s)
 
 
+def test_a_step_ended_by_its_timeout_keeps_no_reference_to_its_inputs(execution):
+    """A step that its timeout ends, with one replica waiting in a collective: once the
+    caller drops the error, the inputs are freed (inline: the suspended replica is ended
+    with the step, its finally block run; threads: once the late replica's thread is
+    back)."""
+    finished = []
+    with mirrored(2, timeout=0.3, execution=execution) as s:
+        big = [np.ones(1 << 16, np.float32) * (r + 1) for r in range(2)]
+        y = s.experimental_distribute_values_from_function(lambda ctx, b=big: b[ctx.replica_id_in_sync_group])
+
+        def late(v):
+            try:
+                if dv.get_replica_context().replica_id_in_sync_group == 1:
+                    time.sleep(0.8)
+                return dv.get_replica_context().all_reduce("SUM", v)
+            finally:
+                finished.append(dv.get_replica_context().replica_id_in_sync_group)
+
+        with pytest.raises(dv.CollectiveTimeoutError):
+            s.run(late, args=(y,))
+        if execution == "inline":
+            assert sorted(finished) == [0, 1], finished  # both replicas' finally blocks ran
+        else:
+            time.sleep(1.0)  # replica 1's thread reaches its collective and ends
+        inputs = [weakref.ref(b) for b in big]
+        del big, y
+        gc.collect()
+        assert [w() is None for w in inputs] == [True, True], "a timed-out step's inputs are kept"
+        assert_usable(s)
+
+
 def test_a_failed_thread_start_leaks_no_threads(monkeypatch):
     """Starting replica threads stops half-way (an address-space limit, say): the
     threads already started are stopped, and the error reaches the caller."""

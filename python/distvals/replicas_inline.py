@@ -343,6 +343,11 @@ class InlineRunner:
             # The step's results and requests are the caller's now: the runner keeps no
             # reference to them (they may be large) until the next step.
             self._results = self._msgs = None
+            if self._greenlets is None and self._abandoned is gls:
+                # Cut short (a timeout, Ctrl-C): the replicas still suspended in it end
+                # now, their finally blocks run, as an interrupted plain Python program's
+                # frames unwind, and their frames let go of the step's inputs.
+                self._bury()
         if fired:
             self._timeout_failures(failures, timeout, fired)
         return results

@@ -459,6 +459,10 @@ class ThreadRunner:
                 self._wait(step)
         except BaseException:
             self._abandon(step, "strategy.run was interrupted")
+            # A replica still busy in the abandoned step records its late failure there
+            # (with the frames of its traceback, and so the step's inputs): nothing here
+            # keeps the step, which goes with that replica's thread once it is back.
+            self._step = None
             raise
         # Every replica is done: the results are the caller's now, and neither the runner
         # nor the step's last meeting keeps them (they may be large) until the next step.
