@@ -96,8 +96,38 @@ def test_repeat_take_skip():
     assert [int(e) for e in ds.take(-1)] == [0, 1, 2]
     assert [int(e) for e in ds.skip(1)] == [1, 2]
     assert list(ds.repeat(0)) == []
-    with pytest.raises(ValueError, match="count"):
-        ds.take(-5)
+    # Negative counts as tf.data: take all, skip all (without reading), repeat forever.
+    assert [int(e) for e in ds.take(-5)] == [0, 1, 2] and int(ds.take(-5).cardinality()) == 3
+    endless = ds.repeat()
+    assert list(endless.skip(-1)) == [] and int(endless.skip(-1).cardinality()) == 0
+    assert [int(e) for e in ds.repeat(-2).take(4)] == [0, 1, 2, 0]
+    for bad in (2.0, "2", True, None):
+        with pytest.raises(TypeError, match="count must be an int"):
+            ds.take(bad)
+    with pytest.raises(TypeError, match="batch_size must be an int"):
+        ds.batch(2.0)
+    with pytest.raises(TypeError, match="drop_remainder must be a bool"):
+        ds.batch(2, drop_remainder=None)
+
+
+def test_repeat_forever_of_unknown_size_is_infinite_as_in_tf_data():
+    gen = Dataset.from_generator(lambda: iter(range(3)))
+    assert int(gen.cardinality()) == dv.data.UNKNOWN_CARDINALITY
+    assert int(gen.repeat().cardinality()) == dv.data.INFINITE_CARDINALITY
+    assert int(gen.repeat().take(5).cardinality()) == 5
+    assert int(gen.repeat().batch(2).cardinality()) == dv.data.INFINITE_CARDINALITY
+    assert [int(e) for e in gen.repeat().take(5)] == [0, 1, 2, 0, 1]
+    # (A pass that yields nothing still ends it.)
+    assert list(Dataset.from_generator(lambda: iter(())).repeat()) == []
+
+
+def test_lists_of_numpy_int64_arrays_keep_int64_and_range_takes_an_output_type():
+    big = [np.array([1, 2], np.int64), np.array([3, 4], np.int64)]
+    assert next(iter(Dataset.from_tensor_slices(big))).dtype == np.int64
+    assert next(iter(Dataset.from_tensors(big))).dtype == np.int64
+    assert next(iter(Dataset.from_tensor_slices([1, 2]))).dtype == np.int32  # Python ints, as TensorFlow
+    r = Dataset.range(2, 5, output_type=np.int32)
+    assert r.element_spec == dv.TensorSpec((), np.int32) and [e.dtype for e in r] == [np.int32] * 3
 
 
 def test_map_and_prefetch():
@@ -522,13 +552,38 @@ def test_from_generator_elements_that_do_not_fit_fail_alone_and_the_pass_goes_on
     np.testing.assert_array_equal(next(it), np.zeros(2))
     with pytest.raises(ValueError, match=r"component 0 of an element has shape \(3,\).*\(2,\)"):
         next(it)
-    with pytest.raises(TypeError, match=r"structure \(\*, \*\) where the output signature is \*"):
+    # A tuple where the signature has one tensor is converted, as tf.data does: here to
+    # shape (2, 2).
+    with pytest.raises(ValueError, match=r"has shape \(2, 2\)"):
         next(it)
     with pytest.raises(TypeError, match="cannot be converted to float64"):
         next(it)
     np.testing.assert_array_equal(next(it), np.ones(2))
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_from_generator_signatures_from_nested_and_dict_types_and_shapes():
+    # Shapes follow the types' structure (a dict's keys in any order, nested tuples).
+    def gen():
+        yield {"y": np.int32(1), "x": np.array([1.0, 2.0]), "z": ((1, 2), 3)}
+
+    ds = Dataset.from_generator(
+        gen,
+        output_types={"y": np.int32, "x": np.float32, "z": ((np.int32, np.int64), np.float32)},
+        output_shapes={"y": (), "x": (None,), "z": (((), ()), ())},
+    )
+    spec = ds.element_spec
+    assert spec["y"] == dv.TensorSpec((), np.int32) and spec["x"] == dv.TensorSpec((None,), np.float32)
+    assert spec["z"] == ((dv.TensorSpec((), np.int32), dv.TensorSpec((), np.int64)), dv.TensorSpec((), np.float32))
+    (e,) = list(ds)
+    assert e["x"].dtype == np.float32 and e["x"].tolist() == [1.0, 2.0]
+    assert (e["z"][0][0].dtype, e["z"][0][1].dtype, e["z"][1].dtype) == (np.int32, np.int64, np.float32)
+    with pytest.raises(ValueError, match="output_shapes does not match output_types"):
+        Dataset.from_generator(gen, output_types=(np.int32, np.int32), output_shapes=((),))
+    # A tuple of numbers where the signature has one tensor: converted, as tf.data does.
+    (pair,) = list(Dataset.from_generator(lambda: iter([(1, 2)]), output_signature=dv.TensorSpec((2,), np.int32)))
+    assert pair.dtype == np.int32 and pair.tolist() == [1, 2]
 
 
 def test_from_generator_refuses_bad_arguments():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import os
 import pickle
 import subprocess
@@ -664,6 +665,36 @@ def from_generator_with_output_types_and_shapes(api):
         gen, output_types={"a": np.int32, "b": np.float32}, output_shapes={"a": (2,), "b": ()}
     )
     return ds.element_spec, [{k: np.asarray(v).tolist() for k, v in e.items()} for e in ds]
+
+
+@program()
+def dataset_counts_and_cardinalities(api):
+    D = api.Dataset
+    gen = D.from_generator(lambda: iter([np.int64(7), np.int64(8)]), output_signature=api.TensorSpec((), np.int64))
+    base = D.from_tensor_slices(np.arange(5))
+    # (Not compared: TensorFlow 2.21 reports skip(-1) of an infinite dataset as infinite
+    # though it yields nothing, and take(-3) as cardinality -3; distvals says 0 and 5.)
+    cases = [
+        gen.repeat(),
+        gen.repeat().take(3),
+        gen.repeat().batch(2),
+        base.skip(-1),
+        base.take(-1),
+        base.repeat(-1).take(7),
+        D.from_tensor_slices([np.array([1, 2], np.int64), np.array([3, 4], np.int64)]),
+        D.range(2, 9, 3, output_type=np.int32),
+        D.from_generator(
+            lambda: iter([{"y": 1, "x": [1.0, 2.0], "z": ((1, 2), 3)}]),
+            output_types={"y": np.int32, "x": np.float32, "z": ((np.int32, np.int64), np.float32)},
+            output_shapes={"y": (), "x": (None,), "z": (((), ()), ())},
+        ),
+    ]
+    out = []
+    for ds in cases:
+        card = int(ds.cardinality())
+        items = list(itertools.islice(iter(ds), 8))
+        out.append((card, ds.element_spec, items))
+    return out
 
 
 @program()

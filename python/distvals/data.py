@@ -120,7 +120,10 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
         a.dtype.kind == "i"
         and a.dtype.itemsize > 4
         and (a.size == 0 or (a.min() >= _INT32.min and a.max() <= _INT32.max))
+        and _python_numbers(x)
     ):
+        # Python ints become int32 where they fit, as in TensorFlow; numpy int64 values
+        # in a list keep their dtype.
         return a.astype(np.int32)
     if a.dtype == object:
         raise TypeError(f"{what}: cannot make an array of {x!r}; nested lists must be rectangular")
@@ -321,13 +324,14 @@ class Dataset:
         return Dataset(one, description="TensorDataset(1 element)", spec=spec, cardinality=1)
 
     @staticmethod
-    def range(*args: int) -> Dataset:
-        """Like Python's ``range``: elements are 0-d int64 arrays."""
+    def range(*args: int, output_type: Any = np.int64, name: typing.Optional[str] = None) -> Dataset:
+        """Like Python's ``range``: elements are 0-d arrays of ``output_type`` (int64)."""
         r = range(*args)
+        dtype = _numpy_dtype(output_type)
         return Dataset(
-            lambda: (np.array(i, dtype=np.int64) for i in r),
-            description=f"RangeDataset({r})",
-            spec=specs.TensorSpec((), np.int64),
+            lambda: (np.array(i, dtype=dtype) for i in r),
+            description=name or f"RangeDataset({r})",
+            spec=specs.TensorSpec((), dtype),
             cardinality=len(r),
         )
 
@@ -389,8 +393,10 @@ class Dataset:
         batch may be smaller unless ``drop_remainder``. (``num_parallel_calls``,
         ``deterministic`` and ``name``: accepted as in tf.data.)"""
         _check_parallel(num_parallel_calls, "batch")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        if _count(batch_size, "batch", "batch_size") < 1:
             raise ValueError(f"batch: batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(drop_remainder, (bool, np.bool_)):
+            raise TypeError(f"batch: drop_remainder must be a bool, got {drop_remainder!r}")
         batch_size = int(batch_size)
         source = self
         rows = self._rows
@@ -460,16 +466,16 @@ class Dataset:
 
     def repeat(self, count: typing.Optional[int] = None) -> Dataset:
         """The dataset ``count`` times over (forever for None or -1)."""
-        if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < -1):
-            raise ValueError(f"repeat: count must be None, -1 or a non-negative int, got {count!r}")
-        times = -1 if count is None else int(count)
+        times = -1 if count is None else max(_count(count, "repeat", "count"), -1)  # any negative: forever
         forever = times == -1
         source = self
         card = self._cardinality
-        if card == 0 or count == 0:
+        if card == 0 or times == 0:
             new_card = 0
         elif forever:
-            new_card = INFINITE_CARDINALITY if card != UNKNOWN_CARDINALITY else UNKNOWN_CARDINALITY
+            # As tf.data: forever is infinite unless the data is known to be empty (a
+            # pass that yields nothing still ends it).
+            new_card = INFINITE_CARDINALITY
         else:
             new_card = card * times if card >= 0 else card
 
@@ -499,11 +505,10 @@ class Dataset:
         return self._derived(make, description, finite=finite, cardinality=new_card)
 
     def take(self, count: int) -> Dataset:
-        """The first ``count`` elements (all of them for -1)."""
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < -1:
-            raise ValueError(f"take: count must be -1 or a non-negative int, got {count!r}")
+        """The first ``count`` elements (all of them for -1, or any negative count)."""
+        count = _count(count, "take", "count")
         source = self
-        if count == -1:
+        if count < 0:
             return self._derived(source._iterate, "TakeDataset(-1)", rows=self._rows)
         count = int(count)
         card = self._cardinality
@@ -520,11 +525,12 @@ class Dataset:
         )
 
     def skip(self, count: int) -> Dataset:
-        """All but the first ``count`` elements."""
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-            raise ValueError(f"skip: count must be a non-negative int, got {count!r}")
+        """All but the first ``count`` elements (none for -1, or any negative count: the
+        data is not read)."""
+        count = _count(count, "skip", "count")
+        if count < 0:
+            return self._derived(lambda: iter(()), f"SkipDataset({count})", finite=True, cardinality=0)
         source = self
-        count = int(count)
         card = self._cardinality
         new_card = card if card < 0 else max(card - count, 0)
         description = f"SkipDataset({count})"
@@ -646,6 +652,13 @@ class Dataset:
         return f"<Dataset {self._description}{' batched' if self._batched else ''}>"
 
 
+def _count(value: Any, what: str, name: str) -> int:
+    """An integer argument as an int: TypeError for anything else (a bool too)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int, got {value!r}")
+    return int(value)
+
+
 def _check_parallel(num_parallel_calls: Any, what: str) -> None:
     if num_parallel_calls is None:
         return
@@ -660,20 +673,22 @@ def _check_parallel(num_parallel_calls: Any, what: str) -> None:
 
 
 def _signature_of(types: Any, shapes: Any) -> Any:
-    """A signature of TensorSpecs from from_generator's output_types and output_shapes."""
-    type_leaves = _flatten(types)
-    if shapes is None:
-        shape_leaves: List[Any] = [None] * len(type_leaves)
-    elif _is_structure(types):
-        shape_leaves = [shapes[k] for k in types] if isinstance(types, dict) else list(shapes)
-        if len(shape_leaves) != len(type_leaves):
-            raise ValueError(
-                f"from_generator: output_shapes has {len(shape_leaves)} shapes for {len(type_leaves)} output_types"
-            )
-    else:
-        shape_leaves = [shapes]
-    leaves = [specs.TensorSpec(sh, _numpy_dtype(t)) for t, sh in zip(type_leaves, shape_leaves)]
-    return _pack(types, leaves) if _is_structure(types) else leaves[0]
+    """A signature of TensorSpecs from from_generator's output_types and output_shapes
+    (shapes nested like the types, each leaf a shape; None: unknown rank)."""
+
+    def build(t: Any, sh: Any, path: str) -> Any:
+        if isinstance(t, tuple):
+            if sh is not None and (not isinstance(sh, (tuple, list)) or len(sh) != len(t)):
+                raise ValueError(f"from_generator: output_shapes{path} does not match output_types{path}: {sh!r}")
+            items = [build(v, None if sh is None else sh[i], f"{path}[{i}]") for i, v in enumerate(t)]
+            return type(t)(*items) if hasattr(type(t), "_fields") else type(t)(items)
+        if isinstance(t, dict):
+            if sh is not None and (not isinstance(sh, dict) or set(sh) != set(t)):
+                raise ValueError(f"from_generator: output_shapes{path} does not match output_types{path}: {sh!r}")
+            return type(t)((k, build(v, None if sh is None else sh[k], f"{path}[{k!r}]")) for k, v in t.items())
+        return specs.TensorSpec(sh, _numpy_dtype(t))
+
+    return build(types, shapes, "")
 
 
 def _numpy_dtype(t: Any) -> np.dtype:
@@ -692,7 +707,7 @@ def _conform(x: Any, spec: Any) -> Any:
             f"from_generator: the generator yielded an element of structure {_structure_text(x)} where the "
             f"output signature is {_structure_text(spec)}"
         )
-    leaves = _flatten(x)
+    leaves = _flatten_up_to(spec, x)
     out = []
     for i, (v, sp) in enumerate(zip(leaves, leaf_specs)):
         try:
@@ -714,12 +729,22 @@ def _conform(x: Any, spec: Any) -> Any:
 
 def _same_structure(x: Any, spec: Any) -> bool:
     """Whether ``x`` nests like ``spec`` (tuples of the same length, dicts of the same
-    keys; a list is one component, as everywhere in this module)."""
+    keys; a list is one component, as everywhere in this module). A leaf of ``spec``
+    takes any value, converted to an array (a tuple of numbers too, as tf.data does)."""
     if isinstance(spec, tuple):
         return isinstance(x, tuple) and len(x) == len(spec) and all(map(_same_structure, x, spec))
     if isinstance(spec, dict):
         return isinstance(x, dict) and set(x) == set(spec) and all(_same_structure(x[k], spec[k]) for k in spec)
-    return not _is_structure(x)
+    return True
+
+
+def _flatten_up_to(spec: Any, x: Any) -> List[Any]:
+    """The leaves of ``x`` at the places of ``spec``'s leaves (``x`` nests like it)."""
+    if isinstance(spec, tuple):
+        return [leaf for s, v in zip(spec, x) for leaf in _flatten_up_to(s, v)]
+    if isinstance(spec, dict):
+        return [leaf for k in nest._sorted_keys(spec) for leaf in _flatten_up_to(spec[k], x[k])]
+    return [x]
 
 
 def _structure_text(x: Any) -> str:
