@@ -1,6 +1,7 @@
 // Run-time choice of the kernel table and the blocked multi-destination copy.
 #include "kernels.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@ namespace {
 
 // When the last-level cache's size is unknown: an eighth of 32 MiB.
 constexpr std::size_t kDefaultStreamingMinBytes = 4u << 20;
+constexpr std::size_t kMaxDefaultStreamingMinBytes = 8u << 20;
 
 kernel_table make_table() noexcept {
   kernel_table t{};
@@ -76,6 +78,12 @@ std::size_t last_level_cache_bytes() noexcept {
 // stores; N=4 at 1 MiB: 282 against 133) and won from 4 MiB per call (N=2 at 6 MiB: 784
 // against 1377; N=4 at 4 MiB: 1718 against 2545; N=2 at 64 MiB: 14.6 ms against 22.3 ms,
 // in place 12.1 ms). Below that, the outputs stay in the cache for their next reader.
+//
+// The eighth is capped at 8 MiB: a virtual machine reads the whole host socket's L3 from
+// sysfs (480 MiB "shared by 2 CPUs" on one 2-vCPU VM), most of which other tenants use.
+// There the uncapped 60 MiB kept every leaf of a 64 MiB structure all-reduce (32, 16, 8
+// ... MiB) on plain stores: 10.2 ms against 5.7-6.2 ms with streaming from 2, 4 or 8 MiB,
+// where one 64 MiB array took 5.8 ms either way.
 std::size_t default_streaming_min_bytes() noexcept {
   if (const char* env = std::getenv("DISTVALS_STREAMING_MIN_BYTES")) {
     char* end = nullptr;
@@ -83,7 +91,7 @@ std::size_t default_streaming_min_bytes() noexcept {
     if (end != env) return static_cast<std::size_t>(v);
   }
   const std::size_t llc = last_level_cache_bytes();
-  return llc > 0 ? llc / 8 : kDefaultStreamingMinBytes;
+  return llc > 0 ? std::min(llc / 8, kMaxDefaultStreamingMinBytes) : kDefaultStreamingMinBytes;
 }
 
 std::atomic<std::size_t>& streaming_min() noexcept {
