@@ -874,6 +874,7 @@ def test_a_step_ended_by_its_timeout_keeps_no_reference_to_its_inputs(execution)
     back)."""
     finished = []
     with mirrored(2, timeout=0.3, execution=execution) as s:
+        assert_usable(s)  # inline: the timed-out step reuses the greenlets of a clean one
         big = [np.ones(1 << 16, np.float32) * (r + 1) for r in range(2)]
         y = s.experimental_distribute_values_from_function(lambda ctx, b=big: b[ctx.replica_id_in_sync_group])
 

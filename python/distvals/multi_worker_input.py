@@ -18,7 +18,7 @@ The workers agree on every element
 A worker that takes one more or one fewer element than the others would pair its
 steps with theirs one off, and every collective after that would combine different
 batches: wrong numbers with no error. So each ``next`` on a multi-worker iterator ends
-with one small MPI all-reduce (MAX of eight int64s, on a communicator of its own, so it
+with one small MPI all-reduce (MAX of ten int64s, on a communicator of its own, so it
 never pairs with a collective) of what each worker got:
 
 - its outcome: an element, the end of its data, or an exception;

@@ -283,8 +283,9 @@ class InlineRunner:
             gls = self._replica_greenlets()
         # Marked broken until the step ends cleanly: a KeyboardInterrupt between any two
         # lines below leaves greenlets suspended in this step, and the next step must not
-        # resume them.
+        # resume them (they are this step's to bury, see the end).
         self._greenlets = None
+        self._abandoned = gls
         self._results = results
         self._stacks = [[e] for e in entries]
         msgs: List[Any]
