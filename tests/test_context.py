@@ -153,15 +153,22 @@ def test_merge_call_identical_args_stay_plain(s2):
     assert seen == [shared]
 
 
-def test_merge_call_missing_in_one_replica_is_an_error(s2):
+@pytest.mark.parametrize("caller", [0, 1])
+def test_merge_call_missing_in_one_replica_is_an_error(s2, caller):
+    # Either replica may be the one that makes the call (with threads, replica 1 may
+    # arrive after replica 0 has returned: its message names its own call too).
+    other = 1 - caller
+
     def fn():
         ctx = dv.get_replica_context()
-        if ctx.replica_id_in_sync_group == 0:
+        if ctx.replica_id_in_sync_group == caller:
+            if caller == 1:
+                time.sleep(0.05)  # replica 0 has returned by now
             ctx.merge_call(lambda s: None)
 
     with pytest.raises(
         dv.MismatchError,
-        match="replica 0: replica 0 waits in merge_call, but replica\\(s\\) 1 "
+        match=f"replica {caller}: replica {caller} waits in merge_call, but replica\\(s\\) {other} "
         "returned from the replica function without making that call",
     ):
         s2.run(fn)

@@ -715,3 +715,22 @@ if os.environ.get("DISTVALS_REQUIRE_GPU") == "1":  # set by bench/gpu_check.sh
 
     def test_a_gpu_is_required_here():
         assert GPUS > 0, f"DISTVALS_REQUIRE_GPU=1 but no CUDA device: {dvc.unavailable_reason()}"
+
+
+def test_no_driver_at_all_is_said_so(monkeypatch):
+    # The CUDA runtime reports "insufficient driver" also when there is no driver: the
+    # reason says which it is.
+    from distvals import cuda as dvc
+
+    class NoDevices:
+        def device_count(self):
+            return 0
+
+        def unavailable_reason(self):
+            return "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
+
+    monkeypatch.setattr(dvc, "_backend", lambda: NoDevices())
+    monkeypatch.setattr(dvc, "_driver_present", lambda: False)
+    assert dvc.unavailable_reason().startswith("no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)")
+    monkeypatch.setattr(dvc, "_driver_present", lambda: True)
+    assert dvc.unavailable_reason().startswith("cudaErrorInsufficientDriver")

@@ -63,7 +63,24 @@ def unavailable_reason() -> str:
         return "distvals was built without the CUDA backend (DISTVALS_ENABLE_CUDA=OFF, or no nvcc at build time)"
     if b.device_count() > 0:
         return ""
-    return str(b.unavailable_reason())
+    reason = str(b.unavailable_reason())
+    if "nsufficient" in reason and not _driver_present():
+        # The CUDA runtime says "insufficient driver" also when there is none at all.
+        return f"no NVIDIA driver is installed (libcuda.so.1 cannot be loaded); the CUDA runtime says: {reason}"
+    return reason
+
+
+def _driver_present() -> bool:
+    """Whether the NVIDIA driver's library (libcuda) can be loaded."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
 
 
 def logical_device_count() -> int:

@@ -123,9 +123,10 @@ class _Meeting:
             raise AbortedError(f"replica {replica}: released from {request.describe()} because {why}")
         gone = [r for r in range(self.n) if self.finished[r] and self.requests[r] is None]
         if gone:
-            calls = "; ".join(
-                f"replica {r} waits in {q.describe()}" for r, q in enumerate(self.requests) if q is not None
-            )
+            # This replica's own request too, which is not in the list yet when it arrives.
+            pending = list(self.requests)
+            pending[replica] = request
+            calls = "; ".join(f"replica {r} waits in {q.describe()}" for r, q in enumerate(pending) if q is not None)
             err = MismatchError(
                 f"replica {replica}: {calls}, but replica(s) {names(gone)} returned from the replica "
                 "function without making that call; every replica must make the same collective, "
