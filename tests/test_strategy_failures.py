@@ -899,6 +899,113 @@ def test_a_step_ended_by_its_timeout_keeps_no_reference_to_its_inputs(execution)
         assert_usable(s)
 
 
+def test_the_cleanup_of_a_cut_short_steps_replica_runs_as_that_replica(execution, monkeypatch):
+    """A replica waiting in a collective when its step times out runs its finally block
+    in its own replica context (an unaggregated variable update there changes its own
+    copy, as with threads); a collective there is refused, never paired with the calls of
+    the step that timed out; an error there is reported, not lost."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: reported.append(args.exc_value))
+    with mirrored(2, timeout=0.4, execution=execution) as s:
+        with s.scope():
+            v = dv.Variable(0.0)
+        seen = []
+
+        def fn():
+            ctx = dv.get_replica_context()
+            r = ctx.replica_id_in_sync_group
+            try:
+                if r == 1:
+                    time.sleep(1.0)  # outlives the step's timeout
+                return ctx.all_reduce("SUM", np.float64(r + 1))  # replica 0 waits here
+            finally:
+                if r == 0:
+                    seen.append((dv.get_strategy() is s, dv.get_replica_context() is ctx))
+                    v.assign_add(1.0)  # aggregation NONE: this replica's copy only
+                    if execution == "inline":
+                        try:
+                            ctx.all_reduce("SUM", np.float64(5.0))
+                        except dv.AbortedError as e:
+                            seen.append(str(e))
+                        raise OSError("the cleanup failed")
+
+        with pytest.raises(dv.CollectiveTimeoutError):
+            s.run(fn)
+        time.sleep(1.0)  # threads: replica 1 comes back
+        assert seen[0] == (True, True), seen
+        assert [float(np.asarray(c)) for c in s.experimental_local_results(v)] == [1.0, 0.0]
+        if execution == "inline":
+            assert "was called while the replica was being ended" in seen[1], seen
+            assert [type(e) for e in reported] == [OSError], reported
+        assert_usable(s)
+
+
+def test_a_call_in_the_cleanup_of_a_replica_the_timeout_interrupted_pairs_with_nothing():
+    """Inline: the watchdog interrupts the replica that never arrived; a collective in its
+    finally block must not complete the call the others wait in (with its own values)."""
+    with mirrored(2, timeout=0.4, execution="inline") as s:
+        got = []
+
+        def fn():
+            ctx = dv.get_replica_context()
+            r = ctx.replica_id_in_sync_group
+            try:
+                if r == 1:
+                    time.sleep(2.0)  # interrupted by the step's timeout
+                return ctx.all_reduce("SUM", np.float64(r + 1))
+            finally:
+                if r == 1:
+                    try:
+                        got.append(ctx.all_reduce("SUM", np.float64(100.0)))
+                    except dv.AbortedError as e:
+                        got.append(e)
+
+        with pytest.raises((dv.CollectiveTimeoutError, dv.AbortedError)) as info:
+            s.run(fn)
+        assert not isinstance(info.value, dv.MismatchError)
+        assert len(got) == 1 and isinstance(got[0], dv.AbortedError), got
+        assert_usable(s)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_ctrl_c_while_replica_zero_waits_leaves_the_meeting_clean():
+    """Threads: a Ctrl-C lands while replica 0 waits in a collective; a collective in its
+    finally block is a new arrival (it meets replica 1's late call), not a meeting
+    completed with a missing request (which raised an internal AttributeError)."""
+    s = mirrored(2, timeout=20.0, execution="threads")
+    seen = []
+
+    def fn():
+        ctx = dv.get_replica_context()
+        r = ctx.replica_id_in_sync_group
+        try:
+            if r == 1:
+                time.sleep(0.8)
+            return ctx.all_reduce("SUM", np.float64(r + 1))
+        finally:
+            if r == 0:
+                try:
+                    seen.append(float(ctx.all_reduce("SUM", np.float64(1.0))))
+                except Exception as e:  # the test looks at it
+                    seen.append(e)
+
+    def alarm(signum, frame):
+        raise KeyboardInterrupt("alarm")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            s.run(fn)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert len(seen) == 1 and not isinstance(seen[0], AttributeError), seen
+    time.sleep(1.0)
+    assert_usable(s)
+    s.close()
+
+
 def test_a_failed_thread_start_leaks_no_threads(monkeypatch):
     """Starting replica threads stops half-way (an address-space limit, say): the
     threads already started are stopped, and the error reaches the caller."""

@@ -48,7 +48,6 @@ from .replicas import (
     Request,
     StepTimeout,
     as_request,
-    foreign_greenlet_error,
     fork_generation,
     names,
 )
@@ -68,6 +67,7 @@ class _SingleRunner:
     """One replica: the function runs on the calling thread; a meeting resolves at once."""
 
     mode = "inline"
+    _fired = 0  # (it has no watchdog to fire)
 
     def __init__(self, resolve: Callable[[List[Request]], List[Any]]) -> None:
         self._resolve = resolve
@@ -404,10 +404,12 @@ class LocalExtended(CrossReplicaExtended):
             results = runner.step(fn, per, self._entries, self._timeout)
         except StepTimeout as e:
             failures, runner.failures = runner.failures, []  # the caller's now (see below)
-            if failures and any(isinstance(f.error, Exception) for f in failures):
+            own = [f for f in failures if isinstance(f.error, Exception) and not isinstance(f.error, AbortedError)]
+            if own:
                 # A replica's own error (a collective that timed out waiting for the
-                # stuck replica, say) says more than "the step timed out".
-                self._raise_failure(failures)
+                # stuck replica, say) says more than "the step timed out". (Not the
+                # interrupt that the timeout sent, nor the releases it caused.)
+                self._raise_failure(own)
             stuck = e.stuck
             err = CollectiveTimeoutError(
                 f"replica {stuck[0] if stuck else '?'}: strategy.run did not finish within {e.timeout:g} s"
@@ -417,6 +419,11 @@ class LocalExtended(CrossReplicaExtended):
             if stuck:
                 err.replica = stuck[0]  # type: ignore[attr-defined]
             raise err from None
+        except BaseException:
+            # Ctrl-C, SystemExit: the runner keeps none of the step's failures (their
+            # tracebacks hold the replicas' frames, and so the step's inputs).
+            runner.failures = []
+            raise
         if runner.failures:
             # The errors go to the caller, and the runner keeps none of them: with its
             # traceback an error holds the replica's frames, and so the step's inputs.
@@ -463,6 +470,14 @@ class LocalExtended(CrossReplicaExtended):
 
     def _resolve(self, requests: List[Any]) -> List[Any]:
         """One outcome per replica for a meeting that every replica has reached."""
+        if self._runner._fired:
+            # Inline, the step's timeout interrupted a replica, whose cleanup (a finally
+            # block) made this call: the step is over, and no call of its cleanup may
+            # pair with the calls the others wait in.
+            return [
+                Raise(AbortedError(f"replica {r}: released from {as_request(q).describe()}: the step timed out"))
+                for r, q in enumerate(requests)
+            ]
         q0 = requests[0]
         if type(q0) is tuple and q0[0] is QUICK_ALL_REDUCE and self._native_quick is not None:
             # Inline replicas that each all-reduce one array: checked, reduced and given
@@ -556,7 +571,7 @@ class LocalExtended(CrossReplicaExtended):
                 sched = _getcurrent().parent
                 if sched is self._runner._parent:
                     return sched.switch((QUICK_ALL_REDUCE, op, value))
-                raise foreign_greenlet_error(ctx._replica_id, "all_reduce")
+                raise self._runner.refused(ctx._replica_id, "all_reduce")
             if self._n == 1:
                 # One local replica: nobody to meet, the collective at once.
                 out = self._resolve_quick([(QUICK_ALL_REDUCE, op, value)])
@@ -571,7 +586,7 @@ class LocalExtended(CrossReplicaExtended):
             if quick_leaves:
                 sched = _getcurrent().parent
                 if sched is not self._runner._parent:
-                    raise foreign_greenlet_error(ctx._replica_id, "all_reduce")
+                    raise self._runner.refused(ctx._replica_id, "all_reduce")
                 out = sched.switch((QUICK_TREE, op, value, quick_leaves))
                 return nest.pack_sequence_as(value, out)
         timeout = None if options is None else options.timeout_seconds

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -178,26 +179,73 @@ class InlineRunner:
         self._fired_call: Optional[Tuple[int, Request, float]] = None
         self._step_deadline = _INF  # the step's own deadline, while a call's applies
         self._steps = 0  # steps started: a meeting's deadline belongs to one step
+        # The replicas' context stacks of the step in _abandoned (see _bury).
+        self._abandoned_stacks: Optional[List[List[context.Entry]]] = None
 
     def _bury(self) -> None:
         """Ends the greenlets of an abandoned step (suspended at a meeting) here and now,
         rather than whenever the garbage collector gets to them: their `finally` blocks
-        run at a known point, and nothing they raise goes unreported."""
+        run at a known point, each in its replica's context (as when it ran), a meeting
+        they call is refused with AbortedError (the step is over), and nothing they raise
+        goes unreported: a Ctrl-C or SystemExit is raised here once every one has ended,
+        any other error goes to ``sys.unraisablehook``."""
         old, self._abandoned = self._abandoned, None
+        stacks, self._abandoned_stacks = self._abandoned_stacks, None
         self._running = None  # these are killed, not failing
-        for g in old or ():
-            if not g.dead:
-                try:
-                    g.throw(_GreenletExit)
-                except _GreenletExit:
-                    pass
+        if not old:
+            return
+        parent, self._parent = self._parent, _BURYING
+        local = context._local
+        saved = local.stack
+        interrupt: Optional[BaseException] = None
+        try:
+            for r, g in enumerate(old):
+                error: BaseException = _GreenletExit()
+                for _ in range(8):  # a cleanup that keeps making calls is left to the collector
+                    if g.dead:
+                        break
+                    if stacks is not None and r < len(stacks):
+                        local.stack = stacks[r]
+                    try:
+                        out = g.throw(error)
+                    except _GreenletExit:
+                        break
+                    if type(out) is list and len(out) == 2 and out[0] is _FAILED:
+                        e = out[1]
+                        if isinstance(e, _GreenletExit):
+                            break
+                        if not isinstance(e, Exception):
+                            interrupt = interrupt or e
+                        else:
+                            _report_cleanup_error(r, e)
+                        break
+                    if type(out) is list or out is None:
+                        break  # back at the head of its loop: its frames hold nothing
+                    # A meeting's request from a quick path: refused, as meet refuses.
+                    error = self.refused(r, "a collective")
+        finally:
+            local.stack = saved
+            self._parent = parent if self._parent is _BURYING else self._parent
+        if interrupt is not None:
+            raise interrupt
+
+    def refused(self, replica: int, what: str) -> BaseException:
+        """The error of a cross-replica call that cannot be made from here: from the
+        cleanup of a replica of a step that was cut short, or from a greenlet that the
+        replica function started."""
+        if self._parent is _BURYING:
+            return AbortedError(
+                f"replica {replica}: {what} was called while the replica was being ended, after its step was "
+                "cut short (a timeout, Ctrl-C, another replica's failure): its replicas no longer meet"
+            )
+        return foreign_greenlet_error(replica, what)
 
     # ---- meeting (called by a replica) -------------------------------------------------
     def meet(self, replica: int, request: Request) -> Any:
         """Hands ``request`` to the scheduler and returns this replica's outcome."""
         sched = _getcurrent().parent
         if sched is not self._parent:
-            raise foreign_greenlet_error(replica, request.kind)
+            raise self.refused(replica, request.kind)
         if type(request) is Request and request.timeout is not None and self._call is None:
             return self._meet_within(sched, replica, request, request.timeout)
         return sched.switch(request)
@@ -287,7 +335,7 @@ class InlineRunner:
         self._greenlets = None
         self._abandoned = gls
         self._results = results
-        self._stacks = [[e] for e in entries]
+        self._stacks = self._abandoned_stacks = [[e] for e in entries]
         msgs: List[Any]
         self._msgs = msgs = [None] * n
         self._waiting = 0
@@ -499,6 +547,24 @@ class InlineRunner:
 
     def __repr__(self) -> str:
         return f"InlineRunner(num_replicas={self.n})"
+
+
+# The scheduler a replica of a step being buried sees (see InlineRunner._bury): never a
+# greenlet, so every meeting it tries is refused.
+_BURYING = object()
+
+
+def _report_cleanup_error(replica: int, error: BaseException) -> None:
+    """An error raised by the cleanup (``finally``) of a replica of a step that was cut
+    short: nobody waits for it any more, so it goes where Python reports such errors."""
+    hook_args = types.SimpleNamespace(
+        exc_type=type(error),
+        exc_value=error,
+        exc_traceback=error.__traceback__,
+        err_msg=f"Exception ignored in the cleanup of replica {replica}, whose step was cut short",
+        object=None,
+    )
+    sys.unraisablehook(hook_args)
 
 
 def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:

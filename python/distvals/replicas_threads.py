@@ -162,7 +162,16 @@ class _Meeting:
             return self._mine(replica)
         wake = self.wake[replica]
         while True:
-            wake.acquire(True, min(max(deadline - _monotonic(), 0.0), _SLICE))
+            try:
+                wake.acquire(True, min(max(deadline - _monotonic(), 0.0), _SLICE))
+            except BaseException:
+                # Ctrl-C (or another asynchronous exception) while waiting: this replica
+                # leaves the meeting, so that a call from its cleanup is a new arrival.
+                with self.mu:
+                    if self.generation == generation and self.requests[replica] is request:
+                        self.requests[replica] = None
+                        self.count -= 1
+                raise
             with self.mu:
                 if self.generation != generation:
                     return self._mine(replica)
@@ -176,9 +185,13 @@ class _Meeting:
                     missing = [r for r in range(self.n) if self.requests[r] is None]
                     self.requests[replica] = None
                     self.count -= 1
-                    raise CollectiveTimeoutError(
-                        f"replica {replica}: {request.describe()} timed out after {timeout:g} s: "
+                    why = (
                         f"replica(s) {names(missing)} never arrived"
+                        if missing
+                        else "every replica arrived, but resolving the call (a merge_fn, the collective) took longer"
+                    )
+                    raise CollectiveTimeoutError(
+                        f"replica {replica}: {request.describe()} timed out after {timeout:g} s: {why}"
                     )
 
     def _mine(self, replica: int) -> Any:
@@ -342,6 +355,8 @@ class ThreadRunner:
     their own threads. Same interface as ``InlineRunner``."""
 
     mode = "threads"
+    # (Inline runners set it when their watchdog interrupted a replica; threads never.)
+    _fired = 0
 
     def __init__(
         self,
