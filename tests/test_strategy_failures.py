@@ -899,6 +899,23 @@ def test_a_step_ended_by_its_timeout_keeps_no_reference_to_its_inputs(execution)
         assert_usable(s)
 
 
+def late_step(late_for: float, cleanup):
+    """A replica function: replica 1 is busy for ``late_for`` seconds, then every replica
+    all-reduces its id + 1; ``cleanup(ctx, replica)`` runs in each replica's finally."""
+
+    def fn():
+        ctx = dv.get_replica_context()
+        r = ctx.replica_id_in_sync_group
+        try:
+            if r == 1:
+                time.sleep(late_for)
+            return ctx.all_reduce("SUM", np.float64(r + 1))
+        finally:
+            cleanup(ctx, r)
+
+    return fn
+
+
 def test_the_cleanup_of_a_cut_short_steps_replica_runs_as_that_replica(execution, monkeypatch):
     """A replica waiting in a collective when its step times out runs its finally block
     in its own replica context (an unaggregated variable update there changes its own
@@ -911,26 +928,19 @@ def test_the_cleanup_of_a_cut_short_steps_replica_runs_as_that_replica(execution
             v = dv.Variable(0.0)
         seen = []
 
-        def fn():
-            ctx = dv.get_replica_context()
-            r = ctx.replica_id_in_sync_group
-            try:
-                if r == 1:
-                    time.sleep(1.0)  # outlives the step's timeout
-                return ctx.all_reduce("SUM", np.float64(r + 1))  # replica 0 waits here
-            finally:
-                if r == 0:
-                    seen.append((dv.get_strategy() is s, dv.get_replica_context() is ctx))
-                    v.assign_add(1.0)  # aggregation NONE: this replica's copy only
-                    if execution == "inline":
-                        try:
-                            ctx.all_reduce("SUM", np.float64(5.0))
-                        except dv.AbortedError as e:
-                            seen.append(str(e))
-                        raise OSError("the cleanup failed")
+        def cleanup(ctx, r):
+            if r == 0:  # replica 0 waited in the all-reduce
+                seen.append((dv.get_strategy() is s, dv.get_replica_context() is ctx))
+                v.assign_add(1.0)  # aggregation NONE: this replica's copy only
+                if execution == "inline":
+                    try:
+                        ctx.all_reduce("SUM", np.float64(5.0))
+                    except dv.AbortedError as e:
+                        seen.append(str(e))
+                    raise OSError("the cleanup failed")
 
         with pytest.raises(dv.CollectiveTimeoutError):
-            s.run(fn)
+            s.run(late_step(1.0, cleanup))  # replica 1 outlives the step's timeout
         time.sleep(1.0)  # threads: replica 1 comes back
         assert seen[0] == (True, True), seen
         assert [float(np.asarray(c)) for c in s.experimental_local_results(v)] == [1.0, 0.0]
@@ -946,22 +956,15 @@ def test_a_call_in_the_cleanup_of_a_replica_the_timeout_interrupted_pairs_with_n
     with mirrored(2, timeout=0.4, execution="inline") as s:
         got = []
 
-        def fn():
-            ctx = dv.get_replica_context()
-            r = ctx.replica_id_in_sync_group
-            try:
-                if r == 1:
-                    time.sleep(2.0)  # interrupted by the step's timeout
-                return ctx.all_reduce("SUM", np.float64(r + 1))
-            finally:
-                if r == 1:
-                    try:
-                        got.append(ctx.all_reduce("SUM", np.float64(100.0)))
-                    except dv.AbortedError as e:
-                        got.append(e)
+        def cleanup(ctx, r):
+            if r == 1:
+                try:
+                    got.append(ctx.all_reduce("SUM", np.float64(100.0)))
+                except dv.AbortedError as e:
+                    got.append(e)
 
         with pytest.raises((dv.CollectiveTimeoutError, dv.AbortedError)) as info:
-            s.run(fn)
+            s.run(late_step(2.0, cleanup))  # replica 1 is interrupted by the step's timeout
         assert not isinstance(info.value, dv.MismatchError)
         assert len(got) == 1 and isinstance(got[0], dv.AbortedError), got
         assert_usable(s)
@@ -975,19 +978,14 @@ def test_ctrl_c_while_replica_zero_waits_leaves_the_meeting_clean():
     s = mirrored(2, timeout=20.0, execution="threads")
     seen = []
 
-    def fn():
-        ctx = dv.get_replica_context()
-        r = ctx.replica_id_in_sync_group
-        try:
-            if r == 1:
-                time.sleep(0.8)
-            return ctx.all_reduce("SUM", np.float64(r + 1))
-        finally:
-            if r == 0:
-                try:
-                    seen.append(float(ctx.all_reduce("SUM", np.float64(1.0))))
-                except Exception as e:  # the test looks at it
-                    seen.append(e)
+    def cleanup(ctx, r):
+        if r == 0:
+            try:
+                seen.append(float(ctx.all_reduce("SUM", np.float64(1.0))))
+            except Exception as e:  # the test looks at it
+                seen.append(e)
+
+    fn = late_step(0.8, cleanup)
 
     def alarm(signum, frame):
         raise KeyboardInterrupt("alarm")
