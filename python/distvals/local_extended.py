@@ -63,6 +63,17 @@ _OPS = {name: op for op in ReduceOp for name in (op.name, op.name.lower(), op.na
 _OPS.update({"prod": ReduceOp.PRODUCT, "PROD": ReduceOp.PRODUCT})
 
 
+def _take_failures(runner: Any) -> List[Failure]:
+    """The failures of the step that just ended, taken from the runner: its list is
+    emptied in place, since the step's own objects may share it, and the failures'
+    tracebacks hold frames that hold the step (a cycle would keep the step's inputs
+    until the garbage collector runs)."""
+    failures = list(runner.failures)
+    runner.failures.clear()
+    runner.failures = []
+    return failures
+
+
 class _SingleRunner:
     """One replica: the function runs on the calling thread; a meeting resolves at once."""
 
@@ -401,10 +412,21 @@ class LocalExtended(CrossReplicaExtended):
         per = per_replica_arguments(args, kwargs, n, "strategy.run")
         runner = self._runner
         try:
+            return self._run_step(runner, fn, per)
+        finally:
+            # An error raised from here has this frame on its traceback: the frame must
+            # not hold the step's inputs then (the caller drops the error, and with it
+            # everything, without waiting for the garbage collector).
+            args = kwargs = per = None  # type: ignore[assignment]
+
+    def _run_step(self, runner: Any, fn: Callable[..., Any], per: Any) -> Any:
+        failures: Optional[List[Failure]] = None
+        try:
             results = runner.step(fn, per, self._entries, self._timeout)
         except StepTimeout as e:
-            failures, runner.failures = runner.failures, []  # the caller's now (see below)
+            failures = _take_failures(runner)  # the caller's now (see below)
             own = [f for f in failures if isinstance(f.error, Exception) and not isinstance(f.error, AbortedError)]
+            failures = None
             if own:
                 # A replica's own error (a collective that timed out waiting for the
                 # stuck replica, say) says more than "the step timed out". (Not the
@@ -422,13 +444,17 @@ class LocalExtended(CrossReplicaExtended):
         except BaseException:
             # Ctrl-C, SystemExit: the runner keeps none of the step's failures (their
             # tracebacks hold the replicas' frames, and so the step's inputs).
-            runner.failures = []
+            _take_failures(runner)
             raise
         if runner.failures:
             # The errors go to the caller, and the runner keeps none of them: with its
             # traceback an error holds the replica's frames, and so the step's inputs.
-            failures, runner.failures = runner.failures, []
-            self._raise_failure(failures)
+            failures = _take_failures(runner)
+            try:
+                self._raise_failure(failures)
+            finally:
+                # (The raised error has this frame on its traceback: no cycle through it.)
+                failures = per = fn = None  # type: ignore[assignment]
         return regroup(results)
 
     @staticmethod
@@ -437,9 +463,16 @@ class LocalExtended(CrossReplicaExtended):
         replica's, with the replica named and the original chained."""
         primary = min(failures, key=lambda f: (isinstance(f.error, AbortedError), f.order))
         error = replica_error(primary)
-        if error is primary.error:
-            raise error
-        raise error from primary.error
+        cause = primary.error
+        # This frame goes on the error's traceback: it keeps no reference to the error
+        # (a cycle the garbage collector would have to break).
+        del failures, primary
+        try:
+            if error is cause:
+                raise error
+            raise error from cause
+        finally:
+            del error, cause
 
     def _on_replica_failed(self, replica: int, why: str) -> None:
         """Thread mode: a replica failed or the step was abandoned. A collective in flight
