@@ -130,6 +130,12 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
     return a
 
 
+def _convert_element(x: Any, what: str) -> Any:
+    """An element (a leaf or a nested structure) with every leaf converted to an array."""
+    leaves = [convert_leaf(v, what) for v in _flatten(x)]
+    return _pack(x, leaves) if _is_structure(x) else leaves[0]
+
+
 class _Rows:
     """What a dataset of array slices is: ``arrays`` (the leaves of ``template``) and,
     for each pass, a stream of row selections (``range``s, or index arrays once
@@ -370,10 +376,7 @@ class Dataset:
         call_args = tuple(args) if args is not None else ()
 
         def convert(x: Any) -> Any:
-            if spec is None:
-                leaves = [convert_leaf(v, "from_generator") for v in _flatten(x)]
-                return _pack(x, leaves) if _is_structure(x) else leaves[0]
-            return _conform(x, spec)
+            return _convert_element(x, "from_generator") if spec is None else _conform(x, spec)
 
         def make() -> Iterator[Any]:
             return map(convert, iter(generator(*call_args)))
@@ -565,8 +568,7 @@ class Dataset:
                 raise RuntimeError(f"map: the map function raised StopIteration: {e!r}") from e
             if type(y) is list:
                 y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
-            leaves = [convert_leaf(v, "map") for v in _flatten(y)]
-            return _pack(y, leaves) if _is_structure(y) else leaves[0]
+            return _convert_element(y, "map")
 
         def make() -> Iterator[Any]:
             # The builtin map: an exception in fn reaches next() and leaves it usable.

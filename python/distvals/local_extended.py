@@ -65,9 +65,10 @@ _OPS.update({"prod": ReduceOp.PRODUCT, "PROD": ReduceOp.PRODUCT})
 
 def _take_failures(runner: Any) -> List[Failure]:
     """The failures of the step that just ended, taken from the runner: its list is
-    emptied in place, since the step's own objects may share it, and the failures'
+    emptied in place, since the step's own objects share it and the failures'
     tracebacks hold frames that hold the step (a cycle would keep the step's inputs
-    until the garbage collector runs)."""
+    until the garbage collector runs), and replaced, so that a failure that a late
+    replica records in the step's list later does not stay on the runner."""
     failures = list(runner.failures)
     runner.failures.clear()
     runner.failures = []
@@ -412,21 +413,13 @@ class LocalExtended(CrossReplicaExtended):
         per = per_replica_arguments(args, kwargs, n, "strategy.run")
         runner = self._runner
         try:
-            return self._run_step(runner, fn, per)
-        finally:
-            # An error raised from here has this frame on its traceback: the frame must
-            # not hold the step's inputs then (the caller drops the error, and with it
-            # everything, without waiting for the garbage collector).
-            args = kwargs = per = None  # type: ignore[assignment]
-
-    def _run_step(self, runner: Any, fn: Callable[..., Any], per: Any) -> Any:
-        failures: Optional[List[Failure]] = None
-        try:
             results = runner.step(fn, per, self._entries, self._timeout)
         except StepTimeout as e:
-            failures = _take_failures(runner)  # the caller's now (see below)
-            own = [f for f in failures if isinstance(f.error, Exception) and not isinstance(f.error, AbortedError)]
-            failures = None
+            own = [
+                f
+                for f in _take_failures(runner)  # the caller's now (see below)
+                if isinstance(f.error, Exception) and not isinstance(f.error, AbortedError)
+            ]
             if own:
                 # A replica's own error (a collective that timed out waiting for the
                 # stuck replica, say) says more than "the step timed out". (Not the
@@ -449,12 +442,8 @@ class LocalExtended(CrossReplicaExtended):
         if runner.failures:
             # The errors go to the caller, and the runner keeps none of them: with its
             # traceback an error holds the replica's frames, and so the step's inputs.
-            failures = _take_failures(runner)
-            try:
-                self._raise_failure(failures)
-            finally:
-                # (The raised error has this frame on its traceback: no cycle through it.)
-                failures = per = fn = None  # type: ignore[assignment]
+            # (No local keeps them: the raised error has this frame on its traceback.)
+            self._raise_failure(_take_failures(runner))
         return regroup(results)
 
     @staticmethod

@@ -68,6 +68,7 @@ from .input import (
     split_batch_sizes,
     to_numpy,
 )
+from .mpi_runtime import poll
 from .values import DistributedValues, PerReplica
 
 __all__ = ["WorkerDatasetsFromFunction", "WorkerDistributedDataset", "worker_rows", "wrap_single"]
@@ -260,8 +261,6 @@ class _AgreedNext:
     def _exchange(self, buf: np.ndarray) -> np.ndarray:
         """MAX of ``buf`` over every worker, on the input's communicator; past the
         strategy's timeout the job ends (an MPI collective cannot be cancelled)."""
-        from .mpi_runtime import poll
-
         ext = self._ext
         out = np.empty_like(buf)
         timeout = float(ext._timeout)

@@ -259,11 +259,10 @@ class InlineRunner:
         deadline = _monotonic() + timeout
         if self._active and deadline >= self._deadline:
             return sched.switch(request)  # the step's deadline comes first
-        saved = (self._active, self._deadline, self._timeout)
-        step = self._steps
-        self._step_deadline = saved[1] if saved[0] else _INF
+        step, step_timeout = self._steps, self._timeout
+        self._step_deadline = self._deadline if self._active else _INF
         self._call = (replica, request, timeout)
-        if saved[0]:
+        if self._active:
             self._deadline = deadline
             if deadline < _WATCHDOG._wake_at:
                 _WATCHDOG.watch(self)
@@ -277,8 +276,8 @@ class InlineRunner:
             # deadline, or with none. A fire it decided on just before this still counts.
             if self._steps == step and self._call is not None and self._call[0] == replica:
                 self._call = None
-                self._timeout = saved[2]
-                self._deadline = saved[1] if saved[0] else _INF
+                self._timeout = step_timeout
+                self._deadline = self._step_deadline
 
     # ---- one step ------------------------------------------------------------------------
     def _replica_greenlets(self) -> List[Any]:

@@ -479,17 +479,12 @@ class ThreadRunner:
             # (with the frames of its traceback, and so the step's inputs): nothing here
             # keeps the step, which goes with that replica's thread once it is back.
             self._step = None
-            step = args = kwargs = per_replica = None  # type: ignore[assignment]  # (see below)
             raise
         # Every replica is done: the results are the caller's now, and neither the runner
         # nor the step's last meeting keeps them (they may be large) until the next step.
         self._step = None
         step.meeting.outcomes = None
-        results = step.results
-        # Replica 0's failure has this frame on its traceback: the frame must hold neither
-        # the step (whose failures hold that error: a cycle) nor the inputs.
-        step = args = kwargs = per_replica = None  # type: ignore[assignment]
-        return results
+        return step.results
 
     def _wait(self, step: _Step) -> None:
         """Waits for replicas 1..N-1 until the step's deadline. Once a replica has failed
