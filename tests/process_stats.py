@@ -27,7 +27,10 @@ def _under_asan() -> bool:
 needs_plain_malloc = pytest.mark.skipif(_under_asan(), reason="RSS is meaningless under AddressSanitizer")
 # GCC 12's libasan neither intercepts fork() nor registers fork handlers: a child forked
 # while another thread holds the sanitizer allocator's lock (numpy allocating, say)
-# deadlocks at its first allocation. glibc's malloc takes its locks around fork().
+# deadlocks at its first allocation. glibc's malloc takes its locks around fork(). Any
+# fork in a test process is exposed: earlier tests leave engine worker threads and the
+# inline watchdog (which wakes on its own schedule) in the process (once in about ten
+# runs of the sanitizer job, a child forked with no thread of its own test busy hung).
 forks_while_threads_allocate = pytest.mark.skipif(
     _under_asan(), reason="AddressSanitizer's allocator (GCC 12) can deadlock a child forked while threads allocate"
 )

@@ -816,6 +816,35 @@ def test_all_reduce_bytes_per_pack_splits_packs(monkeypatch, execution):
         s.close()
 
 
+def test_host_packs_hold_at_most_host_pack_bytes_by_default(monkeypatch, execution):
+    """Without bytes_per_pack, small leaves are still packed, but no host pack grows past
+    HOST_PACK_BYTES (a larger one costs more than its leaves apart); distinct values per
+    replica, every replica's result checked."""
+    from distvals.engine_collectives import FUSE_LEAF_BYTES, HOST_PACK_BYTES
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+    try:
+        calls = engine_all_reduces(monkeypatch, s)
+        per_leaf = FUSE_LEAF_BYTES // 4 // 4  # float32 leaves of a quarter of the fuse size
+        k = 3 * HOST_PACK_BYTES // (per_leaf * 4)  # three packs' worth
+        leaves = [[np.arange(per_leaf, dtype=np.float32) * (i + 1) + 100 * r for i in range(k)] for r in range(2)]
+        out = s.run(
+            lambda: dv.get_replica_context().all_reduce(
+                "sum", leaves[dv.get_replica_context().replica_id_in_sync_group]
+            )
+        )
+        sizes = [c[1] * 4 for c in calls]
+        assert len(sizes) >= 3 and max(sizes) <= HOST_PACK_BYTES and sum(sizes) == k * per_leaf * 4, sizes
+        for i in range(k):
+            want = leaves[0][i].astype(np.float64) + leaves[1][i]
+            for r in range(2):
+                np.testing.assert_array_equal(
+                    out[i].values[r], want.astype(np.float32), err_msg=f"leaf {i} replica {r}"
+                )
+    finally:
+        s.close()
+
+
 def test_all_reduce_scalars_and_integer_mean(s2):
     def fn():
         r = dv.get_replica_context().replica_id_in_sync_group

@@ -1085,6 +1085,7 @@ class _nothing:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@forks_while_threads_allocate
 @pytest.mark.parametrize("execution", EXECUTION_MODES)
 def test_a_strategy_works_in_a_forked_child(execution):
     n = 3
@@ -1252,6 +1253,7 @@ def _check_group_in_both_styles(g, n: int, counts, op: str) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@forks_while_threads_allocate
 def test_a_replica_group_works_in_a_forked_child():
     """A group made (and used) before os.fork() works in the child in both call styles,
     with distinct values per replica and sizes the engine splits over its threads, and
@@ -1299,7 +1301,15 @@ def _fork_with_deadline(body, seconds: float) -> int:
         if done:
             return os.waitstatus_to_exitcode(status)
         time.sleep(0.01)
-    os.kill(pid, 9)
+    # A hung child is told to abort first: where faulthandler is on (pytest turns it on
+    # before forking), the child writes its Python stack to the run's stderr, which shows
+    # where it hung. SIGKILL follows if it does not die.
+    os.kill(pid, signal.SIGABRT)
+    for _ in range(500):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return -1
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return -1
 

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core
-from .engine_collectives import FUSE_LEAF_BYTES, EngineCollectives
+from .engine_collectives import FUSE_LEAF_BYTES, EngineCollectives, host_pack_bytes
 from .reduce_op import ReduceOp
 
 __all__ = ["HostCollectives", "new_array"]
@@ -62,7 +62,9 @@ class HostCollectives(EngineCollectives):
         # its threads kept awake between the calls. None for leaves it does not reduce as
         # they are (integer MEAN, dtypes numpy reduces).
         core: _core.Group = self.group._group  # type: ignore[union-attr,assignment]  # CPU replicas' engine group
-        return _all_reduce_leaves(core, leaves, op.engine_name, algorithm, FUSE_LEAF_BYTES, bytes_per_pack)
+        return _all_reduce_leaves(
+            core, leaves, op.engine_name, algorithm, FUSE_LEAF_BYTES, host_pack_bytes(bytes_per_pack)
+        )
 
     def _engine_input(self, x: Any, r: int) -> np.ndarray:
         a = np.asarray(x)

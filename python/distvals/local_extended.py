@@ -28,7 +28,7 @@ from .collectives import (
     type_name,
 )
 from .cross_replica import CrossReplicaExtended
-from .engine_collectives import FUSE_LEAF_BYTES
+from .engine_collectives import FUSE_LEAF_BYTES, host_pack_bytes
 from .errors import replica_error
 from .meeting import check_calls, check_leaves, check_structures
 from .options import (
@@ -511,7 +511,12 @@ class LocalExtended(CrossReplicaExtended):
             # Inline replicas that each all-reduce a structure of numpy arrays (sent only
             # where the host engine reduces them): one call for every leaf.
             leaves = _quick_all_reduce_tree(
-                self._native_quick, requests, QUICK_TREE, self._algorithm, FUSE_LEAF_BYTES, self._options.bytes_per_pack
+                self._native_quick,
+                requests,
+                QUICK_TREE,
+                self._algorithm,
+                FUSE_LEAF_BYTES,
+                host_pack_bytes(self._options.bytes_per_pack),
             )
             if leaves is not None:
                 return leaves

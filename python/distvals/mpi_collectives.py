@@ -46,7 +46,7 @@ from . import devices, nest
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
 from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, dtype_text
-from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
+from .mpi_exchanges import BLOCKING_MIN_BYTES, NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
@@ -128,7 +128,7 @@ class _ArraysKind:
     from call to call, with ``data``, a view of the data part in the arrays' shape;
     ``sig``, the description's signature; ``op``, the op between workers (SUM for MEAN)."""
 
-    __slots__ = ("data", "description", "flat", "op", "sig", "work")
+    __slots__ = ("data", "description", "direct", "flat", "op", "reduce", "sig", "work")
 
     def __init__(self, description: str, sig: int, op: ReduceOp, work: Optional[np.dtype], a: np.ndarray) -> None:
         self.description = description
@@ -137,9 +137,16 @@ class _ArraysKind:
         self.work = work
         self.flat: Optional[np.ndarray] = None
         self.data: np.ndarray = a
+        self.reduce = NUMPY_OPS[op]  # the local reduce of small calls
+        # Whether the flat buffer crosses in one polled Iallreduce straight from here
+        # (``direct``) or by ``_mpi_all_reduce``'s route: decided by size and dtype alone,
+        # as the route is, so that a worker's expected call and another's stand-in for it
+        # (same size and dtype) make the same MPI calls.
+        self.direct = False
         if work is not None and a.nbytes <= SMALL_BYTES:
             self.flat = np.empty(a.size + 1, dtype=work)
             self.data = self.flat[: a.size].reshape(a.shape)
+            self.direct = wire_dtype(work) == work and self.flat.nbytes < BLOCKING_MIN_BYTES
 
 
 class HierarchicalCollectives(WorkerAgreement):
@@ -270,11 +277,14 @@ class HierarchicalCollectives(WorkerAgreement):
         flagged: bool,
         send: Optional[np.ndarray] = None,
         sig: Optional[int] = None,
+        direct: Optional[bool] = None,
     ) -> None:
         """The worker-level all-reduce of ``flat`` (this worker's local result, or the
         result buffer of ``send``), with the agreement of the module doc. ``flagged``:
         ``flat`` ends with one extra element, the agreement flag's place. ``sig``: the
-        description's signature, when the caller knows it."""
+        description's signature, when the caller knows it. ``direct``: whether ``flat``
+        crosses in one polled Iallreduce from here, when the caller knows it (see
+        ``_ArraysKind``)."""
         if sig is None:
             sig = self._sig(description)
         # Whether the expected call carries a flag is the same on every worker (the
@@ -284,7 +294,11 @@ class HierarchicalCollectives(WorkerAgreement):
             if expected.signature == sig:
                 agree = AGREE[op]
                 flat[-1] = agree
-                if send is None and expected.wire and flat.dtype is expected.dtype:
+                if direct is None:
+                    # Decided by size and dtype alone, as the route is: a stand-in of the
+                    # same size and dtype on another worker takes the same MPI calls.
+                    direct = expected.wire and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking"
+                if send is None and direct:
                     # The steady state of a training loop: one polled Iallreduce.
                     self.stats["data_calls"] += 1
                     t = self.timeout if timeout is None else timeout
@@ -328,12 +342,14 @@ class HierarchicalCollectives(WorkerAgreement):
             )
         n = self.num_local
         first = leaves[0]
-        if len(first) == 1 and not self._on_gpu and not nest.is_nested(value):
+        if len(first) == 1 and not self._on_gpu and (value is None or not nest.is_nested(value)):
             # One host array per replica: the quick path of all_reduce_arrays (the same
             # description, so the same MPI calls), into new arrays.
             ins = [row[0] for row in leaves]
             kind = self._arrays_kind_of(op, ins)
             if kind is not None and kind.work is not None:
+                if kind.flat is not None:
+                    return [[o] for o in self._all_reduce_small(kind, op, ins, None, timeout, what)]
                 outs = [new_array(ins[0].shape, ins[0].dtype) for _ in range(n)]
                 self._all_reduce_kind(kind, op, ins, outs, timeout, what)
                 return [[o] for o in outs]
@@ -396,20 +412,7 @@ class HierarchicalCollectives(WorkerAgreement):
         a0 = ins[0]
         self._what = what
         if kind.flat is not None:
-            # Small: into the call's own flat buffer (data, then the agreement flag),
-            # across the workers in one call, then out to every replica.
-            data = kind.data
-            if len(ins) == 1:
-                np.copyto(data, a0)
-            else:
-                self._reduce_small(kind.op, [a.reshape(-1) for a in ins], kind.flat[:-1])
-            self._reduce_flat(kind.flat, kind.op, kind.description, what, timeout, True, None, kind.sig)
-            if op is ReduceOp.MEAN:
-                for o in outs:
-                    np.divide(data, self.num_replicas, out=o)
-            else:
-                for o in outs:
-                    np.copyto(o, data)
+            self._all_reduce_small(kind, op, ins, outs, timeout, what)
         elif kind.work is not None:
             self._all_reduce_packed(
                 op, [[a] for a in ins], kind.work, kind.description, timeout, outs=[o.reshape(-1) for o in outs]
@@ -418,6 +421,58 @@ class HierarchicalCollectives(WorkerAgreement):
             res = self.all_reduce(op, [[a] for a in ins], timeout=timeout, value=a0)
             for o, r in zip(outs, res):
                 np.copyto(o, r[0])
+
+    def _all_reduce_small(
+        self,
+        kind: _ArraysKind,
+        op: ReduceOp,
+        ins: Sequence[np.ndarray],
+        outs: Optional[Sequence[np.ndarray]],
+        timeout: Optional[float],
+        what: str,
+    ) -> Sequence[np.ndarray]:
+        """A small call of ``kind`` (``kind.flat`` is set): the local replicas' arrays
+        reduced into the kind's own flat buffer (data, then the agreement flag), across the
+        workers in one MPI call, then out to every replica: into ``outs``, or new arrays
+        (returned)."""
+        self._what = what
+        data = self._small_local_reduce(kind, ins)
+        flat = kind.flat
+        assert flat is not None  # small kinds have their flat buffer
+        self._reduce_flat(flat, kind.op, kind.description, what, timeout, True, None, kind.sig, kind.direct)
+        return self._small_spread(data, op, len(ins), outs)
+
+    @staticmethod
+    def _small_local_reduce(kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
+        """Step 1 of a small call: the local replicas' arrays reduced into ``kind.data``
+        (returned), in the arrays' own shape, with numpy on this thread (see
+        ``_reduce_small``)."""
+        data = kind.data
+        if len(ins) == 1:
+            np.copyto(data, ins[0])
+            return data
+        fn = kind.reduce
+        fn(ins[0], ins[1], out=data)
+        for x in ins[2:]:
+            fn(data, x, out=data)
+        return data
+
+    def _small_spread(
+        self, data: np.ndarray, op: ReduceOp, n: int, outs: Optional[Sequence[np.ndarray]]
+    ) -> Sequence[np.ndarray]:
+        """Step 3 of a small call: the reduced ``data`` out to the ``n`` local replicas,
+        into ``outs`` or new arrays (MEAN divides by every worker's replica count)."""
+        if outs is None:
+            if op is ReduceOp.MEAN:
+                return [np.divide(data, self.num_replicas) for _ in range(n)]
+            return [data.copy() for _ in range(n)]
+        if op is ReduceOp.MEAN:
+            for o in outs:
+                np.divide(data, self.num_replicas, out=o)
+        else:
+            for o in outs:
+                np.copyto(o, data)
+        return outs
 
     def _arrays_kind(self, op: ReduceOp, a: np.ndarray) -> _ArraysKind:
         """What ``all_reduce_arrays`` remembers of the kind of call ``a`` (one replica's

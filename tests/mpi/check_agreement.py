@@ -114,6 +114,30 @@ def main() -> int:
         expect_close(s.reduce("sum", steady, axis=None), want_sum, rank, f"after the {first}/{second} mismatch")
         checks += 1
 
+    # The largest flagged call (64 KiB of data and its flag, past the size from which
+    # buffers cross by point-to-point exchanges) in a loop, met once by another shape on
+    # worker 1: the expected call and the stand-in for it must make the same MPI calls.
+    edge = 16384  # float32: 64 KiB
+    for i in range(4):
+        size = edge - 1 if (i == 3 and rank == 1) else edge
+        value = parts(lambda g, size=size: np.full(size, float(g + 1), np.float32))
+        if i < 3:
+            got = s.reduce("sum", value, axis=None)
+            expect_close(got, np.full(edge, float(sum(range(1, total + 1)))), rank, f"64 KiB loop, step {i}")
+        else:
+            expect_raises(
+                dv.MismatchError,
+                lambda value=value: s.reduce("sum", value, axis=None),
+                rank,
+                "a 64 KiB loop met by another shape",
+                "the workers disagree",
+                f"shape ({edge},)",
+                f"shape ({edge - 1},)",
+            )
+    got = s.reduce("sum", parts(lambda g: np.full(edge, float(g + 1), np.float32)), axis=None)
+    expect_close(got, np.full(edge, float(sum(range(1, total + 1)))), rank, "after the 64 KiB mismatch")
+    checks += 1
+
     return finish(rank, checks, s)
 
 

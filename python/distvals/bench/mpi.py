@@ -209,25 +209,21 @@ def _hierarchical(
                 coll.chunk_bytes = chunk_bytes
         if n_local > 1:
             # The local steps alone, exactly as the call makes them: small buffers reduced
-            # into a new flat buffer (the one MPI would send) and broadcast from it; large
-            # ones all-reduced into the replicas' new results, then broadcast from the
-            # first (where MPI would have worked in between).
+            # into the call's flat buffer (the one MPI would send) and copied out to new
+            # results; large ones all-reduced into the replicas' new results, then
+            # broadcast from the first (where MPI would have worked in between).
             from ..host_collectives import new_array
-            from ..mpi_collectives import SMALL_BYTES
 
             work = np.dtype(dtype)
-            leaves = [[b] for b in bufs]
-            shapes = [tuple(b.shape) for b in leaves[0]]  # one replica's leaves
+            kind = coll._arrays_kind(dv.ReduceOp.SUM, bufs[0])
 
-            def local_steps(
-                leaves: List[List[np.ndarray]] = leaves, shapes: List[Any] = shapes, work: np.dtype = work
-            ) -> None:
-                if count * work.itemsize <= SMALL_BYTES:
-                    flat = coll._local_reduce(dv.ReduceOp.SUM, leaves, work, count, 0)
-                    got[0] = [row[0] for row in coll._local_spread(flat, shapes, n_local)]
+            def local_steps(bufs: List[np.ndarray] = bufs, kind: Any = kind, work: np.dtype = work) -> None:
+                if kind.flat is not None:
+                    data = coll._small_local_reduce(kind, bufs)
+                    got[0] = coll._small_spread(data, dv.ReduceOp.SUM, n_local, None)
                     return
                 outs = [new_array((count,), work) for _ in range(n_local)]
-                coll._reduce_chunk(dv.ReduceOp.SUM, [row[0].reshape(-1) for row in leaves], outs, 0, count)
+                coll._reduce_chunk(dv.ReduceOp.SUM, [b.reshape(-1) for b in bufs], outs, 0, count)
                 coll._broadcast_chunk(outs, 0, count)
                 got[0] = outs
 
