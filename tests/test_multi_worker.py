@@ -181,7 +181,7 @@ def test_workers_all_gathering_a_0d_value_and_a_vector_get_a_mismatch():
     assert "finished" not in proc.stdout, out
     for w in (0, 1):
         assert f"distvals: worker {w} (MPI rank {w} of 2) failed: strategy.run raised MismatchError" in out, out
-    assert "leaf 0 of dtype float64 rank 0" in out and "leaf 0 of dtype float64 rank 1" in out, out
+    assert "leaf 0 of 1 of dtype float64 rank 0" in out and "leaf 0 of 1 of dtype float64 rank 1" in out, out
 
 
 @needs_mpi

@@ -306,3 +306,20 @@ def test_nesting_deeper_than_the_walks_allow_is_a_recursion_error_even_with_a_ra
             nest.flatten(deep)
     finally:
         sys.setrecursionlimit(old)
+
+
+def test_layout_writes_out_every_container_kind_and_key():
+    """Two values have equal layouts exactly when their nestings are equal: list against
+    tuple, keys, namedtuple fields and depth all show."""
+    Pair = collections.namedtuple("Pair", ["x", "y"])
+    assert nest.layout({"b": [1, (2,)], "a": 3}) == "{'a': *, 'b': [*, (*,)]}"
+    assert nest.layout(Pair(1, [2])) == "Pair(x=*, y=[*])"
+    assert nest.layout(5) == "*"
+    differing = [[1, [2]], [1, (2,)], [1, {"k": 2}], [1, {"j": 2}], [1, 2], [[1, 2]], Pair(1, 2), (1, 2), {}]
+    layouts = [nest.layout(v) for v in differing]
+    assert len(set(layouts)) == len(differing), layouts
+    # The same verdict as the in-process comparison, on every pair.
+    for a in differing:
+        for b in differing:
+            same = nest.structure_mismatch(a, b) is None
+            assert same == (nest.layout(a) == nest.layout(b)), (a, b)

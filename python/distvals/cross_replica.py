@@ -123,6 +123,11 @@ class CrossReplicaExtended(StrategyExtended):
     def _as_parts(self, value: DistributedValues, what: str) -> List[Any]:
         return self._part_values(value, what)
 
+    def _agree_structure(self, what: str, value: Any) -> None:
+        """Before a structure's leaves are reduced or gathered one by one: nothing to agree
+        on within one process (a multi-worker strategy makes its workers agree on the
+        structure here)."""
+
     def _coll_copy(self, x: Any) -> Any:
         if isinstance(x, np.ndarray):
             return np.array(x, copy=True)

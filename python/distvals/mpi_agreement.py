@@ -50,7 +50,16 @@ from .mpi_exchanges import wire_dtype
 from .mpi_runtime import poll
 from .reduce_op import ReduceOp
 
-__all__ = ["AGREE", "DISAGREE", "Expected", "WorkerAgreement", "describe_call", "dtype_text", "signature"]
+__all__ = [
+    "AGREE",
+    "DISAGREE",
+    "Expected",
+    "WorkerAgreement",
+    "describe_call",
+    "describe_structure",
+    "dtype_text",
+    "signature",
+]
 
 _monotonic = time.monotonic
 # The dtype an Expected call without data of its own (a gather's agreement) names.
@@ -80,9 +89,10 @@ def describe_call(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
         return text
     # A plain list or tuple of leaves (batch_reduce_to's), or a dict of leaves (a model's
     # gradients): remembered by their kind, keys, and each leaf's dtype and shape.
+    # (Only flat containers: the key says nothing of what a nested element holds.)
     nkey: Any = None
     t = type(value)
-    if t is list or t is tuple:
+    if (t is list or t is tuple) and not any(nest.is_nested(v) for v in value):
         nkey = (t, len(value))
     elif t is dict and not any(nest.is_nested(v) for v in value.values()):
         nkey = (t, tuple(value))
@@ -103,7 +113,17 @@ _NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
 def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
     paths = nest.paths(value)
     parts = ", ".join(f"{p} {dtype_text(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
-    return f"{kind}({_op_name(op)}) of {nest.describe(value)}: {parts}"
+    return f"{kind}({_op_name(op)}) of {describe_structure(value)}: {parts}"
+
+
+def describe_structure(value: Any) -> str:
+    """A structure's nesting as descriptions give it: its kind and size when it is flat
+    (the leaves' paths then say the rest), else its whole layout (the paths alone would
+    not tell a list inside it from a tuple)."""
+    inner = value.values() if isinstance(value, dict) else value
+    if any(nest.is_nested(v) for v in inner):
+        return nest.layout(value)
+    return nest.describe(value)
 
 
 def _op_name(op: Any) -> str:

@@ -45,7 +45,7 @@ import numpy as np
 from . import devices, nest
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, dtype_text
+from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, describe_structure, dtype_text
 from .mpi_exchanges import BLOCKING_MIN_BYTES, NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
@@ -357,6 +357,11 @@ class HierarchicalCollectives(WorkerAgreement):
         # reduce and all_reduce are the same call between workers (a worker with one
         # local replica may reduce where another all-reduces): one description.
         description = describe_call("all_reduce", op, value, leaves[0])
+        if not first:
+            # No data to move, but still a call: the others must hear of it (they may
+            # have passed leaves), and it keeps every worker's call sequence the same.
+            self._sync_point(description, what, timeout)
+            return [[] for _ in range(n)]
         dtypes = {work_dtype(a.dtype, op) for a in first}
         if len(dtypes) == 1 and all(_native_mpi(wire_dtype(d), _LOCAL_OP[op]) for d in dtypes):
             work = dtypes.pop()
@@ -760,6 +765,11 @@ class HierarchicalCollectives(WorkerAgreement):
         n = self.num_local
         count = len(leaves[0])
         out: List[List[Any]] = [[None] * count for _ in range(n)]
+        # Each leaf's call names its place in the whole structure, so that workers that
+        # pass different keys, nestings or numbers of leaves disagree at the first leaf.
+        where = self._leaf_places(value, count)
+        if not count:
+            self._sync_point(f"all_gather of {where[0]}", "all_gather", timeout)
         for i in range(count):
             parts = [devices.to_host(leaves[r][i]) for r in range(n)]
             # The rank as passed: a 0-d value (gathered as one element) and a 1-element
@@ -770,7 +780,9 @@ class HierarchicalCollectives(WorkerAgreement):
             moved = np.concatenate([np.moveaxis(p, ax, 0) for p in parts], axis=0)
             a = parts[0]
             shape_rest = tuple(d for k, d in enumerate(a.shape) if k != ax)
-            desc = f"all_gather(axis={ax}) leaf {i} of dtype {dtype_text(a.dtype)} rank {rank} shape (*, {shape_rest})"
+            desc = (
+                f"all_gather(axis={ax}) {where[i]} of dtype {dtype_text(a.dtype)} rank {rank} shape (*, {shape_rest})"
+            )
             full = self._gather_rows(moved, desc, "all_gather", timeout)
             result = np.moveaxis(full, 0, ax) if ax else full
             for r in range(n):
@@ -790,10 +802,13 @@ class HierarchicalCollectives(WorkerAgreement):
         n = self.num_local
         count = len(leaves[0])
         out: List[List[Any]] = [[None] * count for _ in range(n)]
+        where = self._leaf_places(value, count)  # as in all_gather
+        if not count:
+            self._sync_point(f"broadcast(root={root}) of {where[0]}", "broadcast", timeout)
         for i in range(count):
             mine = leaves[root - self.offset][i] if self.rank == w_root else leaves[0][i]
             host = np.array(devices.to_host(mine), order="C", copy=True)
-            desc = f"broadcast(root={root}) leaf {i} of dtype {dtype_text(host.dtype)} shape {host.shape}"
+            desc = f"broadcast(root={root}) {where[i]} of dtype {dtype_text(host.dtype)} shape {host.shape}"
             self._sync_point(desc, "broadcast", timeout)
             if host.size:
                 self._wait(
@@ -804,6 +819,33 @@ class HierarchicalCollectives(WorkerAgreement):
             for r in range(n):
                 out[r][i] = self.local._copy(host, r) if r else self.local._place_host(host, 0)
         return out
+
+    @staticmethod
+    def _leaf_places(value: Any, count: int) -> List[str]:
+        """How the calls of a leaf-by-leaf collective name each of its ``count`` leaves:
+        the leaf's path and number, and for the first the structure ``value`` itself
+        (once the first calls agree, so do the structures; for no leaves: the structure
+        alone)."""
+        if value is None or not nest.is_nested(value):
+            return [f"leaf {i} of {count}" for i in range(count)] or ["no leaves"]
+        structure = describe_structure(value)
+        paths = nest.paths(value)
+        if len(paths) != count:  # not the structure of these leaves: say what is known
+            paths = [str(i) for i in range(count)]
+        places = [f"leaf {p} ({i + 1} of {count})" for i, p in enumerate(paths)]
+        if not places:
+            return [structure]
+        places[0] += f" of {structure}"
+        return places
+
+    def agree_structure(self, what: str, value: Any, timeout: Optional[float] = None) -> None:
+        """Before a structure's leaves go through collectives one by one: every worker
+        passes the same nesting, keys and number of leaves (the leaves' own calls check
+        their dtypes and shapes), or every worker gets a ``MismatchError``."""
+        if self.num_workers == 1:
+            return
+        paths = ", ".join(nest.paths(value))
+        self._sync_point(f"{what} of {describe_structure(value)} with leaves at [{paths}]", what, timeout)
 
     # ---- cross-replica ---------------------------------------------------------------------------------
     def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:

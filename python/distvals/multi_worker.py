@@ -390,6 +390,13 @@ class _MultiWorkerExtended(LocalExtended):
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
         return super()._gather_one(self._as_local_parts(value), axis, what)
 
+    def _agree_structure(self, what: str, value: Any) -> None:
+        # Leaf by leaf, each leaf's own call checks its dtype and shape but not where it
+        # sits: the workers agree on the nesting, keys and leaf count first (one exchange).
+        if self._num_workers > 1:
+            with self._lock:
+                self._coll.agree_structure(what, value)
+
     def reduce_to(
         self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None
     ) -> Any:
@@ -513,6 +520,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         ext = self._extended
         ext._require_cross_replica("strategy.gather")
         if nest.is_nested(value):
+            ext._agree_structure("strategy.gather", value)
             return nest.map_structure(lambda v: ext._gather_one(v, axis, "strategy.gather"), value)
         return ext._gather_one(value, axis, "strategy.gather")
 

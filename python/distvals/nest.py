@@ -19,6 +19,7 @@ __all__ = [
     "describe",
     "flatten",
     "is_nested",
+    "layout",
     "map_structure",
     "pack_sequence_as",
     "paths",
@@ -79,6 +80,22 @@ def describe(x: Any) -> str:
     if isinstance(x, (list, tuple, dict)):
         return f"{type(x).__name__} of {len(x)}"
     return "a single value"
+
+
+def layout(x: Any) -> str:
+    """The nesting of ``x`` written out, every container's kind and keys included and
+    each leaf as ``*``: ``{'b': [*, (*,)], 'w': *}``. Two values have the same nesting
+    exactly when their layouts are equal (descriptions compared across processes)."""
+    if _is_namedtuple(x):
+        fields = ", ".join(f"{f}={layout(v)}" for f, v in zip(type(x)._fields, x))
+        return f"{type(x).__name__}({fields})"
+    if isinstance(x, list):
+        return "[" + ", ".join(layout(v) for v in x) + "]"
+    if isinstance(x, tuple):
+        return "(" + ", ".join(layout(v) for v in x) + ("," if len(x) == 1 else "") + ")"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {layout(x[k])}" for k in _sorted_keys(x)) + "}"
+    return "*"
 
 
 def structure_mismatch(a: Any, b: Any, path: str = "") -> Optional[str]:

@@ -99,7 +99,8 @@ class CommunicationOptions:
 
     ``bytes_per_pack``: when positive, ``ReplicaContext.all_reduce`` and
     ``batch_reduce_to`` pack small values of one dtype into buffers of at most this many
-    bytes (one engine call each); 0 packs each dtype into a single buffer.
+    bytes (one engine call each); 0: the library's choice (on CPU replicas, packs of at
+    most 32 KiB; on GPUs, one buffer per dtype).
     ``timeout_seconds``: longest wait of any collective and of ``strategy.run`` for its
     replicas to finish, kept to the nanosecond; ``math.inf`` means no timeout; None means
     ``DEFAULT_TIMEOUT_SECONDS`` (300 s), or the environment variable

@@ -126,6 +126,7 @@ class Strategy:
                 fused = ext._reduce_structure(op, value, "strategy.reduce")
                 if fused is not None:
                     return fused
+            ext._agree_structure("strategy.reduce", value)
             return nest.map_structure(lambda v: ext._reduce_one(op, v, axis, "strategy.reduce"), value)
         return ext._reduce_one(op, value, axis, "strategy.reduce")
 

@@ -138,6 +138,81 @@ def main() -> int:
     expect_close(got, np.full(edge, float(sum(range(1, total + 1)))), rank, "after the 64 KiB mismatch")
     checks += 1
 
+    # Structures whose difference lies below the top level, or in the keys and leaf count
+    # of a structure handled leaf by leaf, or an empty one: every worker gets a
+    # MismatchError, and an identical call afterwards gives the right result.
+    want3 = np.full(3, float(sum(range(1, total + 1))))
+
+    def leaf():
+        return parts(lambda g: np.full(3, float(g + 1), np.float32))
+
+    def reduce(value):
+        return s.reduce("sum", value, axis=None)
+
+    def gather(value):
+        return s.gather(value, axis=0)
+
+    def one(name):
+        return {name: leaf()}
+
+    try:
+        import ml_dtypes
+
+        bf16 = ml_dtypes.bfloat16
+    except ImportError:  # pragma: no cover - ml_dtypes is a test requirement
+        bf16 = None
+    for _ in range(3):  # the memory now expects a list of one dict with key 'a'
+        expect_close(reduce([one("a")])[0]["a"], want3, rank, "a list of one dict, steady")
+    structure_cases = [
+        ("a key inside a list", reduce, lambda: [one("a" if rank == 0 else "b")], ["'a'", "'b'"]),
+        (
+            "a list inside against a tuple",
+            reduce,
+            lambda: [leaf(), [leaf()] if rank == 0 else (leaf(),)],
+            ["[*]", "(*,)"],
+        ),
+        ("an empty structure", reduce, lambda: {} if rank == 0 else one("a"), ["dict of 0", "'a'"]),
+        ("gathered keys", gather, lambda: one("a" if rank == 0 else "b"), ["'a'", "'b'"]),
+        ("gathered leaf count", gather, lambda: {"a": leaf(), "b": leaf()} if rank == 0 else one("a"), ["'b'"]),
+    ]
+    if bf16 is not None:
+        # A bfloat16 leaf sends strategy.reduce leaf by leaf.
+        def with_bf16(name):
+            return {name: leaf(), "z": parts(lambda g: np.full(2, g + 1, bf16))}
+
+        structure_cases.append(
+            ("keys beside a bfloat16 leaf", reduce, lambda: with_bf16("a" if rank == 0 else "c"), ["'a'", "'c'"])
+        )
+    for what, call, make, needles in structure_cases:
+        value = make()
+        expect_raises(dv.MismatchError, lambda: call(value), rank, what, "the workers disagree", *needles)
+        expect_close(reduce([one("c")])[0]["c"], want3, rank, f"an identical call after {what}")
+        expect_close(
+            gather({"g": leaf()})["g"],
+            np.concatenate([np.full(3, float(g + 1)) for g in range(total)]),
+            rank,
+            f"a gather after {what}",
+        )
+        checks += 1
+    # all_gather of structures, the call inside run makes: the leaves' calls name the keys.
+    x = np.full((1, 2), float(rank), np.float32)
+    rows = [[x] for _ in range(n)]
+    expect_raises(
+        dv.MismatchError,
+        lambda: coll.all_gather(rows, [0], value={"a" if rank == 0 else "b": x}),
+        rank,
+        "all_gather keys",
+        "the workers disagree",
+        "'a'",
+        "'b'",
+    )
+    got = coll.all_gather(rows, [0], value={"k": x})
+    # Every local replica's row, worker by worker (each worker's rows hold its rank).
+    want_rows = np.concatenate([np.full(c, float(w)) for w, c in enumerate(coll.local_counts)])
+    for r in range(n):
+        expect_close(got[r][0][:, 0], want_rows, rank, f"all_gather after the keys mismatch, replica {r}")
+    checks += 1
+
     return finish(rank, checks, s)
 
 
