@@ -130,9 +130,10 @@ class StrategyExtended:
             )
 
     # ---- hooks for strategies whose replicas span several processes ------------------------
-    def _initial_value(self, value: np.ndarray, name: str) -> np.ndarray:
-        """The value a new distributed variable ``name`` starts from (a multi-worker
-        strategy gives every process the chief's)."""
+    def _initial_value(self, value: np.ndarray, name: str, kind: str = "") -> np.ndarray:
+        """The value a new distributed variable ``name`` (of ``kind``: its synchronization
+        and aggregation) starts from (a multi-worker strategy gives every process the
+        chief's)."""
         return value
 
     def _first_replica_value(self, part: Any, what: str) -> Any:

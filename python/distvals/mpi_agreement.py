@@ -113,7 +113,7 @@ _NESTED_DESCRIPTIONS: Dict[Tuple[Any, ...], str] = {}
 def _describe_nested(kind: str, op: Any, value: Any, leaves: Sequence[Any]) -> str:
     paths = nest.paths(value)
     parts = ", ".join(f"{p} {dtype_text(a.dtype)}{tuple(a.shape)}" for p, a in zip(paths, leaves))
-    return f"{kind}({_op_name(op)}) of {describe_structure(value)}: {parts}"
+    return f"{kind}({_op_name(op)}) of {describe_structure(value)}: {parts or 'no leaves'}"
 
 
 def describe_structure(value: Any) -> str:

@@ -35,7 +35,7 @@ from .local_extended import LocalExtended
 from .options import CommunicationOptions
 from .reduce_op import ReduceOp
 from .strategy import Strategy
-from .values import DistributedValues, PerReplica, regroup, select_replica
+from .values import DistributedValues, Mirrored, PerReplica, regroup, select_replica
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine_collectives import EngineCollectives
@@ -397,6 +397,14 @@ class _MultiWorkerExtended(LocalExtended):
             with self._lock:
                 self._coll.agree_structure(what, value)
 
+    def _spread(self, out: Any, dests: List[str]) -> Any:
+        if self._wrap_results and dests == list(self._devices):
+            # As run's results: a worker with one replica among workers with several hands
+            # out a Mirrored of one copy where they hand out Mirrored values, so that every
+            # worker treats the result alike in later collectives.
+            return Mirrored((self._put(out, dests[0], copy=False),))
+        return super()._spread(out, dests)
+
     def reduce_to(
         self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None
     ) -> Any:
@@ -427,14 +435,20 @@ class _MultiWorkerExtended(LocalExtended):
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Copies a non-distributed ``tensor`` to this worker's destination devices."""
         self._require_cross_replica("extended.broadcast_to")
-        return super().broadcast_to(tensor, self._local_destinations(destinations, "broadcast_to"))
+        dests = self._local_destinations(destinations, "broadcast_to")
+        out = super().broadcast_to(tensor, dests)
+        if self._wrap_results and dests == list(self._devices) and not isinstance(out, DistributedValues):
+            return Mirrored((out,))  # as _spread's
+        return out
 
     # ---- variables and checkpoints -------------------------------------------------------------------
-    def _initial_value(self, value: np.ndarray, name: str) -> np.ndarray:
-        """Every worker's new variable starts from the chief's initial value. The name is
-        part of the agreement: workers that create their variables in different orders get
-        MismatchError, not each other's values."""
-        out = self._coll.broadcast_from_chief(value, f"Variable '{name}'")
+    def _initial_value(self, value: np.ndarray, name: str, kind: str = "") -> np.ndarray:
+        """Every worker's new variable starts from the chief's initial value. The name and
+        kind are part of the agreement: workers that create their variables in different
+        orders, or one variable as mirrored on one and sync-on-read (or with another
+        aggregation) on another, get MismatchError, not each other's values (nor updates
+        that pair with another worker's other collectives)."""
+        out = self._coll.broadcast_from_chief(value, f"Variable '{name}' ({kind})" if kind else f"Variable '{name}'")
         if out is not value:
             out.flags.writeable = False
         return out

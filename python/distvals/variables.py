@@ -254,7 +254,7 @@ def _create(value: np.ndarray, spec: Dict[str, Any]) -> Variable:
         )
     if sync is VariableSynchronization.AUTO:
         sync = VariableSynchronization.ON_WRITE  # what AUTO means for a mirrored variable, as TF reports
-    value = ext._initial_value(value, base)
+    value = ext._initial_value(value, base, f"synchronization {sync.name}, aggregation {agg.name}")
     common["initial"] = value
     copies: List[Variable] = []
     for r, device in enumerate(ext._devices):

@@ -211,6 +211,50 @@ def main() -> int:
             )
         checks += 1
 
+    # Workers that create one variable with another synchronization or aggregation get an
+    # error on every worker (its updates would be other collectives on each worker).
+    if size > 1:
+        last = rank == size - 1
+        kinds = [
+            (
+                "synchronization",
+                dict(
+                    synchronization=dv.VariableSynchronization.ON_READ if last else dv.VariableSynchronization.ON_WRITE,
+                    aggregation=dv.VariableAggregation.SUM,
+                ),
+            ),
+            ("aggregation", dict(aggregation=dv.VariableAggregation.NONE if last else dv.VariableAggregation.SUM)),
+        ]
+        for what, kw in kinds:
+            with s.scope():
+                expect_raises(
+                    dv.MismatchError,
+                    lambda kw=kw, what=what: dv.Variable(np.zeros(2, np.float32), name=f"kind_{what}", **kw),
+                    rank,
+                    f"one variable with another {what} on one worker",
+                    f"kind_{what}",
+                )
+            checks += 1
+
+    # reduce_to, batch_reduce_to and broadcast_to onto the replicas give every worker the
+    # same kind of value (a worker with one replica among workers with several a Mirrored
+    # of one copy), so later collectives of it pair across workers; checked by the next
+    # collective's result.
+    per = s.run(lambda: np.full(2, float(gid()), np.float32))
+    per2 = s.run(lambda: np.full(2, 100.0 + gid(), np.float32))
+    made = [
+        ("reduce_to", lambda: s.extended.reduce_to("SUM", per, per), float(sum(range(total)))),
+        ("batch_reduce_to", lambda: s.extended.batch_reduce_to("SUM", [(per, per)])[0], float(sum(range(total)))),
+        ("broadcast_to", lambda: s.extended.broadcast_to(np.full(2, 7.0, np.float32), per), 7.0),
+    ]
+    for what, make, value in made:
+        m = make()
+        for part in s.experimental_local_results(m):
+            expect_close(part, np.full(2, value), rank, f"{what}: the result")
+        expect_close(s.reduce("MAX", m, axis=None), np.full(2, value), rank, f"{what}: MAX of the result")
+        expect_close(s.reduce("MAX", per2, axis=None), np.full(2, 100.0 + total - 1), rank, f"{what}: the next reduce")
+        checks += 1
+
     return finish(rank, checks, s)
 
 
