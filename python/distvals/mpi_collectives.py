@@ -46,7 +46,7 @@ from . import devices, nest
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
 from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, describe_structure, dtype_text
-from .mpi_exchanges import BLOCKING_MIN_BYTES, NUMPY_OPS, TAG, Exchanges, wire_dtype
+from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
@@ -128,7 +128,7 @@ class _ArraysKind:
     from call to call, with ``data``, a view of the data part in the arrays' shape;
     ``sig``, the description's signature; ``op``, the op between workers (SUM for MEAN)."""
 
-    __slots__ = ("data", "description", "direct", "flat", "op", "reduce", "sig", "work")
+    __slots__ = ("data", "description", "direct", "flat", "op", "sig", "work")
 
     def __init__(self, description: str, sig: int, op: ReduceOp, work: Optional[np.dtype], a: np.ndarray) -> None:
         self.description = description
@@ -137,16 +137,14 @@ class _ArraysKind:
         self.work = work
         self.flat: Optional[np.ndarray] = None
         self.data: np.ndarray = a
-        self.reduce = NUMPY_OPS[op]  # the local reduce of small calls
         # Whether the flat buffer crosses in one polled Iallreduce straight from here
-        # (``direct``) or by ``_mpi_all_reduce``'s route: decided by size and dtype alone,
-        # as the route is, so that a worker's expected call and another's stand-in for it
+        # (``direct``) or by ``_mpi_all_reduce``'s route: set by ``_arrays_kind`` from the
+        # route itself, so that a worker's expected call and another's stand-in for it
         # (same size and dtype) make the same MPI calls.
         self.direct = False
         if work is not None and a.nbytes <= SMALL_BYTES:
             self.flat = np.empty(a.size + 1, dtype=work)
             self.data = self.flat[: a.size].reshape(a.shape)
-            self.direct = wire_dtype(work) == work and self.flat.nbytes < BLOCKING_MIN_BYTES
 
 
 class HierarchicalCollectives(WorkerAgreement):
@@ -447,19 +445,15 @@ class HierarchicalCollectives(WorkerAgreement):
         self._reduce_flat(flat, kind.op, kind.description, what, timeout, True, None, kind.sig, kind.direct)
         return self._small_spread(data, op, len(ins), outs)
 
-    @staticmethod
-    def _small_local_reduce(kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
+    def _small_local_reduce(self, kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
         """Step 1 of a small call: the local replicas' arrays reduced into ``kind.data``
         (returned), in the arrays' own shape, with numpy on this thread (see
         ``_reduce_small``)."""
         data = kind.data
         if len(ins) == 1:
             np.copyto(data, ins[0])
-            return data
-        fn = kind.reduce
-        fn(ins[0], ins[1], out=data)
-        for x in ins[2:]:
-            fn(data, x, out=data)
+        else:
+            self._reduce_small(kind.op, ins, data)
         return data
 
     def _small_spread(
@@ -499,6 +493,11 @@ class HierarchicalCollectives(WorkerAgreement):
             self._arrays.clear()
         description = describe_call("all_reduce", op, a, [a])
         kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a)
+        if kind.flat is not None:
+            flat = kind.flat
+            kind.direct = (
+                wire_dtype(flat.dtype) == flat.dtype and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking"
+            )
         return kind
 
     def _all_reduce_one_dtype(
@@ -601,7 +600,7 @@ class HierarchicalCollectives(WorkerAgreement):
         step = max(1, self.chunk_bytes // max(1, itemsize))
         return [(lo, min(count, lo + step)) for lo in range(0, count, step)] or [(0, 0)]
 
-    def _reduce_small(self, op: ReduceOp, ins: List[np.ndarray], flat: np.ndarray) -> None:
+    def _reduce_small(self, op: ReduceOp, ins: Sequence[np.ndarray], flat: np.ndarray) -> None:
         """The local replicas' flat values of a small collective reduced into ``flat``
         with numpy, on this thread: at these sizes waking the engine's threads costs more
         than the arithmetic (measured, 2 replicas of 1 KiB: tens of microseconds against

@@ -397,11 +397,15 @@ class _MultiWorkerExtended(LocalExtended):
             with self._lock:
                 self._coll.agree_structure(what, value)
 
+    def _wraps(self, dests: List[str]) -> bool:
+        """Whether a value placed on ``dests`` is handed out as a Mirrored of one copy: as
+        run's results, a worker with one replica among workers with several does so where
+        they hand out Mirrored values, so that every worker treats the value alike in
+        later collectives."""
+        return self._wrap_results and dests == list(self._devices)
+
     def _spread(self, out: Any, dests: List[str]) -> Any:
-        if self._wrap_results and dests == list(self._devices):
-            # As run's results: a worker with one replica among workers with several hands
-            # out a Mirrored of one copy where they hand out Mirrored values, so that every
-            # worker treats the result alike in later collectives.
+        if self._wraps(dests):
             return Mirrored((self._put(out, dests[0], copy=False),))
         return super()._spread(out, dests)
 
@@ -437,8 +441,8 @@ class _MultiWorkerExtended(LocalExtended):
         self._require_cross_replica("extended.broadcast_to")
         dests = self._local_destinations(destinations, "broadcast_to")
         out = super().broadcast_to(tensor, dests)
-        if self._wrap_results and dests == list(self._devices) and not isinstance(out, DistributedValues):
-            return Mirrored((out,))  # as _spread's
+        if self._wraps(dests) and not isinstance(out, DistributedValues):
+            return Mirrored((out,))  # the base hands one destination its value bare
         return out
 
     # ---- variables and checkpoints -------------------------------------------------------------------
