@@ -6,7 +6,8 @@ that the Python layer calls, over host memory standing in for device memory: eve
 collective checks that the pointers it is handed lie inside allocations of the GPU they
 claim (so a host array passed as device memory, a buffer on the wrong GPU, an
 out-of-bounds copy or overlapping outputs fail loudly, as the real backend would
-refuse them). Collectives compute with numpy in the buffers' dtype.
+refuse them). Collectives compute with numpy in the buffers' dtype (16-bit floats in
+float32, as the kernels do).
 
 It checks the Python layer (placement, packing, which buffers reach which collective);
 the CUDA executor itself is tested on the host model of the CUDA runtime by the C++ tests
@@ -262,13 +263,15 @@ class _SimulatedGroup:
     @staticmethod
     def _reduce(stack: np.ndarray, op: str, dt: np.dtype) -> np.ndarray:
         op = op.lower()
+        # The kernels fold 16-bit floats in float32 and round once (cuda/kernels.cu).
+        acc = np.dtype(np.float32) if dt.itemsize == 2 and (dt.kind == "f" or dt.name == "bfloat16") else dt
         with np.errstate(over="ignore"):
             if op == "sum":
-                return np.sum(stack, axis=0, dtype=dt)
+                return np.sum(stack, axis=0, dtype=acc).astype(dt)
             if op == "mean":
                 return (np.sum(stack.astype(np.float64), axis=0) / len(stack)).astype(dt)
             if op in ("prod", "product"):
-                return np.prod(stack, axis=0, dtype=dt)
+                return np.prod(stack, axis=0, dtype=acc).astype(dt)
             if op == "min":
                 return np.min(stack, axis=0)
             if op == "max":

@@ -142,6 +142,43 @@ def test_merge_call_hands_per_replica_results_back_by_replica(s2):
     assert s2.run(fn).values == (1, 11)
 
 
+def test_merge_call_hands_plain_arrays_back_read_only(s3):
+    # merge_fn returns one array (reduce_to onto one device does), alone and inside a
+    # structure: every replica gets the same values, and a replica that changes them in
+    # place gets an error instead of changing what the others read; merge_fn's own array
+    # stays writeable.
+    made = []
+
+    def merge_fn(s, v):
+        total = s.extended.reduce_to("SUM", v, "cpu:0")
+        made.append(total)
+        return total, {"also": [total * 2, 5]}
+
+    def fn():
+        ctx = dv.get_replica_context()
+        r = ctx.replica_id_in_sync_group
+        total, rest = ctx.merge_call(merge_fn, args=(np.full(4, 10.0 * (r + 1)),))
+        seen = (total.copy(), rest["also"][0].copy())
+        refused = 0
+        for a in (total, rest["also"][0]):
+            try:
+                a += r + 1
+            except ValueError as e:
+                assert "read-only" in str(e)
+                refused += 1
+        return seen, refused, total
+
+    seen, refused, total = s3.run(fn)
+    for r, (t, d) in enumerate(s3.experimental_local_results(seen)):
+        np.testing.assert_array_equal(t, np.full(4, 60.0), err_msg=f"replica {r} saw another's change")
+        np.testing.assert_array_equal(d, np.full(4, 120.0), err_msg=f"replica {r} saw another's change")
+    assert refused == 2  # every replica refused both (the same int: run returns it plain)
+    # One object for every replica, as in TensorFlow: run returns it as it is.
+    assert isinstance(total, np.ndarray) and not total.flags.writeable
+    np.testing.assert_array_equal(total, np.full(4, 60.0))
+    assert made[0].flags.writeable
+
+
 def test_merge_call_identical_args_stay_plain(s2):
     seen = []
     shared = object()

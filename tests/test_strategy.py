@@ -489,6 +489,43 @@ def test_integer_mean_has_the_dtype_of_tensorflows_division(s3, dtype, want):
     np.testing.assert_allclose(float(along), np.stack(parts).astype(np.float64).mean(), rtol=1e-7)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_results_have_the_same_dtype_and_shape_with_any_number_of_replicas(execution, n):
+    # With one replica run returns its plain value, and a Mirrored's copies are the
+    # value: neither needs a collective, but each result has the dtype and shape that
+    # several replicas' PerReplica values give (integer MEAN float32 or float64, the SUM
+    # and PRODUCT of bools int64, a gather of 0-d values a vector), with exact values.
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)], execution=execution)
+    try:
+        rid = lambda: dv.get_replica_context().replica_id_in_sync_group  # noqa: E731
+        i8 = s.run(lambda: np.array([7 + rid(), -3], np.int8))
+        i32 = s.run(lambda: np.array([2**31 - 1 - rid(), 5], np.int32))
+        flags = s.run(lambda: np.array([True, rid() % 2 == 0, False]))
+        exact8 = np.mean([[7 + r, -3] for r in range(n)], axis=0)
+        exact32 = np.mean([[2**31 - 1 - r, 5] for r in range(n)], axis=0)
+        for got, dt, want, what in [
+            (s.reduce("MEAN", i8, axis=None), np.float32, exact8, "int8 MEAN"),
+            (s.reduce("MEAN", i32, axis=None), np.float64, exact32, "int32 MEAN"),
+            (s.extended.reduce_to("MEAN", i32, "CPU:0"), np.float64, exact32, "int32 MEAN reduce_to"),
+            (s.reduce("MEAN", i8, axis=0), np.float32, np.mean([[7 + r, -3] for r in range(n)]), "int8 MEAN axis 0"),
+            (s.reduce("SUM", flags, axis=None), np.int64, [n, (n + 1) // 2, 0], "bool SUM"),
+            (s.reduce("PRODUCT", flags, axis=None), np.int64, [1, int(n == 1), 0], "bool PRODUCT"),
+        ]:
+            got = np.asarray(got)
+            assert got.dtype == np.dtype(dt), (what, got.dtype)
+            np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-12, err_msg=what)
+        with s.scope():
+            v = dv.Variable(np.array([3, -8], np.int32), aggregation=dv.VariableAggregation.SUM)
+        mean_v = np.asarray(s.reduce("MEAN", v, axis=None))
+        assert mean_v.dtype == np.float64 and mean_v.tolist() == [3.0, -8.0]
+        zero_d = s.run(lambda: np.float32(rid() + 0.5))
+        gathered = np.asarray(s.gather(zero_d, axis=0))
+        np.testing.assert_array_equal(gathered, np.arange(n, dtype=np.float32) + 0.5)
+        assert gathered.shape == (n,)
+    finally:
+        s.close()
+
+
 def test_extended_batch_reduce_to(s2):
     a, b = per_replica(2, seed=1), per_replica(2, seed=2, dtype=np.int64)
     out = s2.extended.batch_reduce_to("MAX", [(a, "CPU:0"), (b, s2.extended.worker_devices)])

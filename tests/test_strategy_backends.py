@@ -317,6 +317,55 @@ def test_all_reduce_in_replica_context(env, n, dtype, op):
         np.testing.assert_array_equal(host_of(x.values[r]), host[r], err_msg=f"replica {r}'s input changed")
 
 
+@pytest.mark.parametrize("implementation", ["ring", "tree"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_floats_accumulate_in_float32_whatever_the_implementation(env, implementation, dtype):
+    # Ring and tree round each partial result to the dtype in the engine; a strategy's
+    # collectives promise float32 accumulation (one rounding at the end) on every path:
+    # one array, a structure, and strategy.reduce. Partial sums in the dtype would give
+    # float16 2048 + 1 + 1 = 2048 and bfloat16 256 + 1 + 1 = 256, a MEAN of 60000s inf and
+    # a product 300 * 300 * 0 NaN (the partial 90000 is inf in float16).
+    dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    big = 2048.0 if dtype == "float16" else 256.0
+    n = 4
+    s = env.strategy(n, communication_options=dv.CommunicationOptions(implementation=implementation))
+    sums = [big, 1.0, 1.0, 0.0]
+    prods = [300.0, 300.0, 0.0, 1.0]
+    # float16: 60000s overflow a partial sum; bfloat16: 256 + 1 + 1 + 2 loses the ones.
+    means = [60000.0] * n if dtype == "float16" else [256.0, 1.0, 1.0, 2.0]
+    mean = float(np.mean(means))
+
+    def step():
+        r = rid()
+        x = np.full(5, sums[r]).astype(dt)
+        m = np.full(3, means[r]).astype(dt)
+        p = np.full(2, prods[r]).astype(dt)
+        tree = {"s": x, "m": m, "p": p}
+        ctx = dv.get_replica_context()
+        return (
+            ctx.all_reduce("SUM", x),
+            ctx.all_reduce("MEAN", m),
+            ctx.all_reduce("PRODUCT", p),
+            ctx.all_reduce("SUM", tree)["s"],
+            ctx.all_reduce("MEAN", tree)["m"],
+        )
+
+    outs = s.run(step)
+    wants = [big + 2.0, mean, 0.0, big + 2.0, mean]
+    names = ["SUM", "MEAN", "PRODUCT", "SUM of a structure", "MEAN of a structure"]
+    for out, want, name in zip(outs, wants, names):
+        for r, got in enumerate(s.experimental_local_results(out)):
+            g = host_of(got)
+            assert g.dtype == dt, (name, r, g.dtype)
+            want_dt = np.float32(want).astype(dt).astype(np.float64)
+            np.testing.assert_array_equal(
+                g.astype(np.float64), np.full(g.shape, want_dt), err_msg=f"{name}, replica {r}"
+            )
+    per = s.run(lambda: np.full(5, sums[rid()]).astype(dt))
+    got = host_of(s.reduce("SUM", per, axis=None))
+    np.testing.assert_array_equal(got.astype(np.float64), np.full(5, big + 2.0), err_msg="strategy.reduce SUM")
+
+
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("bytes_per_pack", [0, 24])
 def test_all_reduce_of_a_nested_structure_with_host_leaves(env, n, bytes_per_pack):

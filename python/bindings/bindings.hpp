@@ -95,6 +95,20 @@ distvals::buffer_view view_of(const py::array& a, distvals::dtype t);
 /// host pool (see pool.cpp). Needs the GIL.
 py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
 
+// The algorithm of a strategy's all-reduce of `type` with `op`: the one asked for, except
+// that sums, means and products of float16 and bfloat16 always go direct, which combines
+// every replica's element in float32 and rounds once. Ring and tree round each partial
+// result to the dtype (see distvals/dtype.hpp), and a strategy's collectives promise
+// float32 accumulation whatever implementation its options name.
+inline distvals::algorithm strategy_algorithm(distvals::algorithm a, distvals::dtype type,
+                                              distvals::reduce_op op) noexcept {
+  const bool half = type == distvals::dtype::float16 || type == distvals::dtype::bfloat16;
+  const bool rounds =
+      op == distvals::reduce_op::sum || op == distvals::reduce_op::mean || op == distvals::reduce_op::prod;
+  const bool partials = a == distvals::algorithm::ring || a == distvals::algorithm::tree;
+  return half && rounds && partials ? distvals::algorithm::direct : a;
+}
+
 /// The all-reduce of many leaves in one call (see leaves.cpp): rows[r][i] is leaf i of
 /// replica r, every row as long. Returns a list per replica of its result leaves, or None
 /// (nothing touched) when a leaf is not one the engine reduces as it is.

@@ -183,7 +183,7 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
         bufs.push_back(buffer_view{dst, k.count, k.type});
       }
       if (k.count == 0) continue;
-      g.run(call_desc{collective::all_reduce, k.type, op, algo, k.count, 0}, bufs, bufs);
+      g.run(call_desc{collective::all_reduce, k.type, op, strategy_algorithm(algo, k.type, op), k.count, 0}, bufs, bufs);
     }
     std::size_t direct = 0;
     for (const leaf& l : leaves) {
@@ -196,7 +196,7 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
       }
       ++direct;
       if (l.count == 0) continue;  // nothing to reduce: the empty output is the result
-      g.run(call_desc{collective::all_reduce, l.type, op, algo, l.count, 0}, l.view, out);
+      g.run(call_desc{collective::all_reduce, l.type, op, strategy_algorithm(algo, l.type, op), l.count, 0}, l.view, out);
     }
   });
   if (!trace.is_none()) {

@@ -116,7 +116,8 @@ py::object quick_all_reduce(group& g, const py::list& requests, const py::handle
   }
   // 3. One engine call, without the GIL.
   if (count > 0) {
-    const call_desc d{collective::all_reduce, type, op, distvals::parse_algorithm(algo_name), count, 0};
+    const call_desc d{collective::all_reduce, type, op,
+                      strategy_algorithm(distvals::parse_algorithm(algo_name), type, op), count, 0};
     run_single(g, [&]() { g.run(d, in_views, out_views); });
   }
   return std::move(outs);

@@ -61,12 +61,18 @@ def engine_supports(dtype: np.dtype) -> bool:
     return (dtype in ENGINE_DTYPES or dtype.name == "bfloat16") and dtype.isnative
 
 
+_I64 = np.dtype(np.int64)
+
+
 def work_dtype(dtype: np.dtype, op: ReduceOp) -> np.dtype:
     """The dtype a reduction runs in: for integer MEAN the dtype of TensorFlow's true
     division, float32 for 8- and 16-bit integers and float64 for wider ones (and bool);
-    the native byte order of a big-endian dtype."""
+    the native byte order of a big-endian dtype; int64 for the SUM or PRODUCT of bools
+    (numpy's, so that one replica's result has the dtype several replicas' have)."""
     if op is ReduceOp.MEAN and dtype.kind in "iub":
         return _F32 if dtype.kind != "b" and dtype.itemsize <= 2 else _F64
+    if dtype.kind == "b" and (op is ReduceOp.SUM or op is ReduceOp.PRODUCT):
+        return _I64
     if not dtype.isnative and dtype.kind in "biufcm":
         native: np.dtype = dtype.newbyteorder("=")
         return native
@@ -98,6 +104,12 @@ def numpy_reduce(stacked: np.ndarray, op: ReduceOp, dtype: np.dtype) -> np.ndarr
     (float for integer MEAN, see work_dtype); what the engine does not reduce (int16, bool, complex,
     timedelta64, big-endian) goes this way."""
     fn = _NUMPY_OPS[op]
+    acc = accumulator_dtype(stacked.dtype)
+    if acc is not None and op in (ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.PRODUCT):
+        # 16-bit floats in float32, rounded once (in their own dtype a partial sum or
+        # product rounds, or overflows: 300 * 300 * 0 would be NaN in float16).
+        with np.errstate(over="ignore"):  # past the dtype's range: inf, as the engine gives
+            return np.asarray(fn(stacked, axis=0, dtype=acc).astype(dtype))
     if op is ReduceOp.MEAN:
         out = fn(stacked, axis=0, dtype=work_dtype(dtype, op) if dtype.kind in "iub" else None)
     elif op in (ReduceOp.SUM, ReduceOp.PRODUCT) and dtype.kind in "iuf":

@@ -76,7 +76,9 @@ class CrossReplicaExtended(StrategyExtended):
         parts = self._part_values(value, what)
         original = _unwrap_part(value.values[0])
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
-            return kinds.restore(self._coll_copy(parts[0]), original)
+            # Every copy is the value: its mean is a copy of it, in a MEAN's dtype.
+            mean = _reduced_alone(op, parts[0])
+            return kinds.restore(mean if mean is not parts[0] else self._coll_copy(mean), original)
         with self._lock:
             if axis is None:
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
@@ -180,16 +182,17 @@ class CrossReplicaExtended(StrategyExtended):
                 "as the result of strategy.run"
             )
         if axis is None:
-            return value
+            one = _reduced_alone(op, _unwrap_part(value))
+            return value if one is _unwrap_part(value) else kinds.restore(one, _unwrap_part(value))
         from . import devices
 
         a = kinds.to_numpy(_unwrap_part(value))
         ax = normalize_axis(axis, a.ndim, what, 0)
         acc = accumulator_dtype(a.dtype)
         if a.ndim == 0:
-            out = a
+            out = _reduced_alone(op, a)
         elif op is ReduceOp.MEAN:
-            out = np.asarray(np.mean(a, axis=ax, dtype=acc))
+            out = np.asarray(np.mean(a, axis=ax, dtype=acc or work_dtype(a.dtype, op)))
         else:
             out = _local_reduce(op, a, ax, acc)
         if acc is not None:
@@ -203,6 +206,10 @@ class CrossReplicaExtended(StrategyExtended):
         if not isinstance(value, DistributedValues):
             a = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
             normalize_axis(axis, a.ndim, what, 0)
+            if a.ndim == 0 and self._total_replicas() == 1 and isinstance(a, np.ndarray):
+                # The one replica's 0-d value (run returns it plain): gathered as every
+                # replica's 0-d parts are, into a vector (of one element).
+                a = a.reshape(1)
             return kinds.restore(a, _unwrap_part(value)) if not isinstance(value, np.ndarray) else a
         parts = self._part_values(value, what)
         ax = normalize_axis(axis, parts[0].ndim, what, 0)
@@ -275,7 +282,9 @@ class CrossReplicaExtended(StrategyExtended):
                 return Mirrored(tuple(self._broadcast_value(out)))
             return self._spread(out, dests)
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
-            return self._spread(_unwrap_part(value.values[0]), dests)
+            first = _unwrap_part(value.values[0])
+            mean = _reduced_alone(op, first)
+            return self._spread(first if mean is first else kinds.restore(mean, first), dests)
         parts = self._part_values(value, "reduce_to")
         original = _unwrap_part(value.values[0])
         if dests == list(self._devices) and self._n > 1:
@@ -367,6 +376,29 @@ class CrossReplicaExtended(StrategyExtended):
         if dests == list(self._devices):
             return Mirrored(tuple(self._broadcast_value(value)))
         return self._spread(value, dests)
+
+
+def _reduced_alone(op: ReduceOp, x: Any) -> Any:
+    """``op`` over one value that stands for every replica's (a plain value, or a
+    Mirrored's copy under MEAN): ``x`` itself, or a new array in the dtype ``op`` gives
+    with any number of replicas where it differs (an integer MEAN's float dtype, the
+    int64 SUM or PRODUCT of bools), where ``x`` lives."""
+    from . import devices
+
+    if devices.is_device_array(x):
+        dt = np.dtype(x.dtype)
+        work = work_dtype(dt, op)
+        return x if work == dt else devices.cast(x, work)
+    if isinstance(x, np.ndarray):
+        a = x
+    elif isinstance(x, (int, float, complex, np.generic)) or kinds.framework_of(x) != "other":
+        a = kinds.to_numpy(x)
+    else:
+        return x
+    work = work_dtype(a.dtype, op)
+    if work == a.dtype or a.dtype.kind not in "iub":
+        return x
+    return np.asarray(a, dtype=work)
 
 
 def _unwrap_part(x: Any) -> Any:

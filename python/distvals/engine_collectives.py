@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .collectives import Collectives, engine_supports, numpy_reduce, work_dtype
+from .collectives import Collectives, accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .reduce_op import ReduceOp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _Leaves = Sequence[Sequence[Any]]
 _Out = List[List[Any]]
 
-__all__ = ["FUSE_LEAF_BYTES", "HOST_PACK_BYTES", "EngineCollectives", "host_pack_bytes"]
+__all__ = ["FUSE_LEAF_BYTES", "HOST_PACK_BYTES", "EngineCollectives", "exact_algorithm", "host_pack_bytes"]
 
 # Leaves up to this size are packed with the other small leaves of their dtype, one
 # engine call per pack: below it an engine call costs more than copying the leaf.
@@ -44,6 +44,17 @@ def host_pack_bytes(bytes_per_pack: int) -> int:
     """The pack size host collectives use: the caller's ``bytes_per_pack``, or by default
     ``HOST_PACK_BYTES``."""
     return bytes_per_pack if bytes_per_pack > 0 else HOST_PACK_BYTES
+
+
+def exact_algorithm(algorithm: str, work: np.dtype, engine_op: str) -> str:
+    """The engine algorithm of a strategy's all-reduce: ``algorithm``, except that sums,
+    means and products of float16 and bfloat16 go direct, which accumulates in float32 and
+    rounds once (ring and tree round each partial result to the dtype; a strategy promises
+    float32 accumulation whatever implementation its options name). The host engine's
+    one-call paths make the same choice in C++ (strategy_algorithm)."""
+    if algorithm in ("ring", "tree") and accumulator_dtype(work) is not None and engine_op in ("sum", "mean", "prod"):
+        return "direct"
+    return algorithm
 
 
 def _engine_op(op: ReduceOp, dtype: np.dtype, work: np.dtype) -> str:
@@ -168,6 +179,7 @@ class EngineCollectives(Collectives):
         """One large leaf: straight from the replicas' arrays into new outputs."""
         n = len(leaves)
         engine_op = _engine_op(op, dtype, work)
+        algorithm = exact_algorithm(algorithm, work, engine_op)
         if work is dtype or work == dtype:
             ins = [self._engine_input(leaves[r][i], r) for r in range(n)]
             outs = [self._empty(ins[r].shape, work, r) for r in range(n)]
@@ -187,6 +199,7 @@ class EngineCollectives(Collectives):
         n = len(leaves)
         dtype = leaves[0][pack[0]].dtype
         engine_op = _engine_op(op, dtype, work)
+        algorithm = exact_algorithm(algorithm, work, engine_op)
         bufs = [self._pack([leaves[r][i] for i in pack], work, r) for r in range(n)]
         self.group.all_reduce(bufs, engine_op, algorithm)  # type: ignore[union-attr]
         if engine_op != op.engine_name:

@@ -28,7 +28,7 @@ from .collectives import (
     type_name,
 )
 from .cross_replica import CrossReplicaExtended
-from .engine_collectives import FUSE_LEAF_BYTES, host_pack_bytes
+from .engine_collectives import FUSE_LEAF_BYTES, exact_algorithm, host_pack_bytes
 from .errors import replica_error
 from .meeting import check_calls, check_leaves, check_structures
 from .options import (
@@ -571,7 +571,8 @@ class LocalExtended(CrossReplicaExtended):
         else:
             outs = [_pooled_empty(shape, dt) for _ in ins]
         # No strategy lock: the engine itself runs one single call at a time.
-        self._quick.all_reduce(ins, name, self._algorithm, outs)
+        algorithm = self._algorithm if dt.itemsize != 2 else exact_algorithm(self._algorithm, dt, str(name))
+        self._quick.all_reduce(ins, name, algorithm, outs)
         return outs
 
     def _convert(self, leaf: Any) -> Any:
@@ -677,9 +678,14 @@ class LocalExtended(CrossReplicaExtended):
         if not callable(merge_fn):
             raise TypeError(f"merge_call: merge_fn must be callable, got {type(merge_fn).__name__}")
         strategy = self._container
-        if self._n == 1 or not ctx._in_run:
+        if not ctx._in_run:
             with context.CrossReplica(strategy):
                 return merge_fn(strategy, *args, **kwargs)
+        if self._n == 1:
+            # Its arrays read-only as with several replicas (see _resolve_merge), so that
+            # a step behaves the same with any number of replicas.
+            with context.CrossReplica(strategy):
+                return _read_only_arrays(merge_fn(strategy, *args, **kwargs))
         return self._meet(ctx, Request("merge_call", (), (merge_fn, args, kwargs)))
 
     # ---- resolvers: every replica has made the same call ------------------------------------------
@@ -786,12 +792,38 @@ class LocalExtended(CrossReplicaExtended):
         except Exception as e:  # noqa: BLE001 - replica 0 raises it, the others are released
             released = AbortedError(f"released from merge_call: merge_fn raised {type(e).__name__}: {e}")
             return [Raise(e)] + [Raise(released)] * (len(requests) - 1)
+        # A plain array in the result is one object that every replica gets: as a read-only
+        # view, so that an in-place change in one replica is an error instead of a change
+        # the others see half-way through their steps (TensorFlow's tensors cannot be
+        # changed either; a variable's read is read-only for the same reason).
+        result = _read_only_arrays(result)
         return [select_replica(r, result) for r in range(len(requests))]
 
     def close(self) -> None:
         self._closed = True
         self._runner.close()
         self._coll.close()
+
+
+def _read_only_arrays(value: Any) -> Any:
+    """``value`` with a read-only view in place of each writeable numpy array in it (at
+    any depth of lists, tuples and dicts; distributed values are left as they are)."""
+    if isinstance(value, np.ndarray):
+        return _read_only(value)
+    if not isinstance(value, (list, tuple, dict)) or not value:
+        return value
+    leaves = nest.flatten(value)
+    if not any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
+        return value
+    return nest.pack_sequence_as(value, [_read_only(x) if isinstance(x, np.ndarray) else x for x in leaves])
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    if not a.flags.writeable:
+        return a
+    view: np.ndarray = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], what: str, verb: str) -> None:

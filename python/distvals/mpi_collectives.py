@@ -121,6 +121,11 @@ def _accumulator(dtype: np.dtype, op: ReduceOp) -> Optional[np.dtype]:
     return accumulator_dtype(dtype)
 
 
+# The data view of a kind without a flat buffer of its own (large calls), never used.
+_NO_DATA = np.empty(0)
+_NO_DATA.flags.writeable = False
+
+
 class _ArraysKind:
     """A kind of ``all_reduce_arrays`` call (op, dtype, shape): its description (as
     ``all_reduce`` makes it), its work dtype (None: the general path), and for small
@@ -136,7 +141,9 @@ class _ArraysKind:
         self.op = op
         self.work = work
         self.flat: Optional[np.ndarray] = None
-        self.data: np.ndarray = a
+        # Nothing of ``a`` itself is kept: the caller's array must be freed when the
+        # caller drops it (the kind lives as long as the strategy).
+        self.data: np.ndarray = _NO_DATA
         # Whether the flat buffer crosses in one polled Iallreduce straight from here
         # (``direct``) or by ``_mpi_all_reduce``'s route: set by ``_arrays_kind`` from the
         # route itself, so that a worker's expected call and another's stand-in for it

@@ -156,6 +156,42 @@ def main() -> int:
     copies_equal(sp["SUM"], want, rank, "cross-replica scatter_add of a PerReplica, every worker's rows", 1e-6)
     checks += 1
 
+    # A plain value in cross-replica context (each worker its own here: an unseeded
+    # random value, or run's result with one replica per worker) is the chief's on every
+    # worker, so the variable stays the same everywhere: dense and sparse updates, and a
+    # sync-on-read assign. Rows of another number on one worker: MismatchError on all.
+    def same_everywhere(var, want, what, tol=0.0):
+        copies_equal(var, want, rank, what, tol)
+        everyone = world.allgather(var.values[0].numpy().tobytes())
+        expect(all(b == everyone[0] for b in everyone), rank, f"{what}: the same bits on every worker")
+
+    saved_w = w.numpy().copy()
+    w.assign(np.full(3, 1000.0 * (rank + 1), np.float32))
+    same_everywhere(w, np.full(3, 1000.0), "cross-replica assign of each worker's own plain value")
+    w.assign_add(np.full(3, 7.0 * (rank + 1), np.float32))
+    same_everywhere(w, np.full(3, 1007.0), "cross-replica assign_add of each worker's own plain value")
+    sp["SUM"].assign(np.zeros((5, 2), np.float32))
+    sp["SUM"].scatter_add(dv.IndexedSlices(np.full((1, 2), 3.0 + rank, np.float32), np.array([rank % 5])))
+    want_rows = np.zeros((5, 2))
+    want_rows[0] = 3.0
+    same_everywhere(sp["SUM"], want_rows, "cross-replica scatter_add of each worker's own rows")
+    sor_sum.assign(np.float32(40.0 * (rank + 1)))
+    expect_close(sor_sum.read_value(), 40.0, rank, "SyncOnRead SUM assign of each worker's own plain value", 1e-6)
+    checks += 4
+    if size > 1:
+        k = 1 + (rank == size - 1)
+        expect_raises(
+            dv.MismatchError,
+            lambda: sp["SUM"].scatter_add(dv.IndexedSlices(np.ones((k, 2), np.float32), np.arange(k))),
+            rank,
+            "cross-replica scatter_add of another number of rows on one worker",
+            "scatter_add of variable 'sp_SUM",
+        )
+        same_everywhere(sp["SUM"], want_rows, "the variable after the refused scatter_add")
+        checks += 2
+    w.assign(saved_w)
+    sor_sum.assign(np.float32(total * 3.0))
+
     # A few training-like steps keep every copy on every worker identical (bitwise).
     for i in range(5):
         s.run(lambda i=i: w.assign_sub(np.full(3, 0.01 * (gid() + i), np.float32)))
