@@ -320,6 +320,54 @@ def test_element_spec_does_not_move_the_shuffle_order():
     assert orders(True) == orders(False)
 
 
+@pytest.mark.parametrize("fails_first", [False, True])
+def test_element_spec_reads_from_the_next_pass_not_an_extra_one(fails_first):
+    # A generator with state of its own (one random order per call, from one seeded
+    # source): asking for the spec must not call it once more, or the passes that follow
+    # yield other orders than without the question (across workers: rows duplicated and
+    # lost when only one worker asks). A first element that fails fails in that pass too.
+    def make(ask):
+        rng = np.random.default_rng(0)
+        calls = []
+
+        def gen():
+            calls.append(1)
+            yield from rng.permutation(8)
+
+        def f(x):
+            if fails_first and x == first_of_each[0]:
+                raise ValueError("element failed")
+            return x * 10
+
+        first_of_each = [np.random.default_rng(0).permutation(8)[0]]
+        ds = Dataset.from_generator(gen).map(f).batch(4)
+        if ask:
+            assert ds.element_spec == dv.TensorSpec((None,), np.int64)
+        passes = []
+        for _ in range(2):
+            got, failed = [], 0
+            it = iter(ds)
+            while True:
+                try:
+                    got.append([int(v) for v in next(it)])
+                except StopIteration:
+                    break
+                except ValueError:
+                    failed += 1
+            passes.append((got, failed))
+        return passes, len(calls)
+
+    asked, asked_calls = make(True)
+    plain, plain_calls = make(False)
+    assert asked == plain and asked_calls == plain_calls == 2
+    if fails_first:
+        # The batch with the failing element fails whole (map and batch are fused), in
+        # the pass element_spec began as in any other.
+        assert [failed for _, failed in asked] == [1, 1] and all(len(got) == 1 for got, _ in asked)
+    else:
+        assert sorted(v // 10 for b in asked[0][0] for v in b) == list(range(8))
+
+
 def test_a_distributed_iterator_shared_by_threads_hands_out_each_batch_once():
     import threading
     import time

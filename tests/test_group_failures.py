@@ -466,3 +466,90 @@ def test_two_threads_passing_the_same_replica_index_get_an_error_at_once():
     np.testing.assert_array_equal(first, np.full(5, 3.0))
     np.testing.assert_array_equal(second, np.full(5, 3.0))
     g.close()
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
+def test_ctrl_c_while_a_bad_argument_is_reported_is_raised_then_not_later():
+    # Replica 0 passes a list (not an array) and reports it to the others, waiting for
+    # replica 1, which never comes; Ctrl-C arrives meanwhile. It must be raised by this
+    # call, not kept to surface from the next successful one (of another group even).
+    g = dv.ReplicaGroup(2, timeout_seconds=30)
+    g2 = dv.ReplicaGroup(2, timeout_seconds=10)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        firing = _sigint_main_after(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            g.replica_all_reduce(0, [1.0] * 8)
+        firing.join()
+        bufs = [np.full(4, r + 1.0, np.float32) for r in range(2)]
+        t = threading.Thread(target=g2.replica_all_reduce, args=(1, bufs[1]), daemon=True)
+        t.start()
+        g2.replica_all_reduce(0, bufs[0])  # completes, and raises nothing
+        t.join(10)
+        for b in bufs:
+            np.testing.assert_array_equal(b, np.full(4, 3.0, np.float32))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        g.close()
+        g2.close()
+
+
+def test_a_refused_single_call_leaves_the_group_aborted():
+    # An abort stays until reset(): a single call refused meanwhile must not clear it,
+    # or a late per-replica caller would wait for replicas that already left.
+    g = dv.ReplicaGroup(3, timeout_seconds=30)
+    try:
+        x = [np.ones(4, np.float32) for _ in range(3)]
+        errors = {}
+
+        def replica(r):
+            try:
+                g.replica_all_reduce(r, x[r])
+            except Exception as e:
+                errors[r] = e
+
+        ts = [threading.Thread(target=replica, args=(r,), daemon=True) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        time.sleep(0.2)
+        g.abort(1, "stop")
+        for t in ts:
+            t.join(10)
+        assert all(isinstance(errors[r], dv.AbortedError) for r in (0, 1))
+        with pytest.raises(dv.AbortedError):
+            g.all_reduce([np.ones(2) for _ in range(3)])
+        assert g.aborted
+        t0 = time.monotonic()
+        late = threading.Thread(target=replica, args=(2,), daemon=True)
+        late.start()
+        late.join(10)
+        assert not late.is_alive() and time.monotonic() - t0 < 5
+        assert isinstance(errors[2], dv.AbortedError), errors.get(2)
+        np.testing.assert_array_equal(x[2], np.ones(4, np.float32))
+        g.reset()
+        g.all_reduce(x)
+        for a in x:
+            np.testing.assert_array_equal(a, np.full(4, 3.0, np.float32))
+    finally:
+        g.close()
+
+
+def test_first_calls_with_converted_inputs_from_several_threads_at_once_do_not_deadlock():
+    # The first conversion of a non-numpy array (here memoryviews) imports a Python
+    # helper; replicas making their first calls together must not deadlock the process
+    # on it (it did in about half of fresh processes). Each try is a fresh process.
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, numpy as np, distvals\n"
+        "g = distvals.ReplicaGroup(4, timeout_seconds=10)\n"
+        "bufs = [bytearray(np.full(8, r, np.float32).tobytes()) for r in range(4)]\n"
+        "ts = [threading.Thread(target=g.replica_all_reduce, args=(r, memoryview(bufs[r]).cast('f'))) "
+        "for r in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "assert all(np.frombuffer(b, np.float32).tolist() == [6.0] * 8 for b in bufs)\n"
+    )
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr

@@ -198,6 +198,37 @@ def test_distribute_datasets_from_function(s2):
         s2.distribute_datasets_from_function(lambda ctx: 3)
 
 
+def test_from_function_skips_only_a_failing_element_and_drops_no_last_elements(s3):
+    # Element 4 raises in the middle of a step's three: the step fails, and the next one
+    # begins with the two elements it had read; nothing else is lost or repeated.
+    def m(v):
+        if int(v[0]) == 4:
+            raise ValueError("element 4 failed")
+        return v
+
+    dist = s3.distribute_datasets_from_function(lambda ctx: dv.data.Dataset.range(9).batch(1).map(m))
+    rows, failures = [], 0
+    it = iter(dist)
+    while True:
+        try:
+            el = next(it)
+        except StopIteration:
+            break
+        except ValueError:
+            failures += 1
+            continue
+        rows.append([p.tolist() for p in s3.experimental_local_results(el)])
+    assert failures == 1
+    assert rows == [[[0], [1], [2]], [[3], [5], [6]], [[7], [8], []]]
+    # Elements without a batch axis cannot give the replicas of a last partial step
+    # empty batches: an error, not elements dropped without a word.
+    it = iter(s3.distribute_datasets_from_function(lambda ctx: dv.data.Dataset.range(4)))
+    first = next(it)
+    assert [int(p) for p in s3.experimental_local_results(first)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="elements for 1 of 3 replicas"):
+        next(it)
+
+
 def test_value_context_and_values_from_function(s4):
     ctx = dv.ValueContext(2, 4)
     assert (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync) == (2, 4)

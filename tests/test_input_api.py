@@ -119,6 +119,32 @@ def test_element_spec_of_plain_iterables(s2):
     assert s2.experimental_distribute_dataset([]).element_spec is None
 
 
+def test_element_spec_of_a_loader_does_not_start_an_extra_pass(s2):
+    # A loader that draws a new order for each pass (as a shuffling torch DataLoader
+    # does): the pass that told the spec is the first pass the replicas get.
+    class Loader:
+        def __init__(self):
+            self.rng = np.random.default_rng(3)
+            self.passes = 0
+
+        def __iter__(self):
+            self.passes += 1
+            order = self.rng.permutation(8)
+            return iter([order[i : i + 4].astype(np.float32) for i in (0, 4)])
+
+    def rows(ask):
+        loader = Loader()
+        dd = s2.experimental_distribute_dataset(loader)
+        if ask:
+            assert dd.element_spec == PerReplicaSpec(spec((None,)), spec((None,)))
+        out = [[np.concatenate(s2.experimental_local_results(b)).tolist() for b in dd] for _ in range(2)]
+        return out, loader.passes
+
+    asked, plain = rows(True), rows(False)
+    assert asked == plain and asked[1] == 2
+    assert sorted(v for b in asked[0][0] for v in b) == list(range(8))
+
+
 def test_element_spec_after_map_is_read_from_the_first_element():
     ds = dv.data.Dataset.from_tensor_slices(np.arange(6.0)).map(lambda x: (x, x * 2)).batch(2)
     assert ds.element_spec == (spec((None,), np.float64), spec((None,), np.float64))

@@ -107,8 +107,15 @@ void run_single(distvals::group& g, const std::function<void()>& call) {
     nogil unlocked;
     try {
       call();
+    } catch (const distvals::group_aborted_error&) {
+      // Refused at the start: the group was failed by another call (an abort, a
+      // timeout of per-replica callers), and stays so until the caller's reset().
+      throw;
     } catch (const distvals::timeout_error&) {
-      reset();
+      // Only this call's own failure is cleared: a call that timed out at the gate,
+      // behind per-replica callers, failed nothing, and per-replica callers may be
+      // inside (a reset would restart the call sequence under them).
+      if (g.aborted()) reset();
       throw;
     } catch (const distvals::aborted_error&) {
       reset();
@@ -217,11 +224,16 @@ void run_one(group& g, int replica, const call_args& c) {
 void report_invalid(group& g, int replica, std::string why, bool type_error, std::chrono::nanoseconds t) {
   const std::string who = "replica " + std::to_string(replica);
   if (why.compare(0, who.size(), who) != 0) why = who + ": " + why;
-  nogil unlocked;
-  try {
-    g.report_invalid(replica, why, type_error, t);
-  } catch (const std::exception&) {
+  {
+    nogil unlocked;
+    try {
+      g.report_invalid(replica, why, type_error, t);
+    } catch (const std::exception&) {
+    }
   }
+  // A Ctrl-C while it waited is raised now, in place of the argument's error: otherwise
+  // it would stay pending and surface from a later, successful call.
+  raise_pending_interrupt();
 }
 
 // The protocol of every replica_* method:

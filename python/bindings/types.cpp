@@ -96,6 +96,11 @@ py::dtype to_numpy(distvals::dtype t) {
   return py::dtype(distvals::dtype_name(t));
 }
 
+namespace {
+// distvals._convert.as_host_array, once looked up (read and written under the GIL).
+py::object* host_array_converter = nullptr;
+}  // namespace
+
 py::array as_array(const py::handle& obj, int replica, bool writable, const char* role) {
   auto where = [&]() { return std::string("replica ") + std::to_string(replica) + ": "; };
   // Not `py::array a;` then an assignment: pybind11's default array constructor makes a
@@ -103,10 +108,16 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
   auto take = [&]() -> py::array {
     if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
     // Buffer protocol and DLPack, zero-copy; the Python helper knows the protocols.
-    // Leaked on purpose: a static py::object would be released after the interpreter
-    // has finalized, without the GIL.
-    static py::object* convert = new py::object(py::module_::import("distvals._convert").attr("as_host_array"));
-    return (*convert)(obj, replica);
+    if (host_array_converter == nullptr) {
+      // Set under the GIL, without a function-local static: the import may let another
+      // thread take the GIL, and a thread blocked on a static's guard while holding the
+      // GIL would deadlock the process. Two threads may both import; one keeps its own.
+      py::object f = py::module_::import("distvals._convert").attr("as_host_array");
+      // Leaked on purpose: a static py::object would be released after the interpreter
+      // has finalized, without the GIL.
+      if (host_array_converter == nullptr) host_array_converter = new py::object(std::move(f));
+    }
+    return (*host_array_converter)(obj, replica);
   };
   py::array a = take();
   const int flags = py::detail::array_proxy(a.ptr())->flags;

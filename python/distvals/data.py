@@ -51,14 +51,45 @@ UNKNOWN_CARDINALITY = -2
 _INT32 = np.iinfo(np.int32)
 
 
+def _first_good(it: Iterator[Any], failures: List[Exception]) -> Any:
+    """The first element of ``it`` that does not fail (a map function's exception for the
+    first ones: tf.data knows the spec without running it), with the failures before it
+    appended to ``failures``; StopIteration when there is none; the first failure when
+    64 fail in a row."""
+    for _ in range(64):
+        try:
+            return next(it)
+        except StopIteration:
+            if failures:
+                raise failures[0] from None
+            raise
+        except Exception as e:  # noqa: BLE001 - the next element may tell the spec
+            failures.append(e)
+    raise failures[0]
+
+
+class _Resumed:
+    """A pass that element_spec began: what it read (each failure raised again, then the
+    first element), then the rest of the pass."""
+
+    def __init__(self, failures: List[Exception], firsts: List[Any], rest: Iterator[Any]) -> None:
+        self._failures = failures
+        self._firsts = firsts
+        self._rest = rest
+
+    def __iter__(self) -> _Resumed:
+        return self
+
+    def __next__(self) -> Any:
+        if self._failures:
+            raise self._failures.pop(0)
+        if self._firsts:
+            return self._firsts.pop()
+        return next(self._rest)
+
+
 # As in tf.data, tuples (namedtuples too) and dicts are structures; a list is one
 # component, converted to an array.
-class _Peeking(threading.local):
-    active = False
-
-
-# Set while element_spec reads a first element (see shuffle).
-_peeking = _Peeking()
 
 
 def _is_structure(x: Any) -> bool:
@@ -95,12 +126,19 @@ def _python_numbers(x: Any) -> bool:
     return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
+def dlpack_safe(x: Any) -> bool:
+    """Whether ``x``'s DLPack export may be tried: not for TensorFlow tensors, whose export
+    of a string tensor ends the process (a failed check in TensorFlow) instead of
+    raising; their ``numpy()`` is used instead."""
+    return not type(x).__module__.startswith("tensorflow")
+
+
 def convert_leaf(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "dtype"):
         # numpy scalars and tensors of other libraries keep their dtype.
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.generic):
+        if hasattr(x, "__dlpack__") and not isinstance(x, np.generic) and dlpack_safe(x):
             try:
                 return np.from_dlpack(x)
             except (BufferError, RuntimeError, TypeError, ValueError):
@@ -130,9 +168,12 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
     return a
 
 
-def _convert_element(x: Any, what: str) -> Any:
-    """An element (a leaf or a nested structure) with every leaf converted to an array."""
+def _convert_element(x: Any, what: str, copy: bool = False) -> Any:
+    """An element (a leaf or a nested structure) with every leaf converted to an array
+    (with ``copy``, arrays of its own, never the caller's)."""
     leaves = [convert_leaf(v, what) for v in _flatten(x)]
+    if copy:
+        leaves = [np.array(a, copy=True) if _shares(a, v) else a for a, v in zip(leaves, _flatten(x))]
     return _pack(x, leaves) if _is_structure(x) else leaves[0]
 
 
@@ -259,6 +300,9 @@ class Dataset:
         self._rows = rows
         # Made by map: a batch right after it fails whole (tf.data fuses the two).
         self._mapped = False
+        # The pass element_spec read its first element from, for the next pass to go on
+        # with (see element_spec).
+        self._saved: typing.Optional[_Resumed] = None
 
     def _derived(
         self,
@@ -376,7 +420,9 @@ class Dataset:
         call_args = tuple(args) if args is not None else ()
 
         def convert(x: Any) -> Any:
-            return _convert_element(x, "from_generator") if spec is None else _conform(x, spec)
+            # Copies, as tf.data makes tensors of what a generator yields: a generator may
+            # refill one buffer and yield it each time.
+            return _convert_element(x, "from_generator", copy=True) if spec is None else _conform(x, spec)
 
         def make() -> Iterator[Any]:
             return map(convert, iter(generator(*call_args)))
@@ -439,10 +485,8 @@ class Dataset:
         base = np.random.SeedSequence(seed) if seed is not None or not reshuffle_each_iteration else None
 
         def generator() -> np.random.Generator:
-            # A pass that only peeks at the first element (element_spec) is not an epoch:
-            # it must not move the order of the passes that follow (nor, across workers,
-            # make one worker's epochs differ from the others').
-            e = next(epoch) if reshuffle_each_iteration and not _peeking.active else 0
+            # Pass e's order (a pass element_spec began is the next pass, see there).
+            e = next(epoch) if reshuffle_each_iteration else 0
             if base is None:
                 return np.random.default_rng()
             return np.random.default_rng(np.random.SeedSequence(base.entropy, spawn_key=(e,)))
@@ -598,38 +642,28 @@ class Dataset:
     def element_spec(self) -> Any:
         """The spec of every element: a ``TensorSpec(shape, dtype)`` per component, nested
         like the elements; the batch dimension is None when the last batch may be
-        smaller. After ``map`` it is read from the first element."""
+        smaller. After ``map`` it is read from the first element: the pass that read it is
+        the next pass's, which goes on from there, so asking costs the source no extra
+        pass (a generator with state of its own, such as a random order, yields the
+        same elements whether or not something asked first; across workers, one worker
+        asking does not put its data out of step with the others')."""
         if self._spec is None:
-            _peeking.active = True
+            it = self._iterate()
+            failures: List[Exception] = []
             try:
-                first = self._first_good()
+                first = _first_good(it, failures)
             except StopIteration:
+                self._saved = _Resumed(failures, [], it)
                 return None
-            finally:
-                _peeking.active = False
+            except Exception:
+                self._saved = _Resumed(failures, [], it)
+                raise
+            self._saved = _Resumed(failures, [first], it)
             leaves = [np.asarray(x) for x in _flatten(first)]
             leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
             spec = _pack(first, leaf_specs) if _is_structure(first) else leaf_specs[0]
             self._spec = specs.unbatched(spec) if self._batched else spec
         return self._spec
-
-    def _first_good(self) -> Any:
-        """The first element that does not fail (a map function's exception for the
-        first ones: tf.data knows the spec without running it); StopIteration when
-        there is none; the first failure when 64 fail in a row."""
-        it = iter(self)
-        first_error: typing.Optional[Exception] = None
-        for _ in range(64):
-            try:
-                return next(it)
-            except StopIteration:
-                if first_error is not None:
-                    raise first_error from None
-                raise
-            except Exception as e:  # noqa: BLE001 - the next element may tell the spec
-                first_error = first_error or e
-        assert first_error is not None
-        raise first_error
 
     def cardinality(self) -> np.int64:
         """The number of elements: ``INFINITE_CARDINALITY`` (-1) for a dataset that repeats
@@ -643,7 +677,12 @@ class Dataset:
 
     def _iterate(self) -> Iterator[Any]:
         """A pass's iterator without the lock of ``__iter__``'s: what the combinators
-        read from (only the outermost iterator can be shared by threads)."""
+        read from (only the outermost iterator can be shared by threads). The pass
+        element_spec began, when it has not been taken yet."""
+        saved = self._saved
+        if saved is not None:
+            self._saved = None
+            return saved
         return iter(self._make_iterator())
 
     def as_numpy_iterator(self) -> Iterator[Any]:
@@ -699,6 +738,11 @@ def _numpy_dtype(t: Any) -> np.dtype:
     return dtype
 
 
+def _shares(a: np.ndarray, source: Any) -> bool:
+    """Whether array ``a``, converted from ``source``, may use ``source``'s memory."""
+    return a is source or (isinstance(source, np.ndarray) and np.shares_memory(a, source)) or not a.flags.owndata
+
+
 def _conform(x: Any, spec: Any) -> Any:
     """Generator element ``x`` in the structure, dtypes and shapes of ``spec``."""
     if type(x) is list and type(spec) is tuple:
@@ -713,7 +757,8 @@ def _conform(x: Any, spec: Any) -> Any:
     out = []
     for i, (v, sp) in enumerate(zip(leaves, leaf_specs)):
         try:
-            a = np.asarray(v, dtype=sp.dtype)
+            # A copy: the generator may yield one buffer again and again.
+            a = np.array(v, dtype=sp.dtype, copy=True)
         except (TypeError, ValueError, OverflowError) as e:
             raise TypeError(
                 f"from_generator: component {i} of an element cannot be converted to {sp.dtype}: {e}"

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from . import devices, nest, specs
+from .data import dlpack_safe
 from .input_contexts import InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode, check_options
 from .optional import Optional as _Optional
@@ -83,7 +84,7 @@ def to_numpy(x: Any) -> np.ndarray:
         return x
     if devices.is_device_array(x):
         return devices.to_host(x)
-    if hasattr(x, "__dlpack__") and not isinstance(x, np.generic):
+    if hasattr(x, "__dlpack__") and not isinstance(x, np.generic) and dlpack_safe(x):
         try:
             return np.from_dlpack(x)
         except (BufferError, RuntimeError, TypeError, ValueError):
@@ -166,33 +167,40 @@ def _no_batch_dim(what: str) -> ValueError:
 class _Source:
     """A dataset with what distributing it needs to know: its element_spec and
     cardinality, read from the dataset where it says (distvals and tf.data datasets), else
-    from its first element. A one-shot iterator keeps the element read for its one pass
-    (and says nothing once that pass has begun)."""
+    from its first element. The pass that read the first element is the next pass, which
+    goes on from there: a loader that draws a new order for each pass (a shuffling torch
+    DataLoader) is not moved on by the look, so one worker asking for the spec does not
+    put its data out of step with the others'. A one-shot iterator says nothing once its
+    one pass has begun."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
+        # The first element read, and the pass it came from (None: no pass begun here).
         self._peeked: Optional[List[Any]] = None
+        self._pass: Optional[Iterator[Any]] = None
         self._begun = False
         self._spec: Any = _UNSET
 
     def iterator(self) -> Iterator[Any]:
-        it: Iterator[Any] = iter(self.dataset)
+        if self._pass is not None:
+            peeked, it = self._peeked or [], self._pass
+            self._peeked, self._pass = None, None
+            if it is self.dataset:
+                self._begun = True
+            return itertools.chain(peeked, it)
+        it = iter(self.dataset)
         if it is self.dataset:
             self._begun = True
-            if self._peeked is not None:
-                peeked, self._peeked = self._peeked, None
-                return itertools.chain(peeked, it)
         return it
 
     def _first(self) -> Any:
         """The first element (StopIteration for an empty dataset)."""
-        it = iter(self.dataset)
-        if it is not self.dataset:
-            return next(it)
-        if self._begun:
-            raise _Unknown
-        if self._peeked is None:
+        if self._pass is None:
+            if self._begun:
+                raise _Unknown
+            it = iter(self.dataset)
             self._peeked = list(itertools.islice(it, 1))
+            self._pass = it
         if not self._peeked:
             raise StopIteration
         return self._peeked[0]
@@ -450,24 +458,50 @@ class _FromFunctionIterator(DistributedIterator):
         self._spec_fn = element_spec
         # Threads may share one iterator: each takes one step's elements, together.
         self._lock = threading.Lock()
+        # The elements a step took before one failed: the next step's first ones (only
+        # the failing element is skipped, never one that was read).
+        self._held: List[Any] = []
 
     def __iter__(self) -> _FromFunctionIterator:
         return self
 
     def _take(self) -> List[Any]:
+        got, self._held = self._held, []
+        try:
+            if self._iterators is None:
+                while len(got) < self._n:
+                    got.append(next(self._iterator))
+            else:
+                for it in self._iterators[len(got) :]:
+                    got.append(next(it, _MISSING))
+        except StopIteration:
+            pass
+        except BaseException:
+            self._held = got
+            raise
         if self._iterators is None:
-            return list(itertools.islice(self._iterator, self._n))
-        got = [next(it, _MISSING) for it in self._iterators]
+            return got
         present = [g for g in got if g is not _MISSING]
         if not present:
             return []
         if len(present) < len(got):
             # Replicas whose dataset has ended get empty batches until every one has.
-            filler = _empty_like(present[0])
-            if filler is None:
-                return []
-            got = [filler if g is _MISSING else g for g in got]
+            got = [self._filler(present[0], len(present)) if g is _MISSING else g for g in got]
         return got
+
+    def _filler(self, template: Any, present: int) -> Any:
+        """An empty batch like ``template`` for a replica without an element in a last
+        round; ValueError (never elements dropped without a word) when an element has
+        no batch axis to make one of."""
+        filler = _empty_like(template)
+        if filler is None:
+            raise ValueError(
+                f"distribute_datasets_from_function: the last step has elements for {present} of {self._n} "
+                "replicas, and they have a component without a batch axis, so the others cannot get empty "
+                "batches; batch the dataset (dataset.batch(input_context.get_per_replica_batch_size(global_size))) "
+                f"or give it a multiple of {self._n} elements"
+            )
+        return filler
 
     def __next__(self) -> Any:
         with self._lock:
@@ -482,13 +516,13 @@ class _FromFunctionIterator(DistributedIterator):
             values.append(nest.pack_sequence_as(element, leaves) if structured else leaves[0])
         if len(values) < self._n:
             # A last partial round: the replicas without an element get empty batches.
-            filler = _empty_like(values[0])
-            if filler is None:
-                raise StopIteration
+            filler = self._filler(values[0], len(values))
             values.extend(filler for _ in range(self._n - len(values)))
         if self._places is not None:
             values = [place_element(v, p) for v, p in zip(values, self._places)]
-        return regroup(values, what="distribute_datasets_from_function")
+        # Every replica's element wrapped, even when one object stands for all (a
+        # generator that yields one constant batch): a step gets one part per replica.
+        return regroup(values, what="distribute_datasets_from_function", always_wrap=self._n > 1)
 
 
 _MISSING = object()

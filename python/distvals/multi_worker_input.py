@@ -33,7 +33,10 @@ Each quantity goes as ``x`` and ``-x``, so the maximum gives both extremes. Then
   iterators, or call ``next``, out of step);
 - an exception on some worker: it raises its own there, and every other worker raises
   ``AbortedError`` naming it; every worker has consumed that element, so a loop that
-  catches the error and goes on stays in step;
+  catches the error and goes on stays in step (with ``distribute_datasets_from_function``,
+  where each worker reads its own data, the other workers' elements of that step are
+  their next step's instead, and a failing worker's replicas that had read theirs keep
+  them too: only the element that raised is skipped);
 - every worker at its end: ``StopIteration`` everywhere;
 - some workers at their end, others not (uneven data, as in TensorFlow): the workers
   whose data has ended give their replicas empty batches (no rows, the trailing shape
@@ -167,6 +170,11 @@ class _AgreedNext:
     _wrap: bool
     _template: Any
     _agree_lock: threading.Lock
+    # Whether a step's elements that another worker's failure released are this worker's
+    # next step's (each worker reads its own data: nothing of it may be lost), or skipped
+    # with the failed element (every worker reads the same global batches).
+    _hold_released = False
+    _released: Any = None
 
     def _setup(self, ext: Any, dataset: Any) -> None:
         self._ext = ext
@@ -191,12 +199,16 @@ class _AgreedNext:
         error: Optional[BaseException] = None
         value: Any = None
         try:
-            value = super().__next__()  # type: ignore[misc]
+            if self._released is not None:
+                value, self._released = self._released, None
+            else:
+                value = super().__next__()  # type: ignore[misc]
             status = _VALUE
         except StopIteration:
             status = _END
         except Exception as e:  # noqa: BLE001 - every worker hears of it, then it is raised
             status, error = _ERROR, e
+        raw = value
         if status == _VALUE:
             if self._wrap:
                 value = wrap_single(value)
@@ -235,6 +247,8 @@ class _AgreedNext:
         if top == _ERROR:
             if error is not None:
                 raise error
+            if self._hold_released and status == _VALUE:
+                self._released = raw
             raise AbortedError(
                 f"{prefix}: released from element {self._calls} because worker {int(got[8])}'s input raised an "
                 "error there (see that worker's output); every worker skipped that element"
@@ -289,7 +303,7 @@ class _WorkerIterator(_AgreedNext, DistributedIterator):
 
 
 class _WorkerFromFunctionIterator(_AgreedNext, _FromFunctionIterator):
-    pass
+    _hold_released = True
 
 
 class WorkerDistributedDataset(DistributedDataset):

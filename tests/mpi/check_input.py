@@ -55,6 +55,55 @@ def main() -> int:
         checks += 4
     expect(batches == 3, rank, f"{batches} global batches, expected 3")
 
+    # Only the chief asks for the spec of a generator dataset whose order comes from its
+    # own seeded source: every worker still reads the same global batches (the pass that
+    # told the spec is the chief's first pass, not an extra one), a permutation of 0..7.
+    def shuffled():
+        rng = np.random.default_rng(0)
+
+        def gen():
+            yield from rng.permutation(8)
+
+        return dv.data.Dataset.from_generator(gen).batch(4)
+
+    spec_ds = s.experimental_distribute_dataset(shuffled())
+    if rank == 0:
+        expect(spec_ds.element_spec is not None, rank, "the chief reads the spec")
+    rows = [s.gather(el, axis=0).tolist() for el in spec_ds]
+    expect(sorted(v for r in rows for v in r) == list(range(8)), rank, f"rows after the chief's spec: {rows}")
+    everyone = world.allgather(rows)
+    expect(all(r == everyone[0] for r in everyone), rank, "the same global batches on every worker")
+    checks += 2
+
+    # distribute_datasets_from_function, each worker its own data (pipeline w: rows
+    # 100 w .. 100 w + 7, one per element); the last worker's element 3 raises. Only
+    # that element is skipped: every other element reaches a replica once, in order.
+    def from_fn(ctx):
+        w = ctx.input_pipeline_id
+
+        def m(v):
+            if w == size - 1 and int(v[0]) == 100 * w + 3:
+                raise ValueError("element 3 failed")
+            return v
+
+        return dv.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.int64) + 100 * w).batch(1).map(m)
+
+    got_rows, failed = [], 0
+    it = iter(s.distribute_datasets_from_function(from_fn))
+    while True:
+        try:
+            el = next(it)
+        except StopIteration:
+            break
+        except (ValueError, dv.AbortedError):
+            failed += 1
+            continue
+        got_rows.extend(np.concatenate([np.atleast_1d(p) for p in s.experimental_local_results(el)]).tolist())
+    want_rows = [v for v in range(100 * rank, 100 * rank + 8) if not (rank == size - 1 and v == 100 * rank + 3)]
+    expect(failed == 1, rank, f"one failed step, got {failed}")
+    expect(sorted(got_rows) == want_rows, rank, f"this worker's rows {got_rows}, expected {want_rows}")
+    checks += 2
+
     # A tuple element and a generator source.
     def gen():
         for i in range(2):
