@@ -168,6 +168,13 @@ void register_types(py::module_& m) {
         "Canonical name ('CPU:1', 'GPU:0') of a device string; ValueError when it is not one.");
   m.def("parse_reduce_op", [](const std::string& s) { return std::string(distvals::reduce_op_name(distvals::parse_reduce_op(s))); });
   m.def("parse_algorithm", [](const std::string& s) { return std::string(distvals::algorithm_name(distvals::parse_algorithm(s))); });
+  m.def("strategy_algorithm",
+        [](const std::string& algo, const py::dtype& dt, const std::string& op) {
+          return std::string(distvals::algorithm_name(
+              strategy_algorithm(distvals::parse_algorithm(algo), to_dtype(dt, 0), distvals::parse_reduce_op(op))));
+        },
+        "The algorithm a strategy's all-reduce of this engine dtype with this op runs: the one named, "
+        "except direct for float16/bfloat16 sums, means and products (float32 accumulation).");
   m.def("choose_algorithm", [](int n, std::size_t bytes) { return std::string(distvals::algorithm_name(distvals::choose_algorithm(n, bytes))); },
         "The all-reduce algorithm 'auto' uses for n replicas and this many bytes each.");
 }

@@ -78,7 +78,7 @@ class CrossReplicaExtended(StrategyExtended):
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
             # Every copy is the value: its mean is a copy of it, in a MEAN's dtype.
             mean = _reduced_alone(op, parts[0])
-            return kinds.restore(mean if mean is not parts[0] else self._coll_copy(mean), original)
+            return kinds.restore(self._coll_copy(mean) if mean is parts[0] else mean, original)
         with self._lock:
             if axis is None:
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
@@ -183,7 +183,7 @@ class CrossReplicaExtended(StrategyExtended):
             )
         if axis is None:
             one = _reduced_alone(op, _unwrap_part(value))
-            return value if one is _unwrap_part(value) else kinds.restore(one, _unwrap_part(value))
+            return value if one is _unwrap_part(value) else one
         from . import devices
 
         a = kinds.to_numpy(_unwrap_part(value))
@@ -282,9 +282,7 @@ class CrossReplicaExtended(StrategyExtended):
                 return Mirrored(tuple(self._broadcast_value(out)))
             return self._spread(out, dests)
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
-            first = _unwrap_part(value.values[0])
-            mean = _reduced_alone(op, first)
-            return self._spread(first if mean is first else kinds.restore(mean, first), dests)
+            return self._spread(_reduced_alone(op, _unwrap_part(value.values[0])), dests)
         parts = self._part_values(value, "reduce_to")
         original = _unwrap_part(value.values[0])
         if dests == list(self._devices) and self._n > 1:
@@ -380,9 +378,9 @@ class CrossReplicaExtended(StrategyExtended):
 
 def _reduced_alone(op: ReduceOp, x: Any) -> Any:
     """``op`` over one value that stands for every replica's (a plain value, or a
-    Mirrored's copy under MEAN): ``x`` itself, or a new array in the dtype ``op`` gives
-    with any number of replicas where it differs (an integer MEAN's float dtype, the
-    int64 SUM or PRODUCT of bools), where ``x`` lives."""
+    Mirrored's copy under MEAN): ``x`` itself, or a new value of ``x``'s kind, where it
+    lives, in the dtype ``op`` gives with any number of replicas where that differs (an
+    integer MEAN's float dtype, the int64 SUM or PRODUCT of bools)."""
     from . import devices
 
     if devices.is_device_array(x):
@@ -398,7 +396,7 @@ def _reduced_alone(op: ReduceOp, x: Any) -> Any:
     work = work_dtype(a.dtype, op)
     if work == a.dtype or a.dtype.kind not in "iub":
         return x
-    return np.asarray(a, dtype=work)
+    return kinds.restore(np.asarray(a, dtype=work), x)
 
 
 def _unwrap_part(x: Any) -> Any:

@@ -739,8 +739,9 @@ def _numpy_dtype(t: Any) -> np.dtype:
 
 
 def _shares(a: np.ndarray, source: Any) -> bool:
-    """Whether array ``a``, converted from ``source``, may use ``source``'s memory."""
-    return a is source or (isinstance(source, np.ndarray) and np.shares_memory(a, source)) or not a.flags.owndata
+    """Whether array ``a``, converted from ``source``, may use ``source``'s memory (it is
+    ``source``, or a view of someone's buffer: a DLPack or buffer-protocol export)."""
+    return a is source or not a.flags.owndata
 
 
 def _conform(x: Any, spec: Any) -> Any:

@@ -131,19 +131,26 @@ class DistributedVariable(DistributedValues, Variable):
         self._update("assign_add", np.ones((), self.dtype), False)
         return old
 
-    def _chief_value(self, coerced: Any, kind: str) -> Any:
-        """The value of a cross-replica update given as one plain value (not a per-replica
-        one): on a multi-worker strategy the chief's, on every worker, as a new variable's
-        initial value is. Each worker's own value would make the variable differ between
-        workers without a word: an unseeded random value, or a worker's own result of
-        ``run`` with one replica per worker, which is a plain array there. Workers whose
-        values differ in shape or dtype get MismatchError."""
+    def _chief_value(self, value: Any, kind: str) -> Any:
+        """A cross-replica update's plain value (not a per-replica one), checked and cast
+        for the variable: on a multi-worker strategy the chief's, on every worker, as a
+        new variable's initial value is. Each worker's own value would make the variable
+        differ between workers without a word: an unseeded random value, or a worker's
+        own result of ``run`` with one replica per worker, which is a plain array there.
+        Workers whose values differ in shape or dtype get MismatchError."""
+        coerced = self._coerce_parts(value, kind)
         ext = self._strategy.extended
         what = f"{kind} of variable '{self.name}'"
         if isinstance(coerced, sparse.SparseDelta):
             indices = ext._first_replica_value(coerced.indices, f"{what} (indices)")
-            return sparse.SparseDelta(indices, ext._first_replica_value(coerced.values, f"{what} (values)"), coerced.nd)
-        return ext._first_replica_value(coerced, what)
+            chief = sparse.SparseDelta(
+                indices, ext._first_replica_value(coerced.values, f"{what} (values)"), coerced.nd
+            )
+        else:
+            chief = ext._first_replica_value(coerced, what)
+        # The chief's value as it arrived (a host array for GPU copies), cast and placed
+        # again; one process's strategies hand back the value itself.
+        return coerced if chief is coerced else self._coerce_parts(chief, kind)
 
     def _update_copy(self, i: int, kind: str, value: Any) -> None:
         """An update made by ``extended.update``'s function while it updates copy ``i``:
@@ -287,12 +294,7 @@ class MirroredVariable(DistributedVariable, Mirrored):
         elif isinstance(value, DistributedValues):
             value = value.values[0]
         else:
-            # One plain value: the chief's, on every worker (placed as the copies are).
-            coerced = self._coerce_parts(value, kind)
-            chief = self._chief_value(coerced, kind)
-            if chief is not coerced:
-                coerced = self._coerce_parts(chief, kind)
-            commit_copies(self._values, kind, [coerced] * self._n)
+            commit_copies(self._values, kind, [self._chief_value(value, kind)] * self._n)
             return
         coerced = self._coerce_parts(value, kind)
         commit_copies(self._values, kind, [coerced] * self._n)
@@ -378,10 +380,7 @@ class SyncOnReadVariable(DistributedVariable):
                 f"SyncOnReadVariable '{self.name}' with aggregation SUM does not support {kind} in "
                 "cross-replica context (the change could not be split across the copies); use assign"
             )
-        coerced = self._coerce_parts(value, kind)
-        chief = self._chief_value(coerced, kind)
-        if chief is not coerced:
-            coerced = self._coerce_parts(chief, kind)
+        coerced = self._chief_value(value, kind)
         if kind == "assign" and agg is VariableAggregation.SUM:
             # Split over every replica in sync (with several workers, this worker's copies
             # are replicas offset .. offset + n - 1 of them).

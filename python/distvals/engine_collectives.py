@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _core
 from .collectives import Collectives, accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .reduce_op import ReduceOp
 
@@ -47,14 +48,15 @@ def host_pack_bytes(bytes_per_pack: int) -> int:
 
 
 def exact_algorithm(algorithm: str, work: np.dtype, engine_op: str) -> str:
-    """The engine algorithm of a strategy's all-reduce: ``algorithm``, except that sums,
-    means and products of float16 and bfloat16 go direct, which accumulates in float32 and
-    rounds once (ring and tree round each partial result to the dtype; a strategy promises
-    float32 accumulation whatever implementation its options name). The host engine's
-    one-call paths make the same choice in C++ (strategy_algorithm)."""
-    if algorithm in ("ring", "tree") and accumulator_dtype(work) is not None and engine_op in ("sum", "mean", "prod"):
-        return "direct"
-    return algorithm
+    """The engine algorithm of a strategy's all-reduce of engine dtype ``work``:
+    ``algorithm``, except that sums, means and products of float16 and bfloat16 go direct,
+    which accumulates in float32 and rounds once (ring and tree round each partial result
+    to the dtype; a strategy promises float32 accumulation whatever implementation its
+    options name). The one rule, in C++, that the engine's one-call paths apply too."""
+    if accumulator_dtype(work) is None:
+        return algorithm
+    chosen: str = _core.strategy_algorithm(algorithm, work, engine_op)
+    return chosen
 
 
 def _engine_op(op: ReduceOp, dtype: np.dtype, work: np.dtype) -> str:

@@ -247,11 +247,17 @@ class _AgreedNext:
         if top == _ERROR:
             if error is not None:
                 raise error
-            if self._hold_released and status == _VALUE:
+            held = self._hold_released and status == _VALUE
+            if held:
                 self._released = raw
             raise AbortedError(
                 f"{prefix}: released from element {self._calls} because worker {int(got[8])}'s input raised an "
-                "error there (see that worker's output); every worker skipped that element"
+                "error there (see that worker's output); "
+                + (
+                    "this worker's elements of that step come in its next one"
+                    if held
+                    else "every worker skipped that element"
+                )
             )
         if top == _END and low == _END:
             raise StopIteration
