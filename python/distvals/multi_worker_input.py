@@ -18,7 +18,7 @@ The workers agree on every element
 A worker that takes one more or one fewer element than the others would pair its
 steps with theirs one off, and every collective after that would combine different
 batches: wrong numbers with no error. So each ``next`` on a multi-worker iterator ends
-with one small MPI all-reduce (MAX of ten int64s, on a communicator of its own, so it
+with one small MPI all-reduce (MAX of twelve int64s, on a communicator of its own, so it
 never pairs with a collective) of what each worker got:
 
 - its outcome: an element, the end of its data, or an exception;
@@ -37,6 +37,16 @@ Each quantity goes as ``x`` and ``-x``, so the maximum gives both extremes. Then
   where each worker reads its own data, the other workers' elements of that step are
   their next step's instead, and a failing worker's replicas that had read theirs keep
   them too: only the element that raised is skipped);
+- after an exception, with ``experimental_distribute_dataset``: a pipeline that failed on
+  one worker only may have dropped elements that the others kept (an element that fails
+  before a batch which is not right after its map fails at once, dropping the batch's
+  elements taken so far; before a shuffle it leaves the buffer one element apart), so
+  their global batches would no longer be the same ones, and each worker's rows would
+  come from another batch. So for the rest of the pass every worker also sends a
+  fingerprint (CRC-32 and Adler-32) of the whole global batch it read, and batches that
+  differ are a ``MismatchError`` on every worker, from then on (make a new iterator).
+  Workers whose datasets do not give the same elements (unseeded random operations) get
+  it too: their global batches were never the same ones.
 - every worker at its end: ``StopIteration`` everywhere;
 - some workers at their end, others not (uneven data, as in TensorFlow): the workers
   whose data has ended give their replicas empty batches (no rows, the trailing shape
@@ -53,6 +63,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -97,14 +108,46 @@ def worker_rows(batch: int, total: int, offset: int, count: int) -> slice:
     return slice(start, start + sum(sizes[offset : offset + count]))
 
 
-def _shard(iterator: Iterator[Any], total: int, offset: int, count: int) -> Iterator[Any]:
+class _Fingerprint:
+    """Whether the global batches are to be fingerprinted (after an input error), and
+    the fingerprint of the last one read (0: none)."""
+
+    __slots__ = ("on", "since", "value")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.value = 0
+        self.since = (0, 0)  # the worker and element of the error that turned it on
+
+
+def _fingerprint(leaves: Any) -> int:
+    """A 62-bit fingerprint of arrays' dtypes, shapes and bytes: CRC-32 and Adler-32,
+    which zlib computes at memory speed, side by side (so it fits the int64 exchange)."""
+    crc, adler = 0, 1
+    for a in leaves:
+        head = f"{a.dtype.str}{a.shape};".encode()
+        crc, adler = zlib.crc32(head, crc), zlib.adler32(head, adler)
+        if a.dtype.hasobject:  # Python objects: their text, not their addresses
+            data: Any = repr(a.tolist()).encode()
+        else:
+            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        crc, adler = zlib.crc32(data, crc), zlib.adler32(data, adler)
+    return ((crc << 30) ^ adler) & ((1 << 62) - 1)
+
+
+def _shard(
+    iterator: Iterator[Any], total: int, offset: int, count: int, check: Optional[_Fingerprint] = None
+) -> Iterator[Any]:
     """This worker's rows of every element; elements the local split rejects (unbatched,
     components of different batch sizes) pass through whole, so it reports them. (The
-    builtin map: an element that fails in the dataset leaves the iterator usable.)"""
+    builtin map: an element that fails in the dataset leaves the iterator usable.) When
+    ``check.on``, the whole element's fingerprint goes to ``check.value`` first."""
 
     def rows_of(element: Any) -> Any:
         structured = nest.is_nested(element)
         leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
+        if check is not None and check.on:
+            check.value = _fingerprint(leaves) or 1
         if not leaves or any(a.ndim == 0 for a in leaves) or any(a.shape[0] != leaves[0].shape[0] for a in leaves):
             return element
         rows = worker_rows(leaves[0].shape[0], total, offset, count)
@@ -175,6 +218,10 @@ class _AgreedNext:
     # with the failed element (every worker reads the same global batches).
     _hold_released = False
     _released: Any = None
+    # Every worker reads the same global batches: after an input error they are
+    # fingerprinted and compared (see the module doc); the error that ended the pass.
+    _check: Optional[_Fingerprint] = None
+    _diverged: Optional[str] = None
 
     def _setup(self, ext: Any, dataset: Any) -> None:
         self._ext = ext
@@ -192,6 +239,12 @@ class _AgreedNext:
 
     def _agreed_next(self) -> Any:
         ext = self._ext
+        if self._diverged is not None:
+            # Every worker found the batches different at once, and raises from now on.
+            raise MismatchError(self._diverged)
+        check = self._check
+        if check is not None:
+            check.value = 0
         if not self._pass:
             self._dataset._passes += 1
             self._pass = self._dataset._passes
@@ -227,9 +280,11 @@ class _AgreedNext:
             cannot_fill = 1 if self._template is None else 2 if self._template is _NO_ROWS else 0
         where = (self._dataset._serial, self._pass, self._calls)
         buf = np.array(
-            [status, -status, where[0], -where[0], where[1], -where[1], where[2], -where[2], -1, cannot_fill],
+            [status, -status, where[0], -where[0], where[1], -where[1], where[2], -where[2], -1, cannot_fill, 0, 0],
             dtype=np.int64,
         )
+        if check is not None and check.on and status == _VALUE:
+            buf[10], buf[11] = check.value, -check.value
         if status == _ERROR:
             buf[8] = ext._rank
         got = self._exchange(buf)
@@ -245,6 +300,8 @@ class _AgreedNext:
                 "order on every worker)"
             ) from error
         if top == _ERROR:
+            if check is not None and not check.on:
+                check.on, check.since = True, (int(got[8]), self._calls)
             if error is not None:
                 raise error
             held = self._hold_released and status == _VALUE
@@ -261,6 +318,18 @@ class _AgreedNext:
             )
         if top == _END and low == _END:
             raise StopIteration
+        if check is not None and check.on and (top != low or (top == _VALUE and got[10] != -got[11])):
+            # (Or some workers' data has ended and others' has not: they read other batches.)
+            worker, element = check.since
+            self._diverged = (
+                f"{prefix}: the workers' global batches differ at element {self._calls} of the pass, after "
+                f"worker {worker}'s input raised an error at element {element}: a pipeline that failed on some "
+                "workers dropped elements that the others kept (an element that fails before a batch which is "
+                "not right after its map, or before a shuffle), or the dataset does not give the same elements "
+                "on every worker (seed its random operations); each worker's rows would come from another "
+                "batch, so this iterator raises from now on: make a new one"
+            )
+            raise MismatchError(self._diverged)
         if top == _END and got[9]:
             # Some worker's data has ended while others' has not, and it cannot give its
             # replicas empty batches: every worker raises (none goes on to a step alone).
@@ -327,9 +396,11 @@ class WorkerDistributedDataset(DistributedDataset):
     def __iter__(self) -> DistributedIterator:
         ext = self._strategy.extended
         # From the source: an element read ahead for element_spec comes first.
-        rows = _shard(self._source_of().iterator(), self._total, self._offset, self._count)
+        check = _Fingerprint()
+        rows = _shard(self._source_of().iterator(), self._total, self._offset, self._count, check)
         it = _WorkerIterator(_LocalReplicas(ext), rows, self._options, lambda: self.element_spec)
         it._setup(ext, self)
+        it._check = check
         return it
 
     @property

@@ -143,6 +143,65 @@ def main() -> int:
     return finish(rank, checks, s)
 
 
+def check_batches_after_a_failure_on_one_worker(s, rank: int, size: int, bad) -> int:
+    """A pipeline that fails on one worker only and thereby drops elements the others
+    keep (a failure before a batch not right after its map, or before a shuffle) never
+    gives a step whose rows come from different global batches: every step's global sum
+    is the one of this worker's own batch, and once the batches differ every worker
+    raises MismatchError from the same next on."""
+    from mpi4py import MPI
+
+    checks = 0
+    pipelines = {
+        "map, prefetch, batch": lambda d: d.map(bad).prefetch(2).batch(4),
+        "map, shuffle, batch": lambda d: d.map(bad).shuffle(4, seed=3).batch(4),
+    }
+    for name, make in pipelines.items():
+        source = dv.data.Dataset.from_tensor_slices(np.arange(24, dtype=np.float64))
+        it = iter(s.experimental_distribute_dataset(make(source)))
+        # This worker's own global batches, with its own failures, read without the strategy.
+        own, local = [], iter(make(source))
+        while True:
+            try:
+                own.append(float(next(local).sum()))
+            except StopIteration:
+                break
+            except ValueError:
+                own.append(None)
+        outcomes = []
+        for k in range(9):  # more than any worker's batches
+            try:
+                element = next(it)
+            except StopIteration:
+                outcomes.append("end")
+                break
+            except dv.MismatchError as e:
+                expect("global batches differ" in str(e), rank, f"{name}: {e}")
+                outcomes.append("mismatch")
+                continue
+            except (ValueError, dv.AbortedError):
+                outcomes.append("failed")
+                continue
+            out = s.run(lambda e: dv.get_replica_context().all_reduce("sum", np.float64(e.sum())), args=(element,))
+            got = float(np.asarray(s.experimental_local_results(out)[0]))
+            expect(
+                k < len(own) and got == own[k],
+                rank,
+                f"{name}: step {k} sums to {got}, this worker's batch to {own[k : k + 1]}",
+            )
+            outcomes.append("ok")
+        everyone = MPI.COMM_WORLD.allgather(outcomes)
+        expect(all(o == outcomes for o in everyone), rank, f"{name}: workers' outcomes differ: {everyone}")
+        expect(
+            "failed" in outcomes and "mismatch" in outcomes and outcomes.index("failed") < outcomes.index("mismatch"),
+            rank,
+            f"{name}: outcomes {outcomes}",
+        )
+        expect(all(o == "mismatch" for o in outcomes[outcomes.index("mismatch") :]), rank, f"{name}: {outcomes}")
+        checks += 4
+    return checks
+
+
 def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
     """The workers agree on every element of a distributed iterator: uneven data gives
     the workers that ran out empty batches, an error on one worker fails that element on
@@ -207,6 +266,9 @@ def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
             f"released: {failures[0]!r}",
         )
     checks += 1
+
+    if size > 1:
+        checks += check_batches_after_a_failure_on_one_worker(s, rank, size, bad_on_last_worker)
 
     # element_spec read before (and during) the pass over a one-shot generator loses nothing.
     def gen():
