@@ -634,6 +634,31 @@ def test_from_generator_signatures_from_nested_and_dict_types_and_shapes():
     assert pair.dtype == np.int32 and pair.tolist() == [1, 2]
 
 
+def test_from_generator_takes_specs_shaped_like_tensorflows():
+    # What from_generator reads of a tf.TensorSpec: shape.as_list(), rank, dtype.as_numpy_dtype, name.
+    class Shape:
+        def __init__(self, dims):
+            self.dims, self.rank = dims, len(dims)
+
+        def as_list(self):
+            return list(self.dims)
+
+    class DType:
+        as_numpy_dtype = np.float16
+
+    class TensorSpec:  # the class name is what tells it apart
+        def __init__(self, dims, name=None):
+            self.shape, self.dtype, self.name = Shape(dims), DType(), name
+
+    sig = (TensorSpec([None, 2], "a"), dv.TensorSpec((), np.int32))
+    ds = Dataset.from_generator(lambda: iter([(np.ones((3, 2)), 5)]), output_signature=sig)
+    ((x, y),) = list(ds)
+    assert x.dtype == np.float16 and x.shape == (3, 2) and y.dtype == np.int32 and int(y) == 5
+    assert ds.element_spec == (dv.TensorSpec((None, 2), np.float16, "a"), dv.TensorSpec((), np.int32))
+    with pytest.raises(ValueError):
+        list(Dataset.from_generator(lambda: iter([np.ones((3, 3))]), output_signature=TensorSpec([None, 2])))
+
+
 def test_from_generator_refuses_bad_arguments():
     with pytest.raises(TypeError, match="generator must be callable"):
         Dataset.from_generator(iter([1, 2]))

@@ -118,6 +118,20 @@ def test_abort_releases_waiters_with_replica_id():
     assert "ValueError in replica 1" in str(err[0])
 
 
+@pytest.mark.parametrize("replica", [2, -2, 1.0, True, "1"])
+def test_abort_refuses_a_replica_that_does_not_exist(replica):
+    g = dv.ReplicaGroup(2, timeout_seconds=60)
+    with pytest.raises(ValueError, match=r"replica must be -1 or a replica id in 0\.\.1"):
+        g.abort(replica, "stop")
+    assert not g.aborted  # refused before anything changed
+    xs = [np.ones(2, np.float32), np.full(2, 2.0, np.float32)]
+    g.all_reduce(xs)  # in place
+    np.testing.assert_array_equal(xs[0], [3.0, 3.0])
+    np.testing.assert_array_equal(xs[1], [3.0, 3.0])
+    g.abort(np.int64(-1), "from outside")
+    assert g.aborted
+
+
 def test_closed_group_raises():
     g = dv.ReplicaGroup(2)
     g.close()

@@ -68,9 +68,22 @@ def test_nested_elements_give_nested_per_replica(s2):
 
 
 def test_unbatched_data_is_an_error(s2):
-    ds = dv.data.Dataset.from_tensor_slices(np.arange(6.0).reshape(3, 2))
-    with pytest.raises(ValueError, match=r"needs a batched dataset: call dataset.batch\(global_batch_size\)"):
-        s2.experimental_distribute_dataset(ds)
+    # Rows of from_tensor_slices or range with no batch after them (a map, a shuffle or a
+    # take keeps them rows): TensorFlow would split each row's features over the replicas.
+    rows = dv.data.Dataset.from_tensor_slices(np.arange(6.0).reshape(3, 2))
+    for ds in (rows, rows.map(lambda x: x * 2).shuffle(2, seed=1).take(2), dv.data.Dataset.range(4)):
+        with pytest.raises(ValueError, match=r"needs a batched dataset: call dataset.batch\(global_batch_size\)"):
+            s2.experimental_distribute_dataset(ds)
+    # Batched after all, or elements whose batching is the caller's (from_tensors,
+    # from_generator): split as batches.
+    for ds in (
+        rows.batch(3),
+        dv.data.Dataset.from_tensors(np.arange(6.0).reshape(3, 2)),
+        dv.data.Dataset.from_generator(lambda: iter([np.arange(6.0).reshape(3, 2)])),
+    ):
+        (element,) = list(s2.experimental_distribute_dataset(ds))
+        np.testing.assert_array_equal(element.values[0], [[0.0, 1.0], [2.0, 3.0]])
+        np.testing.assert_array_equal(element.values[1], [[4.0, 5.0]])
     it = iter(s2.experimental_distribute_dataset(iter([1.0, 2.0])))
     with pytest.raises(ValueError, match="needs batched data, but an element has shape"):
         next(it)

@@ -656,6 +656,27 @@ def from_generator_conforms_elements_to_its_signature(api):
 
 
 @program()
+def distribute_batches_that_no_batch_made(api):
+    # Elements of from_tensors and from_generator are taken as global batches, as
+    # TensorFlow takes them: their first axis is split over the replicas.
+    def gen():
+        for i in range(2):
+            yield np.arange(6.0).reshape(3, 2) + 10 * i, np.arange(3) + i
+
+    sig = (api.TensorSpec((3, 2), np.float64), api.TensorSpec((3,), np.int64))
+    s = api.strategy(2)
+    out = []
+    for ds in (
+        api.Dataset.from_tensors(np.arange(8.0).reshape(4, 2)),
+        api.Dataset.from_generator(gen, output_signature=sig),
+    ):
+        ds = ds.map(lambda *x: x)  # a map keeps them batches
+        for element in s.experimental_distribute_dataset(ds):
+            out.append([[np.asarray(v).tolist() for v in s.experimental_local_results(x)] for x in element])
+    return out
+
+
+@program()
 def from_generator_with_output_types_and_shapes(api):
     def gen():
         yield {"a": [1, 2], "b": 3.5}
@@ -1445,3 +1466,23 @@ if __name__ == "__main__":
     else:
         print(f"usage: {sys.argv[0]} --tensorflow OUT.pkl FIRST_PROGRAM", file=sys.stderr)
         sys.exit(2)
+
+
+def test_from_generator_takes_tensorflow_specs():
+    # A signature written for tf.data works unchanged: TensorFlow's TensorSpecs (None
+    # dimensions, tf dtypes, nested) become distvals ones. (In a child process, as the
+    # programs' TensorFlow side runs.)
+    script = """
+import os, numpy as np
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+import distvals as dv
+sig = {"x": tf.TensorSpec((None, 2), tf.float32), "y": (tf.TensorSpec((), tf.int32, name="y"),)}
+ds = dv.data.Dataset.from_generator(lambda: iter([{"x": np.ones((3, 2)), "y": (7,)}]), output_signature=sig)
+(e,) = list(ds)
+spec = ds.element_spec
+print(e["x"].dtype, e["x"].shape, e["y"][0].dtype, int(e["y"][0]), spec["x"].shape, spec["y"][0].name)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["float32", "(3,", "2)", "int32", "7", "(None,", "2)", "y"]

@@ -284,7 +284,7 @@ class Dataset:
         self,
         make_iterator: Callable[[], Iterator[Any]],
         *,
-        batched: bool = False,
+        batched: typing.Optional[bool] = None,
         finite: bool = True,
         description: str = "Dataset",
         spec: Any = None,
@@ -292,6 +292,8 @@ class Dataset:
         rows: typing.Optional[_Rows] = None,
     ) -> None:
         self._make_iterator = make_iterator
+        # True: made by batch; False: rows (from_tensor_slices, range) with no batch
+        # after them; None: not known (from_tensors, from_generator may give batches).
         self._batched = batched
         self._finite = finite
         self._description = description
@@ -352,6 +354,7 @@ class Dataset:
         spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
         return Dataset(
             _rows_maker(rows),
+            batched=False,
             description=f"TensorSliceDataset({size} elements)",
             spec=spec,
             cardinality=size,
@@ -380,6 +383,7 @@ class Dataset:
         dtype = _numpy_dtype(output_type)
         return Dataset(
             lambda: (np.array(i, dtype=dtype) for i in r),
+            batched=False,
             description=name or f"RangeDataset({r})",
             spec=specs.TensorSpec((), dtype),
             cardinality=len(r),
@@ -411,6 +415,15 @@ class Dataset:
             spec = _signature_of(output_types, output_shapes)
         elif spec is None and output_shapes is not None:
             raise TypeError("from_generator: output_shapes needs output_types")
+        if spec is not None and any(type(leaf).__name__ == "TensorSpec" for leaf in _flatten(spec)):
+            # TensorFlow's TensorSpecs (a signature written for tf.data) as ours.
+            spec = _pack(
+                spec,
+                [
+                    leaf if isinstance(leaf, specs.TensorSpec) else specs.from_tensorflow(leaf)
+                    for leaf in _flatten(spec)
+                ],
+            )
         if spec is not None:
             for leaf in _flatten(spec):
                 if not isinstance(leaf, specs.TensorSpec):

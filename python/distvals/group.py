@@ -238,8 +238,16 @@ class ReplicaGroup:
         return self._group
 
     def abort(self, replica: int, why: str) -> None:
-        """Release every replica waiting in a collective with AbortedError naming ``replica``."""
-        self._group.abort(replica, why)
+        """Release every replica waiting in a collective with AbortedError naming ``replica``
+        (-1: no replica, the caller's own reason)."""
+        n = self._group.size
+        if isinstance(replica, bool) or not isinstance(replica, (int, np.integer)) or not -1 <= replica < n:
+            # An AbortedError naming a replica that does not exist would send the reader
+            # looking for a failure that never happened.
+            raise ValueError(f"abort: replica must be -1 or a replica id in 0..{n - 1}, got {replica!r}")
+        if not isinstance(why, str):
+            raise TypeError(f"abort: why must be a str, got {type(why).__name__}")
+        self._group.abort(int(replica), why)
 
     def reset(self) -> None:
         """Clear an abort so the group runs again (only when no collective is in flight)."""
