@@ -592,6 +592,65 @@ def test_save_inside_run_is_an_error(s2, tmp_path):
         s2.run(lambda: dv.save_variables(tmp_path / "x.npz", [v]))
 
 
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_save_and_load_inside_an_update_function_are_errors(execution, tmp_path):
+    # There a SUM SyncOnReadVariable reads one copy: the file would hold one replica's
+    # part, and a load would put the whole value into every copy.
+    s3 = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution=execution)
+    with s3.scope():
+        v = dv.Variable(
+            np.zeros(2), synchronization=dv.VariableSynchronization.ON_READ, aggregation=dv.VariableAggregation.SUM
+        )
+    for r, copy in enumerate(s3.experimental_local_results(v)):
+        copy.assign(np.array([1.0, 10.0]) * (r + 1))
+    path = tmp_path / "c.npz"
+    dv.save_variables(path, {"v": v})
+    for call in (dv.save_variables, dv.load_variables):
+        with pytest.raises(RuntimeError, match=r"not inside the function of extended.update \(which is updating copy"):
+            s3.extended.update(v, lambda var: call(path, {"v": v}))
+    np.testing.assert_array_equal(v.read_value(), [6.0, 60.0])
+    with np.load(path) as data:
+        np.testing.assert_array_equal(data["v"], [6.0, 60.0])
+    dv.load_variables(path, {"v": v})
+    np.testing.assert_array_equal(v.read_value(), [6.0, 60.0])
+    for copy in s3.experimental_local_results(v):
+        np.testing.assert_array_equal(np.asarray(copy), [2.0, 20.0])
+
+
+def test_a_shape_with_unknown_dimensions_still_fixes_the_others(s2, tmp_path):
+    path = tmp_path / "c.npz"
+    dv.save_variables(path, {"m": dv.Variable(np.zeros((2, 3)))})
+    with s2.scope():
+        v = dv.Variable(np.zeros(3), shape=[None])
+        w = dv.Variable(np.zeros((2, 3)), shape=[None, 3])
+    with pytest.raises(ValueError, match=r"stored with shape \(2, 3\), the variable has \(3,\) \(declared \(None,\)\)"):
+        dv.load_variables(path, {"m": v})
+    with pytest.raises(ValueError, match=r"value has shape \(2, 3\), the variable \(3,\) \(declared \(None,\)\)"):
+        v.assign(np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"value has shape \(2, 2\)"):
+        w.assign(np.ones((2, 2)))
+    np.testing.assert_array_equal(v.numpy(), np.zeros(3))
+    w.assign(np.ones((5, 3)))  # the unknown dimension changes
+    dv.load_variables(path, {"m": w})
+    assert w.shape == (2, 3)
+
+    class TensorShape:  # what a shape of unknown rank (tf.TensorShape(None)) says of itself
+        dims = None
+
+    u = dv.Variable(np.zeros(3), shape=TensorShape())
+    dv.load_variables(path, {"m": u})
+    assert u.shape == (2, 3)
+
+
+def test_save_refuses_keys_that_cannot_name_a_member(tmp_path):
+    a, b = dv.Variable(1.0), dv.Variable(2.0)
+    path = tmp_path / "c.npz"
+    for keys, why in [(("b\0x", "b"), "NUL"), (("a" * 70_000, "b"), "bytes long"), (("\ud800", "b"), "UTF-8")]:
+        with pytest.raises(ValueError, match=why):
+            dv.save_variables(path, dict(zip(keys, (a, b))))
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_save_and_load_extension_float_dtypes(s2, tmp_path, name):
     """ml_dtypes' floats (stored by .npy as raw bytes) load back as their own dtype, and

@@ -10,6 +10,7 @@ SyncOnReadVariable gets value/N per copy so that its sum is restored, as in Tens
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 import zipfile
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 import numpy as np
 
 from . import context
-from .variables import Variable
+from .variables import Variable, shape_allowed, shape_text
 
 __all__ = ["load_variables", "save_variables"]
 
@@ -52,13 +53,23 @@ def _named(variables: Variables, what: str) -> List[Tuple[str, Variable]]:
     return items
 
 
-def _require_cross_replica(what: str) -> None:
+def _require_cross_replica(what: str, items: List[Tuple[str, Variable]]) -> None:
     ctx = context.current_run_context()
     if ctx is not None:
         raise RuntimeError(
             f"{what} must be called in cross-replica context, not inside strategy.run (replica "
             f"{ctx.replica_id_in_sync_group})"
         )
+    for key, v in items:
+        strategy = getattr(v, "distribute_strategy", None)
+        copy = None if strategy is None else context.updating_copy(strategy)
+        if copy is not None:
+            # There a variable reads and updates one copy: a SUM SyncOnReadVariable
+            # would be saved as one replica's part and loaded whole into every copy.
+            raise RuntimeError(
+                f"{what} must be called in cross-replica context, not inside the function of "
+                f"extended.update (which is updating copy {copy} of '{key}')"
+            )
 
 
 def save_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> None:
@@ -67,19 +78,54 @@ def save_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
     never leaves a half-written checkpoint. Keys are the variables' names (without
     ":0"), or the dict's keys. Under a ``MultiWorkerMirroredStrategy`` every worker calls
     it, only the chief writes, and every worker returns once the file is written."""
-    _require_cross_replica("save_variables")
     items = _named(variables, "save_variables")
+    _require_cross_replica("save_variables", items)
+    for key, _ in items:
+        _check_key(key)
     arrays = {key: np.array(v.read_value(), copy=True) for key, v in items}
-    _strategy_of(items).extended._write_checkpoint(lambda: _write_npz(os.fspath(path), arrays))
+    path = os.fspath(path)
+    strategy = _strategy_of(items)
+    if strategy is not None:
+        strategy.extended._write_checkpoint(lambda: _write_npz(path, arrays))
+    elif _chief_process():
+        _write_npz(path, arrays)
 
 
 def _strategy_of(items: List[Tuple[str, Variable]]) -> Any:
-    # The variables' strategy decides who writes (with several workers: the chief only).
+    """The strategy that decides who writes (with several workers: the chief only): the
+    variables', or the one whose scope is open; None for variables of no strategy in a
+    process with a multi-worker strategy (the chief process writes them alone, at once:
+    every process has such variables of its own, and only one may write the file)."""
     for _, v in items:
         strategy = getattr(v, "distribute_strategy", None)
         if strategy is not None:
             return strategy
-    return context.get_strategy()
+    if context.has_strategy() or not _worker_ranks():
+        return context.get_strategy()
+    return None
+
+
+def _worker_ranks() -> List[int]:
+    """This process's rank in each multi-worker strategy it has (of several workers)."""
+    module = sys.modules.get(__package__ + ".multi_worker")
+    return [] if module is None else module.live_worker_ranks()
+
+
+def _chief_process() -> bool:
+    return all(rank == 0 for rank in _worker_ranks())
+
+
+def _check_key(key: str) -> None:
+    """A key must name one member of the archive: a NUL would cut the name short (two
+    keys could then name one member), and the name must fit the zip format."""
+    if "\0" in key:
+        raise ValueError(f"save_variables: the key {key!r} holds a NUL character")
+    try:
+        size = len((key + ".npy").encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ValueError(f"save_variables: the key {key!r} cannot be written as UTF-8: {e.reason}") from None
+    if size > 0xFFFF:
+        raise ValueError(f"save_variables: the key {key[:40]!r}... is {size} bytes long; keys take at most 65531")
 
 
 def _write_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
@@ -159,8 +205,8 @@ def _stored_dtypes(path: str) -> Dict[str, np.dtype]:
 def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> None:
     """Assigns the values stored in ``path`` to the variables (matched by key). Every
     key, shape and dtype is checked before any variable changes."""
-    _require_cross_replica("load_variables")
     items = _named(variables, "load_variables")
+    _require_cross_replica("load_variables", items)
     named = _stored_dtypes(os.fspath(path))
     with np.load(os.fspath(path), allow_pickle=False) as data:
         # Key k is the member "k.npy", read by that exact name: numpy's lookup by key
@@ -177,8 +223,10 @@ def load_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
             a = data[key + ".npy"]
             if key in named and a.dtype.kind == "V" and a.dtype.itemsize == named[key].itemsize:
                 a = a.view(named[key])
-            if a.shape != v.shape and getattr(v, "_fixed_shape", True):
-                raise ValueError(f"load_variables: '{key}' is stored with shape {a.shape}, the variable has {v.shape}")
+            if not shape_allowed(v, a.shape):
+                raise ValueError(
+                    f"load_variables: '{key}' is stored with shape {a.shape}, the variable has {shape_text(v)}"
+                )
             if a.dtype != v.dtype:
                 raise TypeError(f"load_variables: '{key}' is stored as {a.dtype}, the variable is {v.dtype}")
             stored[key] = a

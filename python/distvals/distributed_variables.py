@@ -58,7 +58,7 @@ class DistributedVariable(DistributedValues, Variable):
         self._n = len(copies)
         self._constraint = None
         self._initial = copies[0]._initial
-        self._fixed_shape = copies[0]._fixed_shape
+        self._shape_rule = copies[0]._shape_rule
 
     @property
     def distribute_strategy(self) -> Any:

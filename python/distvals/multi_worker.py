@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -495,6 +496,17 @@ class _MultiWorkerExtended(LocalExtended):
             )
 
 
+# The multi-worker strategies of this process (see live_worker_ranks).
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def live_worker_ranks() -> List[int]:
+    """This process's worker rank in each of its multi-worker strategies that spans
+    several workers: save_variables lets only the chief process write variables of no
+    strategy."""
+    return [ext._rank for ext in list(_LIVE) if ext._num_workers > 1]
+
+
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous data parallelism over the replicas of several MPI processes.
 
@@ -521,6 +533,7 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> None:
         devs = _local_devices(devices)
         super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator, execution))
+        _LIVE.add(self._extended)
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -44,7 +44,7 @@ import enum
 import itertools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import numpy as np
 
@@ -139,6 +139,11 @@ def _static_shape(shape: Any, what: str) -> Optional[Tuple[Optional[int], ...]]:
         raise TypeError(f"{what}: shape must be a sequence of ints (None for unknown), got {shape!r}") from None
 
 
+# The shapes a variable's values may have: exactly its first value's (True), any that fit
+# a shape with unknown (None) dimensions (that shape), or any (None).
+ShapeRule = Union[Literal[True], Tuple[Optional[int], ...], None]
+
+
 def _compatible(static: Optional[Tuple[Optional[int], ...]], shape: Tuple[int, ...]) -> bool:
     if static is None:
         return True
@@ -188,6 +193,8 @@ def _create_variable(
     if base.endswith(":0"):
         base = base[:-2]
     static = _static_shape(shape, f"Variable '{base}'")
+    # A shape of unknown rank (tf.TensorShape(None)) lets assignments change the shape.
+    any_shape = shape is not None and static is None
     spec = dict(
         trainable=bool(trainable),
         validate_shape=bool(validate_shape),
@@ -197,6 +204,7 @@ def _create_variable(
         synchronization=sync,
         aggregation=agg,
         static=static,
+        any_shape=any_shape,
     )
     ctx = context.current_run_context()
     if ctx is not None:
@@ -233,9 +241,13 @@ def _create(value: np.ndarray, spec: Dict[str, Any]) -> Variable:
     places = tuple(getattr(ext, "_places", ()))
     if len(places) != len(ext._devices):
         places = (None,) * len(ext._devices)
-    fixed = spec["validate_shape"] and (static is None or None not in static)
+    # What later values' shapes must be: the first one's (True), fit a shape with
+    # unknown dimensions (that shape), or anything (None).
+    rule: ShapeRule = None
+    if spec["validate_shape"] and not spec["any_shape"]:
+        rule = True if static is None or None not in static else static
     common: Dict[str, Any] = dict(
-        trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value, fixed_shape=fixed
+        trainable=spec["trainable"], aggregation=agg, constraint=spec["constraint"], initial=value, shape_rule=rule
     )
     if not context.has_strategy() or not getattr(ext, "_distributed_variables", False):
         single: Variable = type.__call__(
@@ -269,7 +281,7 @@ def _create(value: np.ndarray, spec: Dict[str, Any]) -> Variable:
     container: DistributedVariable = type.__call__(kind, strategy, tuple(copies), base, sync, agg, spec["trainable"])
     container._constraint = spec["constraint"]
     container._initial = value
-    container._fixed_shape = fixed
+    container._shape_rule = rule
     ref = weakref.ref(container)
     for c in copies:
         # extended.value_container(copy) finds the variable from any of its copies.
@@ -358,7 +370,7 @@ class Variable(metaclass=_VariableMeta):
     _device: str
     _constraint: Optional[Callable[[Any], Any]]
     _initial: np.ndarray
-    _fixed_shape: bool
+    _shape_rule: ShapeRule
     # Set on the copies of a distributed variable (see extended.value_container).
     _distributed_container: weakref.ref[DistributedVariable]
 
@@ -395,7 +407,7 @@ class Variable(metaclass=_VariableMeta):
             device: str,
             constraint: Optional[Callable[[Any], Any]] = None,
             initial: Optional[np.ndarray] = None,
-            fixed_shape: bool = True,
+            shape_rule: ShapeRule = True,
         ) -> None:
             self._value = value
             self._trainable = bool(trainable)
@@ -405,7 +417,7 @@ class Variable(metaclass=_VariableMeta):
             self._device = device
             self._constraint = constraint
             self._initial = value if initial is None else initial
-            self._fixed_shape = fixed_shape
+            self._shape_rule = shape_rule
             # Replica threads may update one variable at once (a plain variable, or a
             # copy of a distributed one): each read-modify-write is made whole under it,
             # as TensorFlow's updates hold the variable's lock.
@@ -884,11 +896,28 @@ def _coerce_dtype(var: Any, value: Any, what: str) -> Any:
     return a
 
 
+def shape_allowed(var: Any, shape: Tuple[int, ...]) -> bool:
+    """Whether ``var`` may take a value of ``shape`` (see ``ShapeRule``)."""
+    rule: ShapeRule = var._shape_rule
+    if rule is None:
+        return True
+    if isinstance(rule, tuple):
+        return _compatible(rule, tuple(shape))
+    return tuple(shape) == tuple(var.shape)
+
+
+def shape_text(var: Any) -> str:
+    """The shapes ``var`` takes, for an error message."""
+    rule = getattr(var, "_shape_rule", True)
+    return f"{var.shape}" if rule is True else f"{tuple(var.shape)} (declared {rule})"
+
+
 def coerce_value(var: Any, value: Any, what: str) -> Any:
     a = _coerce_dtype(var, value, what)
-    shape = var.shape
-    if tuple(a.shape) != shape and getattr(var, "_fixed_shape", True):
-        raise ValueError(f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape}")
+    if not shape_allowed(var, tuple(a.shape)):
+        raise ValueError(
+            f"{what} of variable '{var.name}': value has shape {tuple(a.shape)}, the variable {shape_text(var)}"
+        )
     return a
 
 

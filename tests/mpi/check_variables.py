@@ -214,6 +214,20 @@ def main() -> int:
     expect(written == ["worker0.npz"], rank, f"only the chief writes: found {written}")
     leftovers = [f for f in os.listdir(a.dir) if f.endswith(".tmp")]
     expect(not leftovers, rank, f"no temporary files left: {leftovers}")
+    # Variables of no strategy (each process's own, here of distinct values): the chief
+    # process alone writes them (a worker that called it first returns without waiting).
+    plain = dv.Variable(np.float64(100 + rank), name="step")
+    plain_path = os.path.join(a.dir, "plain.npz")
+    dv.save_variables(plain_path, [plain])
+    dv.save_variables(os.path.join(a.dir, f"plain{rank}.npz"), [plain])
+    world.Barrier()
+    with np.load(plain_path) as data:
+        expect(
+            float(data["step"]) == 100.0, rank, f"a plain variable's file holds {float(data['step'])}, not the chief's"
+        )
+    written = sorted(f for f in os.listdir(a.dir) if f.startswith("plain") and f != "plain.npz")
+    expect(written == ["plain0.npz"], rank, f"only the chief process writes plain variables: found {written}")
+    checks += 2
     # Loading (every worker reads the chief's file) restores the saved values everywhere.
     w.assign(np.zeros(3, np.float32))
     dv.load_variables(path, [w, c, sor_sum])
