@@ -489,6 +489,30 @@ def test_integer_mean_has_the_dtype_of_tensorflows_division(s3, dtype, want):
     np.testing.assert_allclose(float(along), np.stack(parts).astype(np.float64).mean(), rtol=1e-7)
 
 
+def test_numpy_bools_that_each_replica_computed_stay_per_replica(s2):
+    # numpy keeps one True and one False: every replica's np.any(x), or a bool MAX, is
+    # that one object, yet each replica's own value (a PerReplica, as for any other dtype).
+    ctx = dv.get_replica_context
+
+    def step():
+        r = ctx().replica_id_in_sync_group
+        return {
+            "max": ctx().all_reduce("MAX", np.bool_(r == 0)),
+            "min": ctx().all_reduce("MIN", np.bool_(r == 0)),
+            "any": np.any(np.ones(2) * r >= 0),
+            "float": ctx().all_reduce("MAX", np.float32(r)),
+        }
+
+    out = s2.run(step)
+    for key, want in [("max", True), ("min", False), ("any", True), ("float", 1.0)]:
+        assert isinstance(out[key], dv.PerReplica), key
+        assert [v.item() for v in s2.experimental_local_results(out[key])] == [want, want], key
+    np.testing.assert_array_equal(s2.gather(out["max"], axis=0), [True, True])
+    assert s2.reduce("SUM", out["max"], axis=None) == 2
+    # A Python bool is one shared object, as in TensorFlow.
+    assert s2.run(lambda: True) is True
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_results_have_the_same_dtype_and_shape_with_any_number_of_replicas(execution, n):
     # With one replica run returns its plain value, and a Mirrored's copies are the

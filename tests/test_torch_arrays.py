@@ -133,8 +133,102 @@ def test_merge_call_results_in_torch(s2, torch):
         return strategy.reduce("SUM", x, axis=None)
 
     out = s2.run(lambda: dv.get_replica_context().merge_call(merge_fn, args=(parts(rid()),)))
-    assert isinstance(out, torch.Tensor)  # the very same object on every replica
-    np.testing.assert_allclose(out.numpy(), reference(2), rtol=1e-6)
+    # torch tensors cannot be made read-only: every replica but the first gets a copy of
+    # its own (so run returns them as a PerReplica).
+    first, second = s2.experimental_local_results(out)
+    assert isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first is not second
+    for t in (first, second):
+        np.testing.assert_allclose(t.numpy(), reference(2), rtol=1e-6)
+
+
+def test_a_torch_tensor_from_merge_fn_changed_in_place_changes_one_replica(s2, torch):
+    def step():
+        total = dv.get_replica_context().merge_call(lambda s, v: s.reduce("SUM", v, axis=None), args=(parts(rid()),))
+        if rid() == 0:
+            total += 100  # in place, in replica 0 only
+        dv.get_replica_context().all_reduce("SUM", np.float32(1))  # the other replica reads after it
+        return total.clone()
+
+    first, second = s2.experimental_local_results(s2.run(step))
+    np.testing.assert_allclose(first.numpy(), reference(2) + 100, rtol=1e-6)
+    np.testing.assert_allclose(second.numpy(), reference(2), rtol=1e-6)
+
+
+def test_tensors_with_the_negative_or_conjugate_bit(s2, torch):
+    # z.conj().imag holds -imag lazily: its memory has +imag. Read as its values
+    # everywhere; written in place by the engine, refused (nothing changes).
+    z = torch.tensor([1 + 2j, 3 + 4j, 5 + 6j, 7 + 8j])
+    neg = z.conj().imag
+    assert neg.is_neg()
+    np.testing.assert_array_equal([float(x) for x in dv.data.Dataset.from_tensor_slices(neg)], [-2, -4, -6, -8])
+    batch = next(iter(s2.experimental_distribute_dataset([neg])))
+    np.testing.assert_array_equal(np.concatenate(s2.experimental_local_results(batch)), [-2, -4, -6, -8])
+    g = dv.ReplicaGroup(2)
+    other = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    for call in (g.all_gather, g.all_reduce):  # the engine views memory (in place, for all_reduce)
+        with pytest.raises(TypeError, match="replica 0: a torch tensor with its negative bit set"):
+            call([neg, other])
+    np.testing.assert_array_equal(other.numpy(), [10, 20, 30, 40])
+    g.all_reduce([neg.resolve_neg(), other])
+    np.testing.assert_array_equal(other.numpy(), [8, 16, 24, 32])
+    out = s2.run(lambda: dv.get_replica_context().all_reduce("SUM", [neg, z.conj()][0]))
+    np.testing.assert_array_equal(s2.experimental_local_results(out)[1].numpy(), [-4, -8, -12, -16])
+    total = s2.run(lambda: dv.get_replica_context().all_reduce("SUM", z.conj()))
+    np.testing.assert_array_equal(s2.experimental_local_results(total)[0].numpy(), 2 * np.conj(z.numpy()))
+
+
+def test_bfloat16_and_grad_tensors_in_variables_and_datasets(s2, torch):
+    x = torch.tensor([1.5, -2.0, 3.25, 4.0], dtype=torch.bfloat16)
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with s2.scope():
+        v = dv.Variable(x)
+        u = dv.Variable(w)
+    assert v.dtype == np.dtype(ml_dtypes.bfloat16) and u.dtype == np.float32
+    v.assign(x * 2)
+    np.testing.assert_array_equal(np.asarray(v.numpy(), np.float32), [3.0, -4.0, 6.5, 8.0])
+    s2.run(lambda: u.assign(w * 3))
+    np.testing.assert_array_equal(u.numpy(), [3.0, 6.0, 9.0, 12.0])
+    rows = [np.asarray(e, np.float32).item() for e in dv.data.Dataset.from_tensor_slices(x)]
+    assert rows == [1.5, -2.0, 3.25, 4.0]
+    assert [float(e) for e in dv.data.Dataset.from_tensor_slices(w)] == [1.0, 2.0, 3.0, 4.0]
+    batch = next(iter(s2.experimental_distribute_dataset([x])))
+    np.testing.assert_array_equal(np.asarray(s2.experimental_local_results(batch)[1], np.float32), [3.25, 4.0])
+    g = dv.ReplicaGroup(2)
+    xs = [x.clone(), x.clone() * 2]
+    g.all_reduce(xs)  # in place, through the same bits
+    np.testing.assert_array_equal(xs[1].float().numpy(), [4.5, -6.0, 9.75, 12.0])
+
+
+def test_a_dataset_of_a_torch_tensor_keeps_its_memory_in_place(torch):
+    # The dataset reads the caller's tensor as it iterates, through a view: torch then
+    # refuses a resize_ that would move the memory under it (instead of the dataset
+    # reading freed memory).
+    t = torch.arange(4.0)
+    ds = dv.data.Dataset.from_tensor_slices(t)
+    assert [float(x) for x in ds] == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t.resize_(4_000_000)
+    t[:2] = torch.tensor([10.0, 20.0])
+    assert [x.tolist() for x in ds.batch(3)] == [[10, 20, 2], [3]]
+
+
+def test_a_tensorflow_string_tensor_is_refused_not_a_crash():
+    pytest.importorskip("tensorflow")
+    script = """
+import os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+import distvals as dv
+g = dv.ReplicaGroup(2)
+try:
+    g.all_gather([tf.constant(["a"]), tf.constant(["b"])])
+except TypeError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: replica 0: a TensorFlow string tensor" in out.stdout
 
 
 def test_results_from_numpy_share_memory_with_the_engine_output(s2, torch):

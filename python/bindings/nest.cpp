@@ -281,6 +281,14 @@ bool same(PyObject* a, PyObject* b) {
 // constructor (each column is a tuple of N by construction); a leaf that is the very same
 // object on every replica stays as it is unless `always_wrap`. None when the nestings
 // differ: the caller names the difference.
+// numpy's bool scalar type, set when the module is registered (numpy is imported then).
+PyObject* g_numpy_bool = nullptr;
+
+// Whether a leaf that is the same object on every replica says that the replicas share
+// it: not for numpy bools, of which numpy keeps one True and one False, so that every
+// replica's own np.any(x) would be taken for one shared value.
+bool shared_by_identity(PyObject* leaf) { return reinterpret_cast<PyObject*>(Py_TYPE(leaf)) != g_numpy_bool; }
+
 py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool always_wrap) {
   if (!PyType_Check(cls.ptr())) throw py::type_error("nest_regroup: cls must be a class");
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
@@ -307,7 +315,7 @@ py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool 
   py::tuple no_args(0);
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* c0 = PyList_GET_ITEM(flats[0].ptr(), i);
-    bool whole = !always_wrap;
+    bool whole = !always_wrap && shared_by_identity(c0);
     for (Py_ssize_t r = 1; r < n && whole; ++r) whole = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i) == c0;
     if (whole) {
       Py_INCREF(c0);
@@ -348,6 +356,7 @@ py::object leaf_arrays(const py::handle& structure, std::uint64_t type_nums) {
 bool nest_same(PyObject* a, PyObject* b) { return same(a, b); }
 
 void register_nest(py::module_& m) {
+  g_numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release().ptr();  // kept for the process
   m.def("nest_flatten", &flatten, py::arg("structure"), "The leaves of a structure in distvals.nest's order.");
   m.def("nest_pack", &pack_sequence_as, py::arg("structure"), py::arg("flat"),
         "The structure with its leaves replaced, in flatten's order, by those of `flat`.");

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core, config
+from ._convert import bfloat16
 
 __all__ = [
     "CudaReplicaGroup",  # noqa: F822 - made on first use by __getattr__ (it loads the GPU group)
@@ -115,15 +116,6 @@ def _dtype(dtype: Any) -> np.dtype:
     dt: np.dtype = np.dtype(dtype)
     if dt.name not in _SUPPORTED or dt.byteorder == ">":
         raise TypeError(f"dtype {dt} is not supported on GPU replicas; supported: {', '.join(_SUPPORTED)}")
-    return dt
-
-
-def _bfloat16() -> np.dtype:
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise TypeError("a bfloat16 device array needs the ml_dtypes package for its numpy dtype") from None
-    dt: np.dtype = np.dtype(ml_dtypes.bfloat16)
     return dt
 
 
@@ -461,7 +453,7 @@ def _from_dlpack(obj: Any, device: Optional[int], stream: Optional[int]) -> Devi
     name = _DL_DTYPES.get((int(code), int(bits)))
     if name is None or int(lanes) != 1:
         raise TypeError(f"DLPack dtype (code={code}, bits={bits}, lanes={lanes}) is not supported on GPU replicas")
-    dtype = _bfloat16() if name == "bfloat16" else np.dtype(name)
+    dtype = bfloat16() if name == "bfloat16" else np.dtype(name)
     shape = tuple(int(s) for s in info["shape"])
     strides = info["strides"]
     byte_strides = None if strides is None else [int(s) * dtype.itemsize for s in strides]

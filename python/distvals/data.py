@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, List
 import numpy as np
 
 from . import nest, specs
+from ._convert import host_array
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
@@ -126,29 +127,14 @@ def _python_numbers(x: Any) -> bool:
     return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
-def dlpack_safe(x: Any) -> bool:
-    """Whether ``x``'s DLPack export may be tried: not for TensorFlow tensors, whose export
-    of a string tensor ends the process (a failed check in TensorFlow) instead of
-    raising; their ``numpy()`` is used instead."""
-    return not type(x).__module__.startswith("tensorflow")
-
-
 def convert_leaf(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "dtype"):
-        # numpy scalars and tensors of other libraries keep their dtype.
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.generic) and dlpack_safe(x):
-            try:
-                return np.from_dlpack(x)
-            except (BufferError, RuntimeError, TypeError, ValueError):
-                pass
-        if hasattr(x, "numpy") and callable(x.numpy):
-            try:
-                return np.asarray(x.numpy())
-            except Exception:  # noqa: BLE001 - e.g. a torch tensor that requires grad
-                pass
-        return np.asarray(x)
+        # numpy scalars and tensors of other libraries keep their dtype. (A torch
+        # tensor's numpy view also stops resize_ from moving its memory under it.)
+        host = host_array(x)
+        return np.asarray(x) if host is None else host
     a = np.asarray(x)
     if a.dtype == np.float64 and _python_numbers(x):
         # Python floats become float32, as in TensorFlow; numpy float64 values in a list

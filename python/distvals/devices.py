@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import cuda as _cuda
+from ._convert import host_array
 from ._core import parse_device
 
 __all__ = [
@@ -141,14 +142,8 @@ def as_value(x: Any) -> Any:
 
 
 def _host_array(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "__dlpack__") and not hasattr(x, "__array__"):
-        try:
-            return np.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            pass
-    return np.asarray(x)
+    host = host_array(x)
+    return np.asarray(x) if host is None else host
 
 
 # ---- moving values ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from . import devices, nest, specs
-from .data import dlpack_safe
+from ._convert import host_array
 from .input_contexts import InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode, check_options
 from .optional import Optional as _Optional
@@ -84,20 +84,9 @@ def to_numpy(x: Any) -> np.ndarray:
         return x
     if devices.is_device_array(x):
         return devices.to_host(x)
-    if hasattr(x, "__dlpack__") and not isinstance(x, np.generic) and dlpack_safe(x):
-        try:
-            return np.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError, ValueError):
-            pass
-    numpy_fn = getattr(x, "numpy", None)
-    if callable(numpy_fn):
-        try:
-            return np.asarray(numpy_fn())
-        except Exception:
-            detach = getattr(x, "detach", None)
-            if callable(detach):
-                return np.asarray(detach().cpu().numpy())
-            raise
+    host = host_array(x)
+    if host is not None:
+        return host
     return np.asarray(x)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import devices
+from ._convert import torch_host
 
 __all__ = ["framework_of", "restore", "to_engine_value", "to_numpy"]
 
@@ -41,23 +42,11 @@ def framework_of(x: Any) -> str:
     return "other"
 
 
-def _bfloat16() -> Any:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
-
-
 def _torch_host(t: Any) -> np.ndarray:
-    """A CPU torch tensor as a numpy array sharing its memory."""
-    torch = sys.modules["torch"]
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        # numpy has no bfloat16: view the bits, then as ml_dtypes' bfloat16.
-        bits: np.ndarray = t.contiguous().view(torch.int16).numpy().view(_bfloat16())
-        return bits
-    host: np.ndarray = t.numpy() if t.is_contiguous() else t.contiguous().numpy()
-    return host
+    """A CPU torch tensor as a C-contiguous numpy array, sharing its memory where it is
+    contiguous (see ``_convert.torch_host``)."""
+    host = torch_host(t)
+    return host if host.flags.c_contiguous else np.ascontiguousarray(host)
 
 
 def to_numpy(x: Any) -> np.ndarray:

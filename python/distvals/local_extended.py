@@ -797,7 +797,7 @@ class LocalExtended(CrossReplicaExtended):
         # the others see half-way through their steps (TensorFlow's tensors cannot be
         # changed either; a variable's read is read-only for the same reason).
         result = _read_only_arrays(result)
-        return [select_replica(r, result) for r in range(len(requests))]
+        return [_own_tensors(select_replica(r, result), r) for r in range(len(requests))]
 
     def close(self) -> None:
         self._closed = True
@@ -816,6 +816,25 @@ def _read_only_arrays(value: Any) -> Any:
     if not any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
         return value
     return nest.pack_sequence_as(value, [_read_only(x) if isinstance(x, np.ndarray) else x for x in leaves])
+
+
+def _own_tensors(value: Any, replica: int) -> Any:
+    """``value`` as replica ``replica`` gets it from merge_call: torch and CuPy arrays,
+    which cannot be made read-only, as a copy of its own in every replica but the first,
+    so that an in-place change in one replica never shows in another's."""
+    if replica == 0:
+        return value
+    leaves = nest.flatten(value) if isinstance(value, (list, tuple, dict)) else [value]
+    if not any(kinds.framework_of(x) in _MUTABLE_FRAMEWORKS for x in leaves):
+        return value
+    own = [
+        x.clone() if kinds.framework_of(x) == "torch" else x.copy() if kinds.framework_of(x) == "cupy" else x
+        for x in leaves
+    ]
+    return nest.pack_sequence_as(value, own) if isinstance(value, (list, tuple, dict)) else own[0]
+
+
+_MUTABLE_FRAMEWORKS = ("torch", "cupy")
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -337,7 +337,8 @@ def regroup(
 
     As in TensorFlow, a leaf that is the very same object on every replica stays as it
     is, Python numbers, strings and bools included (``run(lambda: 2.5)`` is ``2.5``;
-    equal but distinct objects make a PerReplica). With ``always_wrap`` every leaf is
+    equal but distinct objects make a PerReplica), except numpy bools, of which numpy
+    keeps one True and one False (each replica's ``np.any(x)`` is its own value). With ``always_wrap`` every leaf is
     wrapped, even one replica's. Different structures are a ValueError naming the
     replicas."""
     wrap = PerReplica if wrap is None else wrap
@@ -346,7 +347,8 @@ def regroup(
     if not isinstance(v0, _CONTAINERS):
         if n == 1 and not always_wrap:
             return v0
-        same = not always_wrap
+        # (numpy keeps one True and one False: identity says nothing of numpy bools.)
+        same = not always_wrap and type(v0) is not np.bool_
         for r in range(1, n):
             x = per_replica[r]
             if x is not v0:
