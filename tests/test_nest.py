@@ -323,3 +323,97 @@ def test_layout_writes_out_every_container_kind_and_key():
         for b in differing:
             same = nest.structure_mismatch(a, b) is None
             assert same == (nest.layout(a) == nest.layout(b)), (a, b)
+
+
+# ---- container kinds, as tf.nest counts them -----------------------------------------------
+
+
+def test_namedtuples_of_one_name_and_fields_are_one_kind(execution):
+    # A namedtuple class made anew in each replica's function (or each step) is the same
+    # structure, as in tf.nest; other fields are not, and the message says which.
+    import numpy as np
+
+    import distvals as dv
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution=execution)
+
+    def step(fields):
+        r = dv.get_replica_context().replica_id_in_sync_group
+        Out = collections.namedtuple("Out", fields(r))
+        return dv.get_replica_context().all_reduce("SUM", Out(np.float32(r), np.array([1.0 * r])))
+
+    out = s.run(step, args=(lambda r: "loss grad",))
+    assert type(out).__name__ == "Out" and out._fields == ("loss", "grad")
+    for r in range(3):
+        assert float(out.loss.values[r]) == 3.0 and out.grad.values[r].tolist() == [3.0]
+    with pytest.raises(dv.MismatchError, match=r"Out\(loss, grad\) namedtuple vs Out\(loss, grads\) namedtuple"):
+        s.run(step, args=(lambda r: "loss grad" if r < 2 else "loss grads",))
+    assert nest.structure_mismatch(collections.namedtuple("P", "x")(1), collections.namedtuple("Q", "x")(1))
+
+
+def test_any_two_dicts_are_one_kind_and_dict_subclasses_keep_what_they_hold(execution):
+    import numpy as np
+
+    import distvals as dv
+    from distvals.values import select_replica
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+
+    class Tagged(dict):
+        def __init__(self, tag):
+            super().__init__()
+            self.tag = tag
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        kind = dict if r == 0 else collections.OrderedDict
+        d = collections.defaultdict(list, a=np.array([1.0 + r]))
+        t = Tagged("grads")
+        t["w"] = np.array([10.0 * (r + 1)])
+        return dv.get_replica_context().all_reduce("SUM", {"plain": kind(b=np.array([r])), "dd": d, "t": t})
+
+    out = s.run(step)
+    for r in range(2):
+        mine = select_replica(r, out)
+        assert mine["plain"]["b"].tolist() == [1]
+        assert mine["dd"].default_factory is list and mine["dd"]["a"].tolist() == [3.0]
+        assert mine["t"].tag == "grads" and mine["t"]["w"].tolist() == [30.0]
+
+
+def test_a_container_whose_constructor_takes_other_arguments_keeps_its_leaves():
+    class Tagged(list):
+        def __init__(self, tag, items=()):
+            super().__init__(items)
+            self.tag = tag
+
+    out = nest.pack_sequence_as(Tagged("t", [1, 2]), [5, 6])
+    assert type(out) is Tagged and out == [5, 6] and out.tag == "t"
+
+    class Pair(tuple):
+        def __new__(cls, tag, items=()):
+            return super().__new__(cls, items)
+
+    with pytest.raises(TypeError, match=r"Pair rebuilt from its 2 items does not hold them"):
+        nest.pack_sequence_as(Pair("t", (1, 2)), [5, 6])
+
+
+def test_keys_that_print_alike_but_differ_are_named_so():
+    nan = float("nan")
+    why = nest.structure_mismatch({nan: [1]}, {float("nan"): [1]})
+    assert "dict keys ['nan'] vs ['nan'] (keys that print alike but are not equal, such as NaN" in why
+
+
+def test_merge_call_arguments_of_different_structures_say_so(execution):
+    import numpy as np
+
+    import distvals as dv
+
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution=execution)
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        kwargs = {"a": np.ones(1)} if r < 2 else {"a": np.ones(1), "b": np.ones(1)}
+        return dv.get_replica_context().merge_call(lambda strategy, **kw: 0, kwargs=kwargs)
+
+    with pytest.raises(ValueError, match=r"merge_call: replicas 0 and 2 passed different structures as kwargs"):
+        s.run(step)

@@ -146,16 +146,40 @@ py::object rebuild(PyObject* tmpl, py::list items) {
     return py::reinterpret_steal<py::object>(t);
   }
   py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(tmpl)));
+  py::object out;
   if (is_namedtuple(tmpl)) {
     py::tuple args = py::reinterpret_steal<py::tuple>(PyList_AsTuple(items.ptr()));
     check(args.ptr() != nullptr);
-    PyObject* r = PyObject_Call(type.ptr(), args.ptr(), nullptr);
-    check(r != nullptr);
-    return py::reinterpret_steal<py::object>(r);
+    out = py::reinterpret_steal<py::object>(PyObject_Call(type.ptr(), args.ptr(), nullptr));
+  } else if (PyList_Check(tmpl)) {
+    // A list subclass: a shallow copy keeps what its constructor set (its own __init__
+    // may take other arguments than the items), then the items replace its contents.
+    out = py::module_::import("copy").attr("copy")(py::handle(tmpl));
+    check(PySequence_SetSlice(out.ptr(), 0, PY_SSIZE_T_MAX, items.ptr()) == 0);
+  } else {
+    out = py::reinterpret_steal<py::object>(PyObject_CallOneArg(type.ptr(), items.ptr()));
   }
-  PyObject* r = PyObject_CallOneArg(type.ptr(), items.ptr());
-  check(r != nullptr);
-  return py::reinterpret_steal<py::object>(r);
+  check(out.ptr() != nullptr);
+  // A constructor that does not take its items as they come would lose leaves silently.
+  if (PyObject_Length(out.ptr()) != PyList_GET_SIZE(items.ptr())) {
+    PyErr_Clear();
+    throw py::type_error(std::string("nest: a ") + Py_TYPE(tmpl)->tp_name + " rebuilt from its " +
+                         std::to_string(PyList_GET_SIZE(items.ptr())) + " items does not hold them " +
+                         "(its constructor takes other arguments); use a list, tuple or namedtuple");
+  }
+  return out;
+}
+
+// Whether two containers are of one kind for nest: the same type; any two lists; any two
+// dicts (a dict and an OrderedDict); namedtuples of the same name and fields (a class made
+// anew in each replica's function), as tf.nest counts them.
+bool same_kind(PyObject* a, PyObject* b) {
+  if (Py_TYPE(a) == Py_TYPE(b)) return true;
+  if ((PyList_Check(a) && PyList_Check(b)) || (PyDict_Check(a) && PyDict_Check(b))) return true;
+  if (!is_namedtuple(a) || !is_namedtuple(b)) return false;
+  py::handle ta(reinterpret_cast<PyObject*>(Py_TYPE(a)));
+  py::handle tb(reinterpret_cast<PyObject*>(Py_TYPE(b)));
+  return ta.attr("__name__").equal(tb.attr("__name__")) && ta.attr("_fields").equal(tb.attr("_fields"));
 }
 
 py::object pack(PyObject* x, leaf_source& src) {
@@ -183,9 +207,11 @@ py::object pack(PyObject* x, leaf_source& src) {
     if (PyDict_CheckExact(x)) {
       out = py::dict();
     } else {
-      PyObject* made = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(Py_TYPE(x)));
-      check(made != nullptr);
-      out = py::reinterpret_steal<py::object>(made);
+      // A dict subclass: a shallow copy, emptied, keeps what its constructor set (a
+      // defaultdict's default_factory; a constructor that takes other arguments).
+      out = py::module_::import("copy").attr("copy")(py::handle(x));
+      check(PyDict_Check(out.ptr()));
+      PyDict_Clear(out.ptr());
     }
     for (py::handle k : own) {
       py::object v = item_of(values.ptr(), k.ptr());  // KeyError: a key added meanwhile
@@ -252,7 +278,7 @@ bool same(PyObject* a, PyObject* b) {
   const bool bn = is_container(b);
   if (!an && !bn) return true;
   if (an != bn) return false;
-  if (Py_TYPE(a) != Py_TYPE(b) && !(PyList_Check(a) && PyList_Check(b))) return false;
+  if (!same_kind(a, b)) return false;
   recursion_guard guard(" in nest.structure_mismatch");
   if (PyDict_Check(a)) {
     if (!same_key_order(a, b)) return false;

@@ -784,8 +784,8 @@ class LocalExtended(CrossReplicaExtended):
     def _resolve_merge(self, requests: List[Request]) -> List[Any]:
         strategy = self._container
         fn = requests[0].value[0]
-        merged_args = regroup([q.value[1] for q in requests], what="merge_call", scalars_by_identity=True)
-        merged_kwargs = regroup([q.value[2] for q in requests], what="merge_call", scalars_by_identity=True)
+        merged_args = regroup([q.value[1] for q in requests], what="merge_call args", scalars_by_identity=True)
+        merged_kwargs = regroup([q.value[2] for q in requests], what="merge_call kwargs", scalars_by_identity=True)
         try:
             with context.CrossReplica(strategy):
                 result = fn(strategy, *merged_args, **merged_kwargs)

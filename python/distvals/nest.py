@@ -73,10 +73,26 @@ def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
     return pack_sequence_as(first, [fn(*leaves) for leaves in zip(*flats)])
 
 
+def _same_kind(a: Any, b: Any) -> bool:
+    """Containers of one kind: the same type, any two lists, any two dicts, namedtuples
+    of the same name and fields (as the C++ walk and tf.nest count them)."""
+    if (
+        type(a) is type(b)
+        or (isinstance(a, list) and isinstance(b, list))
+        or (isinstance(a, dict) and isinstance(b, dict))
+    ):
+        return True
+    return (
+        _is_namedtuple(a)
+        and _is_namedtuple(b)
+        and (type(a).__name__, type(a)._fields) == (type(b).__name__, type(b)._fields)
+    )
+
+
 def describe(x: Any) -> str:
     """A short name of the container kind of ``x`` (for error messages)."""
     if _is_namedtuple(x):
-        return f"{type(x).__name__} namedtuple of {len(x)}"
+        return f"{type(x).__name__}({', '.join(type(x)._fields)}) namedtuple"
     if isinstance(x, (list, tuple, dict)):
         return f"{type(x).__name__} of {len(x)}"
     return "a single value"
@@ -120,11 +136,15 @@ def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
     b_nested = isinstance(b, (list, tuple, dict))
     if not a_nested and not b_nested:
         return None
-    if a_nested != b_nested or (type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list))):
+    if a_nested != b_nested or not _same_kind(a, b):
         return f"{describe(a)} vs {describe(b)}"
     if isinstance(a, dict):
         if a.keys() != b.keys():
-            return f"dict keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+            ka, kb = sorted(map(repr, a)), sorted(map(repr, b))
+            text = f"dict keys {ka} vs {kb}"
+            if ka == kb:
+                text += " (keys that print alike but are not equal, such as NaN, or objects equal only to themselves)"
+            return text
         if list(a) != list(b):
             # The same keys in another insertion order: their leaves pair up only if nest
             # orders both the same way (keys that cannot be sorted keep each dict's own

@@ -392,6 +392,11 @@ _regroup = _core.nest_regroup
 
 def _mismatch(per_replica: Sequence[Any], r: int, what: str) -> None:
     why = nest.structure_mismatch(per_replica[0], per_replica[r])
+    if what.startswith("merge_call "):  # merge_call's args or kwargs: what the replicas passed
+        raise ValueError(
+            f"merge_call: replicas 0 and {r} passed different structures as {what.split(' ', 1)[1]} ({why}); "
+            "every replica must pass the same nesting of lists, tuples and dicts"
+        )
     raise ValueError(
         f"{what}: replicas 0 and {r} returned different structures ({why}); every replica "
         "must return the same nesting of lists, tuples and dicts"
