@@ -254,6 +254,64 @@ TEST_CASE("a caller's stream of another device, named without its device, is ask
   no_hazards("stream device");
 }
 
+// A caller stream named by a special handle (0: the legacy default stream) means the
+// default stream of the device it names; every wait the call puts on it must be made with
+// that device current, whatever device the calling thread (or the call's previous step)
+// left current, or the wait lands on another device's default stream.
+TEST_CASE("a legacy caller stream of one device, with a producer on another and the other device current") {
+  if (!is_model() || B->devices() < 2) return;
+  auto g = B->make_group(2, {}, {0, 1});
+  auto v = floats(*g, 1000, [](int, std::size_t) { return 1.0f; });
+  void* producer = new_stream(1);
+  float* p = static_cast<float*>(v[1].data);
+  B->model()->enqueue_host_work(
+      producer,
+      [p]() {
+        std::this_thread::sleep_for(30ms);
+        for (int i = 0; i < 1000; ++i) p[i] = 7.0f;
+      },
+      p, 1000 * sizeof(float));
+  {
+    cuda::device_scope scope(rt());
+    scope.set(0);
+    enqueue(*g, all_reduce_desc(1000), v, v, nullptr, 0, {detail::stream_ref{producer, 1}});
+  }
+  B->model()->synchronize_all();
+  for (int r = 0; r < 2; ++r) CHECK_MSG(host(v[r])[0] == 8.0f && host(v[r])[999] == 8.0f, "replica " + std::to_string(r));
+  rt().stream_destroy(producer);
+  no_hazards("legacy caller, producer on another device");
+}
+
+TEST_CASE("a legacy caller stream follows the previous call whatever device the thread has current") {
+  if (!is_model() || B->devices() < 2) return;
+  const std::size_t count = 50000;
+  for (const std::vector<int>& gpus : {std::vector<int>{1, 1}, std::vector<int>{0, 1}}) {
+    const int home = gpus[0];
+    auto g = B->make_group(2, {}, gpus);
+    auto v = floats(*g, count, [](int r, std::size_t) { return r == 0 ? 1.0f : 0.0f; });
+    void* user = new_stream(home);
+    {
+      cuda::device_scope scope(rt());
+      scope.set(1 - home);  // not the caller stream's device
+      B->model()->enqueue_host_work(user, []() { std::this_thread::sleep_for(30ms); });
+      // A broadcast of replica 1's zeros on a busy user stream, then a sum on device
+      // `home`'s legacy stream: the sum must wait for the broadcast (all zeros).
+      const call_desc bcast{collective::broadcast, dtype::float32, reduce_op::sum, algorithm::automatic, count, 1};
+      enqueue(*g, bcast, v, v, user, home);
+      enqueue(*g, all_reduce_desc(count), v, v, nullptr, home);
+    }
+    B->model()->synchronize_all();
+    std::size_t wrong = 0;
+    for (int r = 0; r < 2; ++r) {
+      for (float x : host(v[r])) wrong += x != 0.0f;
+    }
+    CHECK_MSG(wrong == 0, std::to_string(wrong) + " wrong elements on devices " + std::to_string(gpus[0]) + "," +
+                              std::to_string(gpus[1]));
+    rt().stream_destroy(user);
+    no_hazards("legacy caller after a call on a user stream");
+  }
+}
+
 TEST_CASE("a thread that never used CUDA gets no context on device 0") {
   if (!is_model() || B->devices() < 2) return;
   auto g = B->make_group(2, {}, {1, 1});  // made on this thread: device 1 only

@@ -293,6 +293,13 @@ void cuda_executor::run(const call& c) {
   for (int d = 0; d < nd; ++d) x[d] = async && d == home ? c.caller->handle : devs_[d].stream;
   const cuda::stream_t home_stream = async ? c.caller->handle : devs_[0].stream;
   const int home_gpu = async ? caller_gpu : devs_[0].gpu;
+  // Device d's stream waits for `e`, with device d current: x[home] may be the caller's
+  // special handle (0, 1, 2: the *current* device's default stream), so a wait made with
+  // another device current would order that device's default stream instead.
+  auto wait = [&](int d, cuda::event_t e) {
+    scope.set(devs_[d].gpu);
+    rt_.stream_wait_event(x[d], e);
+  };
 
   try {
     // Step 1: order after what must come first. (a) A synchronous call follows the work
@@ -310,17 +317,17 @@ void cuda_executor::run(const call& c) {
       cuda::event_t f = fork_event(caller_gpu, scope);
       rt_.event_record(f, c.caller->handle);
       for (int d = 0; d < nd; ++d) {
-        if (d != home) rt_.stream_wait_event(x[d], f);
+        if (d != home) wait(d, f);
       }
     }
     // (b) The previous call of this group, through its one join event (and, after a
     // failed call, the end events it left), unless the host has seen it complete.
     if (join_pending_) {
-      for (int d = 0; d < nd; ++d) rt_.stream_wait_event(x[d], join_);
+      for (int d = 0; d < nd; ++d) wait(d, join_);
     }
     if (fence_pending_) {
       for (int d = 0; d < nd; ++d) {
-        for (int e = 0; e < nd; ++e) rt_.stream_wait_event(x[d], devs_[e].end);
+        for (int e = 0; e < nd; ++e) wait(d, devs_[e].end);
       }
       fence_pending_ = false;
     }
@@ -335,7 +342,7 @@ void cuda_executor::run(const call& c) {
       scope.set(gpu);
       cuda::event_t f = fork_event(gpu, scope);
       rt_.event_record(f, p.handle);
-      for (int d = 0; d < nd; ++d) rt_.stream_wait_event(x[d], f);
+      for (int d = 0; d < nd; ++d) wait(d, f);
     }
     // Step 2 (several devices): every device starts only when every device has reached
     // this call, since each one reads and writes the others' buffers.
@@ -346,7 +353,7 @@ void cuda_executor::run(const call& c) {
       }
       for (int d = 0; d < nd; ++d) {
         for (int e = 0; e < nd; ++e) {
-          if (e != d) rt_.stream_wait_event(x[d], devs_[e].start);
+          if (e != d) wait(d, devs_[e].start);
         }
       }
     }
