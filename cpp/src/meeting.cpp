@@ -1,6 +1,7 @@
 // The per-replica style: N threads, one per replica, post their arguments, meet, agree,
 // and run the collective. Whatever the backend, every replica checks every posted call
 // the same way, so all of them raise the same error, before anything is touched.
+#include <cstdint>
 #include <string>
 
 #include "group_impl.hpp"
@@ -129,6 +130,13 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
   me.type_error[slot] = false;
   try {
     check_replica(desc, replica, in, out);
+    if (wait_for != nullptr && replica != 0 && wait_for->handle == reinterpret_cast<void*>(std::uintptr_t{2})) {
+      // Replica 0's thread enqueues the whole collective, and there handle 2 would be its
+      // own per-thread default stream: this replica's work would never be waited for.
+      throw invalid_argument_error("replica " + std::to_string(replica) +
+                                   ": a per-thread default stream (handle 2) cannot be waited for from another "
+                                   "thread; pass the stream object itself, or synchronize it first");
+    }
     if (options.ndim > 0 && options.shape != nullptr) {
       // A shape describes the input: its elements must be the call's.
       std::uint64_t elements = 1;

@@ -471,6 +471,32 @@ TEST_CASE("per replica on GPUs: replica 0 launches for all, the others get its r
   no_hazards("per replica");
 }
 
+TEST_CASE("per replica on GPUs: another replica's per-thread default stream is refused, not ignored") {
+  if (!is_model()) return;
+  auto g = B->make_group(2);
+  auto v = floats(*g, 100, [](int r, std::size_t) { return static_cast<float>(r + 1); });
+  const call_desc d = all_reduce_desc(100);
+  std::vector<std::string> errs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r]() {
+      // Handle 2 names the calling thread's own stream; replica 0's thread enqueues the
+      // collective, so replica 1's would never be waited for.
+      const detail::stream_ref per_thread{reinterpret_cast<void*>(std::uintptr_t{2}), 0};
+      try {
+        inner(*g).run_replica(r, d, v[r], v[r], replica_options{}, &per_thread);
+      } catch (const std::exception& e) {
+        errs[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK_MSG(contains(errs[1], "replica 1: a per-thread default stream (handle 2)"), errs[1]);
+  CHECK_MSG(!errs[0].empty(), "replica 0 is released with the error");
+  CHECK(host(v[0])[0] == 1.0f && host(v[1])[0] == 2.0f);  // nothing ran
+  no_hazards("per-thread stream refused");
+}
+
 // ---- sizes and alignment (the kernel's own paths on a GPU) ---------------------------------------
 
 TEST_CASE("misaligned buffers: heads and tails peeled, the body still right") {
