@@ -801,7 +801,7 @@ def test_numpy_runner_all_reduce_is_right():
     for op in bd.OPS:
         arrays = [bd.make_input(4, r, 777, "float64", op) for r in range(4)]
         want = numpy_reference(arrays, op)
-        mod.all_reduce(arrays, np.empty_like(arrays[0]), op)
+        mod.all_reduce(arrays, op)
         for a in arrays:
             np.testing.assert_allclose(a, want, rtol=1e-12)
 
@@ -982,3 +982,26 @@ def test_out_of_place_rows_count_a_call_that_writes_nothing_into_its_outputs(mon
     )
     wrong = {r.algorithm: r.wrong for r in rows if r.out_of_place}
     assert wrong["ring"] == 0 and wrong["tree"] > 0 and wrong["direct"] > 0, wrong
+
+
+def test_out_of_place_rows_count_a_call_that_changes_its_inputs(monkeypatch):
+    # An engine that reduced into its inputs and then copied them to the outputs gets
+    # right outputs; the inputs it changed are counted as wrong.
+    real = core._core.time_all_reduce
+
+    def in_place_then_copy(engine, bufs, op, algorithm, iters, warmup, **kw):
+        out = kw.pop("out", None)
+        times = real(engine, bufs, op, algorithm, iters, warmup)
+        if out is not None:
+            for o, b in zip(out, bufs):
+                np.copyto(o, b)
+        return times
+
+    monkeypatch.setattr(core._core, "time_all_reduce", in_place_then_copy)
+    with distvals.ReplicaGroup(2) as g:
+        bufs = [np.empty(4096, np.float32) for _ in range(2)]
+        outs = [np.zeros(4096, np.float32) for _ in range(2)]
+        row = core.measure_group(g, bufs, "float32", "sum", "direct", iters=3, python_loop=False, out=outs)
+    ref = bd.reference(2, 4096, "float32", "sum")
+    changed = sum(int(np.count_nonzero(bd.make_input(2, r, 4096, "float32", "sum") != ref)) for r in range(2))
+    assert changed > 4096 and row.wrong == changed  # each input element the sum changed

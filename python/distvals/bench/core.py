@@ -66,6 +66,19 @@ def _refill(bufs: Sequence[np.ndarray], dtype: str, op: str) -> None:
         bd.fill(b, len(bufs), r, dtype, op)
 
 
+def _inputs_changed(bufs: Sequence[np.ndarray], out: Optional[Sequence[np.ndarray]], dtype: str, op: str) -> int:
+    """Out of place (``out`` given): the elements of the inputs that the call changed (an
+    engine that reduced into its inputs, then copied them out, counts as wrong)."""
+    if out is None:
+        return 0
+    changed = 0
+    for r, b in enumerate(bufs):
+        want = bd.fill(np.empty_like(b), len(bufs), r, dtype, op)  # one input's size at a time
+        differ = b.view(np.uint8).reshape(b.size, -1) != want.view(np.uint8).reshape(b.size, -1)
+        changed += int(np.count_nonzero(differ.any(axis=1)))
+    return changed
+
+
 def _python_loop_us(call: Callable[[], Any], iters: int, warmup: int) -> float:
     """Median microseconds of ``call()`` timed one call at a time from Python."""
     for _ in range(warmup):
@@ -124,10 +137,12 @@ def measure_group(
     _poison(out)
     _core.time_all_reduce(engine, bufs, op, algorithm, 1, 0, **extra)
     wrong = bd.count_wrong(dest, n, dtype, op)
+    wrong += _inputs_changed(bufs, out, dtype, op)
     _refill(bufs, dtype, op)
     _poison(out)
     group.all_reduce(bufs, op, algorithm, **extra)
     wrong += bd.count_wrong(dest, n, dtype, op)
+    wrong += _inputs_changed(bufs, out, dtype, op)
     warmup = bd.warmup_for(iters)
     times = _core.time_all_reduce(engine, bufs, op, algorithm, iters, warmup, **extra)
     time_us = statistics.median(times.tolist()) * 1e6

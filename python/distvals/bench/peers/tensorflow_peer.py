@@ -31,9 +31,14 @@ __all__ = ["main"]
 
 def _distribute(tf: Any, strategy: Any, arrays: Sequence[np.ndarray]) -> Any:
     """A PerReplica value whose replica r holds ``arrays[r]`` on its own logical device."""
-    return strategy.experimental_distribute_values_from_function(
-        lambda ctx: tf.constant(arrays[ctx.replica_id_in_sync_group])
-    )
+    devices = strategy.extended.worker_devices
+
+    def value(ctx: Any) -> Any:
+        r = ctx.replica_id_in_sync_group
+        with tf.device(devices[r]):  # (without it every replica's constant lands on CPU:0)
+            return tf.constant(arrays[r])
+
+    return strategy.experimental_distribute_values_from_function(value)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
