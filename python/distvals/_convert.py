@@ -79,6 +79,13 @@ def host_array(x: Any) -> Optional[np.ndarray]:
     return np.asarray(numpy_fn()) if callable(numpy_fn) else None
 
 
+def as_numpy(x: Any) -> np.ndarray:
+    """``x`` as a numpy array: a host tensor of another library as ``host_array`` gives
+    it, anything else through ``np.asarray``."""
+    host = host_array(x)
+    return np.asarray(x) if host is None else host
+
+
 def as_host_array(obj: Any, replica: int) -> np.ndarray:
     """``obj`` as a numpy array sharing its memory, for the engine (which reads and may
     write it).

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, List
 import numpy as np
 
 from . import nest, specs
-from ._convert import host_array
+from ._convert import as_numpy
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
@@ -133,8 +133,7 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
     if hasattr(x, "dtype"):
         # numpy scalars and tensors of other libraries keep their dtype. (A torch
         # tensor's numpy view also stops resize_ from moving its memory under it.)
-        host = host_array(x)
-        return np.asarray(x) if host is None else host
+        return as_numpy(x)
     a = np.asarray(x)
     if a.dtype == np.float64 and _python_numbers(x):
         # Python floats become float32, as in TensorFlow; numpy float64 values in a list

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import cuda as _cuda
-from ._convert import host_array
+from ._convert import as_numpy
 from ._core import parse_device
 
 __all__ = [
@@ -138,12 +138,7 @@ def as_value(x: Any) -> Any:
         return x
     if is_device_array(x):
         return _cuda.as_device_array(x)
-    return _host_array(x)
-
-
-def _host_array(x: Any) -> np.ndarray:
-    host = host_array(x)
-    return np.asarray(x) if host is None else host
+    return as_numpy(x)
 
 
 # ---- moving values ---------------------------------------------------------------------------
@@ -158,7 +153,7 @@ def to_host(x: Any) -> np.ndarray:
         return x.numpy()
     if is_device_array(x):
         return _cuda.as_device_array(x).numpy()
-    return _host_array(x)
+    return as_numpy(x)
 
 
 def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False) -> Any:
@@ -173,7 +168,7 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
     if place is None:
         if is_device_array(x):
             return to_host(x)
-        a = _host_array(x)
+        a = as_numpy(x)
         return np.array(a, copy=True) if copy else a
     if is_device_array(x):
         d = _cuda.as_device_array(x)
@@ -182,7 +177,7 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
         out = _cuda.DeviceArray(d.shape, d.dtype, place)
         _copy_device(out, 0, d)
         return out
-    host = _contiguous(_host_array(x))
+    host = _contiguous(as_numpy(x))
     return _cuda.to_device(host, place)
 
 
@@ -237,7 +232,7 @@ def copy(x: Any) -> Any:
     """A copy of ``x`` where it lives (host array-likes become numpy arrays)."""
     if is_device_array(x):
         return _cuda.as_device_array(x).copy()
-    return np.array(_host_array(x), copy=True)
+    return np.array(as_numpy(x), copy=True)
 
 
 def freeze(x: Any) -> Any:

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from . import devices, nest, specs
-from ._convert import host_array
 from .input_contexts import InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode, check_options
 from .optional import Optional as _Optional
@@ -82,12 +81,7 @@ def to_numpy(x: Any) -> np.ndarray:
     device array is copied to the host)."""
     if isinstance(x, np.ndarray):
         return x
-    if devices.is_device_array(x):
-        return devices.to_host(x)
-    host = host_array(x)
-    if host is not None:
-        return host
-    return np.asarray(x)
+    return devices.to_host(x)
 
 
 def _leaf(x: Any, on_gpu: bool) -> Any:

@@ -825,16 +825,14 @@ def _own_tensors(value: Any, replica: int) -> Any:
     if replica == 0:
         return value
     leaves = nest.flatten(value) if isinstance(value, (list, tuple, dict)) else [value]
-    if not any(kinds.framework_of(x) in _MUTABLE_FRAMEWORKS for x in leaves):
+    if not any(kinds.framework_of(x) in _COPY for x in leaves):
         return value
-    own = [
-        x.clone() if kinds.framework_of(x) == "torch" else x.copy() if kinds.framework_of(x) == "cupy" else x
-        for x in leaves
-    ]
+    own = [_COPY[kinds.framework_of(x)](x) if kinds.framework_of(x) in _COPY else x for x in leaves]
     return nest.pack_sequence_as(value, own) if isinstance(value, (list, tuple, dict)) else own[0]
 
 
-_MUTABLE_FRAMEWORKS = ("torch", "cupy")
+# How an array of each framework that has no read-only arrays is copied.
+_COPY: Dict[str, Callable[[Any], Any]] = {"torch": lambda t: t.clone(), "cupy": lambda a: a.copy()}
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

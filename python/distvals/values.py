@@ -338,9 +338,9 @@ def regroup(
     As in TensorFlow, a leaf that is the very same object on every replica stays as it
     is, Python numbers, strings and bools included (``run(lambda: 2.5)`` is ``2.5``;
     equal but distinct objects make a PerReplica), except numpy bools, of which numpy
-    keeps one True and one False (each replica's ``np.any(x)`` is its own value). With ``always_wrap`` every leaf is
-    wrapped, even one replica's. Different structures are a ValueError naming the
-    replicas."""
+    keeps one True and one False (each replica's ``np.any(x)`` is its own value). With
+    ``always_wrap`` every leaf is wrapped, even one replica's. Different structures are
+    a ValueError naming the replicas."""
     wrap = PerReplica if wrap is None else wrap
     v0 = per_replica[0]
     n = len(per_replica)

@@ -908,7 +908,7 @@ def shape_allowed(var: Any, shape: Tuple[int, ...]) -> bool:
 
 def shape_text(var: Any) -> str:
     """The shapes ``var`` takes, for an error message."""
-    rule = getattr(var, "_shape_rule", True)
+    rule: ShapeRule = var._shape_rule
     return f"{var.shape}" if rule is True else f"{tuple(var.shape)} (declared {rule})"
 
 
