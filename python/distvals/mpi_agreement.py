@@ -21,11 +21,17 @@ changes:
   agreed (sum of zeros, max of zeros, min or product of ones). A worker whose call
   differs still sends a buffer of the expected size (with zeros), so the MPI call is
   well-formed on every worker.
+- A large collective that crosses in one piece by point-to-point exchanges (two
+  workers swapping, or a ring: ``distvals.mpi_exchanges``) carries the flag the same
+  way, as a one-element message beside its first exchanges: every worker knows every
+  flag before any worker writes a finished piece, and a flag that says "not my call"
+  stops every worker there. A worker whose call differs makes the expected exchanges
+  with zeros (its stand-in), as for small ones.
 - When no call is expected, when a flag shows that some worker's call is not the
-  expected one, and for large collectives (whose 16-byte exchange travels while the
-  worker's local reduce runs), the workers first exchange their signatures; equal signatures go on to the data call,
-  different ones exchange their descriptions and raise ``MismatchError`` naming the
-  first difference, on every worker.
+  expected one, and for other large collectives (whose 16-byte exchange travels while
+  the worker's local reduce runs), the workers first exchange their signatures; equal
+  signatures go on to the data call, different ones exchange their descriptions and
+  raise ``MismatchError`` naming the first difference, on every worker.
 
 So a training loop that repeats the same collectives pays one MPI call per collective
 after its first step; a changed call costs one extra exchange (and, for a small
@@ -146,16 +152,20 @@ def signature(description: str) -> int:
 
 class Expected:
     """The call that followed a given call last time, as the MPI layer saw it: its
-    signature and the size (flag included), dtype and op of its MPI buffer."""
+    signature and the size (flag included), dtype and op of its MPI buffer; ``flagged``:
+    the flag is the buffer's last element; ``carried``: the flag rides the exchanges."""
 
-    __slots__ = ("count", "dtype", "flagged", "op", "signature", "wire")
+    __slots__ = ("carried", "count", "dtype", "flagged", "op", "signature", "wire")
 
-    def __init__(self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool) -> None:
+    def __init__(
+        self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool, carried: bool = False
+    ) -> None:
         self.signature = signature
         self.count = count
         self.dtype = dtype
         self.op = op
         self.flagged = flagged
+        self.carried = carried
         # Whether the buffer crosses MPI in its own dtype.
         self.wire = wire_dtype(dtype) == dtype
 
@@ -191,6 +201,16 @@ class WorkerAgreement(Collectives):
             timeout: Optional[float],
             send: Optional[np.ndarray] = None,
         ) -> None: ...
+
+        def _carried_all_reduce(
+            self,
+            buf: np.ndarray,
+            op: ReduceOp,
+            send: Optional[np.ndarray],
+            agree: bool,
+            what: str,
+            timeout: Optional[float],
+        ) -> bool: ...
 
     # ---- waiting ---------------------------------------------------------------------------
     def _deadline(self, timeout: Optional[float]) -> Tuple[float, float]:
@@ -262,16 +282,20 @@ class WorkerAgreement(Collectives):
         )
 
     def _stand_in(self, what: str, timeout: Optional[float]) -> None:
-        """When the memory expects a flagged call next (the same on every worker), makes
-        that MPI call flagged as "not my call", with zeros for data: a worker whose call
-        is the expected one makes the same MPI call with its data, so every worker's call
-        is well-formed, and the flag sends every worker on to the signature exchange."""
+        """When the memory expects a call that carries a flag next (the same on every
+        worker), makes that call's MPI calls flagged as "not my call", with zeros for
+        data: a worker whose call is the expected one makes the same MPI calls with its
+        data, so every worker's calls are well-formed, and the flag sends every worker on
+        to the signature exchange."""
         expected = self._expected.get(self._last)
-        if expected is None or not expected.flagged:
+        if expected is None or not (expected.flagged or expected.carried):
             return
         stand_in = np.zeros(expected.count, dtype=expected.dtype)
-        stand_in[-1] = DISAGREE[expected.op]
-        self._mpi_all_reduce(stand_in, expected.op, what, timeout)
+        if expected.carried:
+            self._carried_all_reduce(stand_in, expected.op, None, False, what, timeout)
+        else:
+            stand_in[-1] = DISAGREE[expected.op]
+            self._mpi_all_reduce(stand_in, expected.op, what, timeout)
         self.stats["flagged"] += 1
 
     def _sync_point(self, description: str, what: str, timeout: Optional[float]) -> None:
@@ -285,17 +309,29 @@ class WorkerAgreement(Collectives):
         self._last = sig
 
     def _agree_large(
-        self, description: str, total: int, work: np.dtype, op: ReduceOp, what: str, timeout: Optional[float]
+        self,
+        description: str,
+        total: int,
+        work: np.dtype,
+        op: ReduceOp,
+        what: str,
+        timeout: Optional[float],
+        *,
+        carried: bool = False,
+        stand_in: bool = True,
     ) -> Callable[[], None]:
         """The agreement of a large all-reduce: one signature exchange before the data.
-        Returns the function that completes it: call it before any data crosses MPI."""
+        Returns the function that completes it: call it before any data crosses MPI.
+        ``carried``: the call can carry its flag (remembered so, the next such call does);
+        ``stand_in``: False when this worker already made the expected call's MPI calls."""
         sig = self._sig(description)
-        self._stand_in(what, timeout)
+        if stand_in:
+            self._stand_in(what, timeout)
         finish = self._exchange_start(sig, description, what, timeout)
 
         def agreed() -> None:
             finish()
-            self._expected[self._last] = Expected(sig, total, work, op, False)
+            self._expected[self._last] = Expected(sig, total, work, op, False, carried)
             self._last = sig
 
         return agreed

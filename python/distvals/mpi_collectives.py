@@ -46,7 +46,7 @@ from . import devices, nest
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
 from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, describe_structure, dtype_text
-from .mpi_exchanges import NUMPY_OPS, TAG, Exchanges, wire_dtype
+from .mpi_exchanges import FLAG_TAG, NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll, poll_all
 from .reduce_op import ReduceOp
 
@@ -225,16 +225,47 @@ class HierarchicalCollectives(WorkerAgreement):
         elif route == "blocking":
             self._complete(self._submit(buf, op, src), what, t, deadline)
         else:
-            comm = self._comm
-
-            def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
-                reqs = [comm.Irecv(into, source, TAG), comm.Isend(out, dest, TAG)]
-                if not poll_all(reqs, deadline):
-                    self._timed_out(what, t)
-
-            self._exchanges.all_reduce(route, buf, op, src, exchange)
+            self._exchanges.all_reduce(route, buf, op, src, self._polled_exchange(what, t, deadline))
         if target is not None:
             target[...] = buf.astype(target.dtype)
+
+    def _polled_exchange(self, what: str, timeout: float, deadline: float) -> Callable[..., None]:
+        """The exchange of ``Exchanges.all_reduce`` made from the calling thread: a
+        nonblocking send and receive (and the flags' beside them), polled until the
+        deadline."""
+        comm = self._comm
+
+        def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int, flags: Optional[np.ndarray]) -> None:
+            reqs = [comm.Irecv(into, source, TAG), comm.Isend(out, dest, TAG)]
+            if flags is not None:
+                reqs += [comm.Irecv(flags[1:], source, FLAG_TAG), comm.Isend(flags[:1], dest, FLAG_TAG)]
+            if not poll_all(reqs, deadline):
+                self._timed_out(what, timeout)
+
+        return exchange
+
+    def carries_agreement(self, count: int, dtype: np.dtype) -> bool:
+        """Whether a large all-reduce of ``count`` elements of ``dtype`` in one piece
+        crosses by point-to-point exchanges that can carry the agreement flags (see the
+        agreement module doc). It depends only on what every worker agrees on."""
+        return wire_dtype(dtype) == dtype and self._exchanges.route(count * dtype.itemsize, dtype) in ("pair", "ring")
+
+    def _carried_all_reduce(
+        self,
+        buf: np.ndarray,
+        op: ReduceOp,
+        send: Optional[np.ndarray],
+        agree: bool,
+        what: str,
+        timeout: Optional[float],
+    ) -> bool:
+        """``buf`` all-reduced (from ``send`` when given) by the exchanges, with this
+        worker's agreement flag riding them; whether every worker's flag was True (when
+        not, ``buf`` holds nothing of use)."""
+        t, deadline = self._deadline(timeout)
+        self.stats["data_calls"] += 1
+        route = self._exchanges.route(buf.nbytes, buf.dtype)
+        return self._exchanges.all_reduce(route, buf, op, send, self._polled_exchange(what, t, deadline), agree)
 
     def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray]) -> MpiJob:
         """Starts the all-reduce of ``buf`` (from ``send`` when given) on the MPI thread,
@@ -253,8 +284,10 @@ class HierarchicalCollectives(WorkerAgreement):
             run = lambda: comm.Iallreduce(sendbuf, buf, mpi_op).Wait()  # noqa: E731
         else:
 
-            def exchange(out: np.ndarray, into: np.ndarray, dest: int, source: int) -> None:
-                comm.Sendrecv(out, dest, TAG, into, source, TAG)
+            def exchange(
+                out: np.ndarray, into: np.ndarray, dest: int, source: int, flags: Optional[np.ndarray]
+            ) -> None:
+                comm.Sendrecv(out, dest, TAG, into, source, TAG)  # never with flags: see _carried_all_reduce
 
             def run() -> None:
                 self._exchanges.all_reduce(route, buf, op, send, exchange)
@@ -295,31 +328,30 @@ class HierarchicalCollectives(WorkerAgreement):
         # Whether the expected call carries a flag is the same on every worker (the
         # memory is), so every worker takes the same path here.
         expected = self._expected.get(self._last)
-        if expected is not None and expected.flagged:
-            if expected.signature == sig:
-                agree = AGREE[op]
-                flat[-1] = agree
-                if direct is None:
-                    # Decided by size and dtype alone, as the route is: a stand-in of the
-                    # same size and dtype on another worker takes the same MPI calls.
-                    direct = expected.wire and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking"
-                if send is None and direct:
-                    # The steady state of a training loop: one polled Iallreduce.
-                    self.stats["data_calls"] += 1
-                    t = self.timeout if timeout is None else timeout
-                    mpi_op = self._mpi_op(op, flat.dtype)
-                    if not poll(self._comm.Iallreduce(self._in_place, flat, mpi_op), _monotonic() + t):
-                        self._timed_out(what, t)
-                else:
-                    self._mpi_all_reduce(flat, op, what, timeout)
-                if flat[-1] == agree:
-                    self._last = sig
-                    return
-                self.stats["flagged"] += 1
+        if expected is not None and expected.flagged and expected.signature == sig:
+            agree = AGREE[op]
+            flat[-1] = agree
+            if direct is None:
+                # Decided by size and dtype alone, as the route is: a stand-in of the
+                # same size and dtype on another worker takes the same MPI calls.
+                direct = expected.wire and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking"
+            if send is None and direct:
+                # The steady state of a training loop: one polled Iallreduce.
+                self.stats["data_calls"] += 1
+                t = self.timeout if timeout is None else timeout
+                mpi_op = self._mpi_op(op, flat.dtype)
+                if not poll(self._comm.Iallreduce(self._in_place, flat, mpi_op), _monotonic() + t):
+                    self._timed_out(what, t)
             else:
-                # Our call is not the expected one: still make the expected MPI call,
-                # flagged, so that every worker's call is well-formed.
-                self._stand_in(what, timeout)
+                self._mpi_all_reduce(flat, op, what, timeout)
+            if flat[-1] == agree:
+                self._last = sig
+                return
+            self.stats["flagged"] += 1
+        else:
+            # Our call is not the expected one: still make the expected MPI call (when it
+            # carries a flag), flagged, so that every worker's call is well-formed.
+            self._stand_in(what, timeout)
         # No call expected, a flag raised, or a call without a flag: agree first. When
         # every worker's call changed the same way, no worker used its own buffer above.
         self._exchange(sig, description, what, timeout)
@@ -559,44 +591,100 @@ class HierarchicalCollectives(WorkerAgreement):
                     np.copyto(o, data)
                 return []
             return self._local_spread(data, shapes, n)
-        # Large: agree first (one small exchange), then move the data.
+        # Large: agree first (one small exchange), then move the data; or, when the
+        # memory expects this very call and its data crosses by exchanges that can carry
+        # the flag, both at once.
         chunks = self._chunks(total, work.itemsize)
         if len(chunks) > 1:
             description += f" in chunks of {self.chunk_bytes} bytes"
+        sig = self._sig(description)
+        carried = len(chunks) == 1 and self.carries_agreement(total, work)
+        expected = self._expected.get(self._last)
+        fast = carried and expected is not None and expected.carried and expected.signature == sig
+        if fast:
+            done = self._large_attempt(op, leaves, work, shapes, chunks, outs, what, timeout, sig, None)
+            if done is not None:
+                return done
+            # Some worker's call is not this one: it made our MPI calls with zeros.
+            self.stats["flagged"] += 1
         # The signatures travel while the local replicas' values are reduced.
-        agreed = self._agree_large(description, total, work, local_op, what, timeout)
+        agreed = self._agree_large(
+            description, total, work, local_op, what, timeout, carried=carried, stand_in=not fast
+        )
+        done = self._large_attempt(op, leaves, work, shapes, chunks, outs, what, timeout, sig, agreed)
+        assert done is not None
+        return done
+
+    def _large_attempt(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        work: np.dtype,
+        shapes: List[Tuple[int, ...]],
+        chunks: List[Tuple[int, int]],
+        outs: Optional[List[np.ndarray]],
+        what: str,
+        timeout: Optional[float],
+        sig: int,
+        agreed: Optional[Callable[[], None]],
+    ) -> Optional[List[List[Any]]]:
+        """The three steps of a large ``_all_reduce_packed``. ``agreed``: completes the
+        signature exchange (call it before data crosses MPI); None: the flag rides the
+        one piece's exchanges instead, and the result is None when some worker's flag
+        said "not my call" (the outputs then hold nothing of use; the caller's inputs
+        are untouched)."""
+        n = self.num_local
+        total = sum(math.prod(s) for s in shapes)
+        local_op = _LOCAL_OP[op]
+
+        def cross(buf: np.ndarray, send: Optional[np.ndarray] = None) -> bool:
+            # The one piece across MPI, with or after the agreement.
+            if agreed is not None:
+                agreed()
+                self._mpi_all_reduce(buf, local_op, what, timeout, send=send)
+                return True
+            if not self._carried_all_reduce(buf, local_op, send, True, what, timeout):
+                return False
+            self._last = sig
+            return True
+
         if self._on_gpu:
             flat = self._local_reduce(local_op, leaves, work, total, 0)
-            agreed()
-            for lo, hi in chunks:
-                self._mpi_all_reduce(flat[lo:hi], local_op, what, timeout)
+            if len(chunks) == 1:
+                if not cross(flat):
+                    return None
+            else:
+                agreed()  # type: ignore[misc]  # chunked calls never carry the flag
+                for lo, hi in chunks:
+                    self._mpi_all_reduce(flat[lo:hi], local_op, what, timeout)
             self._finish_mean(op, [flat])
             return self._local_spread(flat, shapes, n)
         given = outs is not None
-        if outs is None:
-            outs = [new_array((total,), work) for _ in range(n)]
+        res = outs if outs is not None else [new_array((total,), work) for _ in range(n)]
         if len(leaves[0]) == 1:
             ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
-        if n == 1:
-            # No local steps: MPI reduces from the replica's values straight into its
-            # result, chunk by chunk.
-            agreed()
+        if n == 1 and len(chunks) == 1:
+            # No local steps: MPI reduces from the replica's values straight into its result.
+            if not cross(res[0], ins[0]):
+                return None
+        elif n == 1:
+            agreed()  # type: ignore[misc]
             for lo, hi in chunks:
-                self._mpi_all_reduce(outs[0][lo:hi], local_op, what, timeout, send=ins[0][lo:hi])
+                self._mpi_all_reduce(res[0][lo:hi], local_op, what, timeout, send=ins[0][lo:hi])
         elif len(chunks) == 1:
             # Nothing to overlap: the three steps one after the other, on this thread.
-            self._reduce_chunk(local_op, ins, outs, 0, total)
-            agreed()
-            self._mpi_all_reduce(outs[0], local_op, what, timeout)
-            self._broadcast_chunk(outs, 0, total)
+            self._reduce_chunk(local_op, ins, res, 0, total)
+            if not cross(res[0]):
+                return None
+            self._broadcast_chunk(res, 0, total)
         else:
-            self._pipeline(local_op, ins, outs, chunks, what, timeout, agreed)
-        self._finish_mean(op, outs)
+            self._pipeline(local_op, ins, res, chunks, what, timeout, agreed)  # type: ignore[arg-type]
+        self._finish_mean(op, res)
         if given:
             return []
-        return [self.local._unpack(outs[r], shapes) for r in range(n)]
+        return [self.local._unpack(res[r], shapes) for r in range(n)]
 
     def _chunks(self, count: int, itemsize: int) -> List[Tuple[int, int]]:
         """The pieces of a large buffer that cross MPI one by one (the same on every worker,

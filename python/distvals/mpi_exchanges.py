@@ -18,6 +18,12 @@ place). So the workers exchange the data point to point and reduce it with numpy
   path only, so every worker gets the same bits. With more than two workers the ring
   runs when each piece is at least 1 MiB; smaller chunks keep MPI_Allreduce.
 
+An exchange can also carry the workers' agreement flags (``all_reduce``'s ``agree``): a
+one-element message beside each reduce-scatter piece, holding the AND of the flags the
+sender has seen (its own first). After the W-1 steps every worker holds the AND of all
+W flags, and only then writes the all-gather's pieces, or stops when some worker's call
+was not the one the others make (``distvals.mpi_agreement``).
+
 The route depends only on what every worker agreed on (the chunk's size and dtype, the
 number of workers), so every worker makes the same MPI calls. Measured on 2 workers of
 one 2-core machine (new result from one array per worker, medians of three runs): 256 KiB
@@ -38,6 +44,7 @@ from .reduce_op import ReduceOp
 
 __all__ = [
     "BLOCKING_MIN_BYTES",
+    "FLAG_TAG",
     "NUMPY_OPS",
     "PAIR_MAX_BYTES",
     "RING_MIN_PIECE_BYTES",
@@ -59,6 +66,8 @@ RING_MIN_PIECE_BYTES = 1 << 20
 # The tag of the point-to-point messages of the all-reduce (on the strategy's own
 # communicator, where nothing else sends point to point).
 TAG = 0x6476
+#: Tag of the agreement flags riding an exchange.
+FLAG_TAG = TAG + 1
 
 
 def wire_dtype(dtype: np.dtype) -> np.dtype:
@@ -75,6 +84,10 @@ NUMPY_OPS = {
 }
 
 
+#: ``exchange(out, into, dest, source, flags)``: see ``Exchanges.all_reduce``.
+Exchange = Callable[[np.ndarray, np.ndarray, int, int, Optional[np.ndarray]], None]
+
+
 class Exchanges:
     """Worker ``rank`` of ``size``: how a buffer crosses MPI, and the exchanges that
     all-reduce it (the caller supplies the exchange itself: nonblocking and polled on the
@@ -85,6 +98,8 @@ class Exchanges:
         self.size = size
         # Receive buffer of the exchanges, kept from call to call.
         self._scratch = np.empty(0, dtype=np.uint8)
+        # Agreement flags riding the exchanges: [0] the AND so far (sent), [1] received.
+        self._flags = np.zeros(2, dtype=np.int64)
 
     def route(self, nbytes: int, dtype: np.dtype) -> str:
         """How a buffer of ``nbytes`` bytes of ``dtype`` (its wire dtype) crosses MPI:
@@ -107,26 +122,37 @@ class Exchanges:
         buf: np.ndarray,
         op: ReduceOp,
         send: Optional[np.ndarray],
-        exchange: Callable[[np.ndarray, np.ndarray, int, int], None],
-    ) -> None:
+        exchange: Exchange,
+        agree: Optional[bool] = None,
+    ) -> bool:
         """The all-reduce of ``send`` (or ``buf``) into ``buf`` by point-to-point
-        ``exchange(out, into, dest, source)`` calls (each sends ``out`` to ``dest`` while it
-        receives ``into`` from ``source``) and numpy reductions; see the module doc."""
+        ``exchange(out, into, dest, source, flags)`` calls (each sends ``out`` to ``dest``
+        while it receives ``into`` from ``source``, and ``flags[0:1]`` beside it into
+        ``flags[1:2]`` when ``flags`` is given) and numpy reductions; see the module doc.
+        ``agree``: this worker's agreement flag, carried by the exchanges; the result is
+        whether every worker's flag was True (when one was not, ``buf`` holds nothing of
+        use; every worker returns the same). Without ``agree``: True."""
         src = buf if send is None else send
         fn = NUMPY_OPS[op]
         me, size = self.rank, self.size
+        flags = None
+        if agree is not None:
+            flags = self._flags
+            flags[0] = 1 if agree else 0
         if route == "pair":
             # Two workers: swap whole buffers, then reduce. Both reduce worker 0's values
             # with worker 1's in that order, so that their results are the same bits
             # (signed zeros under MIN and MAX, NaN payloads) as one ring would give.
             peer = 1 - me
             theirs = self._scratch_for(buf.size, buf.dtype, src)
-            exchange(src, theirs, peer, peer)
+            exchange(src, theirs, peer, peer, flags)
+            if flags is not None and not (flags[0] and flags[1]):
+                return False
             if me == 0:
                 fn(src, theirs, out=buf)
             else:
                 fn(theirs, src, out=buf)
-            return
+            return True
         # Ring: worker k owns piece k+1 after the reduce-scatter. At step s of the
         # reduce-scatter each worker sends the piece it reduced at step s-1 (its own
         # values at step 0) to the right, receives the left worker's partial sum of the
@@ -139,11 +165,18 @@ class Exchanges:
             out = (src if step == 0 else buf)[bounds[sc] : bounds[sc + 1]]
             lo, hi = bounds[rc], bounds[rc + 1]
             theirs = self._scratch_for(hi - lo, buf.dtype, src[lo:hi])
-            exchange(out, theirs, right, left)
+            exchange(out, theirs, right, left, flags)
             fn(src[lo:hi], theirs, out=buf[lo:hi])
+            if flags is not None:
+                # The flags of this worker and the s+1 workers to its left, sent on at
+                # the next step: after the last, every worker's flag.
+                flags[0] &= flags[1]
+        if flags is not None and not flags[0]:
+            return False
         for step in range(size - 1):
             sc, rc = (me + 1 - step) % size, (me - step) % size
-            exchange(buf[bounds[sc] : bounds[sc + 1]], buf[bounds[rc] : bounds[rc + 1]], right, left)
+            exchange(buf[bounds[sc] : bounds[sc + 1]], buf[bounds[rc] : bounds[rc + 1]], right, left, None)
+        return True
 
     def _scratch_for(self, count: int, dtype: np.dtype, like: np.ndarray) -> np.ndarray:
         """A receive buffer of ``count`` elements, reused from call to call (one exchange
