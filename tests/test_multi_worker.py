@@ -164,8 +164,8 @@ def test_a_failing_worker_aborts_the_job_quickly(execution):
     assert proc.returncode != 0, out
     assert "finished" not in proc.stdout, out
     assert "distvals: worker 1 (MPI rank 1 of 3) failed" in out, out
-    assert "ValueError in replica 2 (local replica 0 of this worker)" in out, out
-    assert "deliberate failure at step 3" in out, out
+    # The replica is named once, by its global id (its local id only in parentheses).
+    assert "ValueError in replica 2 (local replica 0 of this worker): deliberate failure at step 3" in out, out
     assert "aborting the MPI job" in out, out
     assert elapsed < 45, f"took {elapsed:.1f} s"
 
@@ -355,3 +355,65 @@ def test_mpi_bench_checks_every_method_and_reports_the_ratio(tmp_path):
             assert f"{row['mpi_wxr_us'] / row['hier_us']:.2f}" in proc.stdout
     assert doc["rows"][0]["chunked_us"] is None
     assert doc["rows"][1]["chunked_us"] > 0
+
+
+# ---- the fingerprint that compares workers' global batches after an input error ----------
+def _fp(*leaves):
+    from distvals.multi_worker_input import _fingerprint
+
+    return _fingerprint(list(leaves))
+
+
+def _objects(*items):
+    out = np.empty(len(items), dtype=object)
+    out[:] = list(items)
+    return out
+
+
+def test_the_fingerprint_sees_every_element_of_long_sequences_in_object_arrays():
+    """Ragged sequences (an object array of arrays) longer than numpy prints in full:
+    one element apart, they must not fingerprint alike (their repr elides the middle)."""
+    a, b = np.zeros(2000), np.zeros(2000)
+    b[1000] = 1.0
+    assert _fp(_objects(a, a)) != _fp(_objects(a, b))
+    assert _fp(_objects(a, a)) == _fp(_objects(a.copy(), a.copy()))
+    # Values that print alike or compare equal but differ: types and signed zeros.
+    assert _fp(_objects(1, 2)) != _fp(_objects(1.0, 2))
+    assert _fp(_objects(0.0)) != _fp(_objects(-0.0))
+    assert _fp(_objects([1, 2])) != _fp(_objects((1, 2)))
+    assert _fp(_objects({"a": 1, "b": [np.arange(3)]})) != _fp(_objects({"a": 1, "b": [np.arange(1, 4)]}))
+
+
+def test_the_fingerprint_of_a_set_of_strings_is_the_same_in_every_process():
+    """A set of strings iterates in another order in each process (string hashing is
+    seeded per process): identical batches must still fingerprint alike everywhere."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from distvals.multi_worker_input import _fingerprint
+        words = {f"word{i}" for i in range(40)}
+        leaf = np.empty(2, dtype=object)
+        leaf[:] = [words, frozenset(words)]
+        print(_fingerprint([leaf]), "|".join(list(words)[:5]))
+        """
+    )
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**_env(), "PYTHONHASHSEED": seed},
+        )
+        for seed in ("1", "2")
+    ]
+    for p in outs:
+        assert p.returncode == 0, p.stderr
+    (fp1, order1), (fp2, order2) = (p.stdout.split() for p in outs)
+    assert order1 != order2  # the two processes do iterate the set differently
+    assert fp1 == fp2
+
+
+def test_an_object_that_cannot_be_fingerprinted_is_a_type_error():
+    with pytest.raises(TypeError, match="function object in an object array cannot be fingerprinted"):
+        _fp(_objects(lambda: 1))

@@ -301,6 +301,27 @@ def test_sync_on_read_integer_sum_assign_keeps_the_sum_exactly(s2, s3):
     assert copies(u) == [128, 127] and u.numpy() == 255
 
 
+def test_sum_sync_on_read_float_split_sums_back_to_the_value(s3, tmp_path):
+    # float16 65504 over 3 copies: 21840 each would sum to 65520, past float16's range.
+    with s3.scope():
+        h = dv.Variable(np.zeros(4, np.float16), synchronization=ON_READ, aggregation=SUM, name="h")
+    value = np.array([65504, 60000, -65504, 0.1], np.float16)
+    h.assign(value)
+    np.testing.assert_array_equal(h.numpy(), value)
+    path = tmp_path / "h.npz"
+    dv.save_variables(path, [h])
+    h.assign(np.zeros(4, np.float16))
+    dv.load_variables(path, [h])
+    np.testing.assert_array_equal(h.numpy(), value)
+    # inf and NaN stay themselves; float64 thirds sum back to the value.
+    h.assign(np.array([np.inf, -np.inf, np.nan, 1], np.float16))
+    np.testing.assert_array_equal(h.numpy(), np.array([np.inf, -np.inf, np.nan, 1], np.float16))
+    with s3.scope():
+        d = dv.Variable(0.0, synchronization=ON_READ, aggregation=SUM)
+    d.assign(1.0)
+    assert d.numpy() == 1.0 and len(set(copies(d))) <= 2
+
+
 def test_sum_sync_on_read_integer_checkpoint_loads_its_count(s2, s3, tmp_path):
     # A counter of 3 + 4 over 2 replicas is saved as 7 and loads as 7 (TensorFlow: 6);
     # 21 saved from 3 replicas loads as 21 on 2.

@@ -85,24 +85,24 @@ def save_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
     arrays = {key: np.array(v.read_value(), copy=True) for key, v in items}
     path = os.fspath(path)
     strategy = _strategy_of(items)
-    if strategy is not None:
+    if getattr(strategy.extended, "_between_workers", False):
+        # Its chief writes; every worker returns once the file is written.
         strategy.extended._write_checkpoint(lambda: _write_npz(path, arrays))
     elif _chief_process():
+        # Variables of a local strategy, or of none: every process of a multi-worker job
+        # has such variables of its own, and only one may write the file (the chief
+        # process, at once).
         _write_npz(path, arrays)
 
 
 def _strategy_of(items: List[Tuple[str, Variable]]) -> Any:
-    """The strategy that decides who writes (with several workers: the chief only): the
-    variables', or the one whose scope is open; None for variables of no strategy in a
-    process with a multi-worker strategy (the chief process writes them alone, at once:
-    every process has such variables of its own, and only one may write the file)."""
+    """The strategy of the variables, or the one whose scope is open (the default one
+    when none is)."""
     for _, v in items:
         strategy = getattr(v, "distribute_strategy", None)
         if strategy is not None:
             return strategy
-    if context.has_strategy() or not _worker_ranks():
-        return context.get_strategy()
-    return None
+    return context.get_strategy()
 
 
 def _worker_ranks() -> List[int]:

@@ -406,10 +406,20 @@ class SyncOnReadVariable(DistributedVariable):
 
 
 def _split_sum(value: np.ndarray, n: int) -> List[np.ndarray]:
-    """``n`` parts that sum to ``value``: value/n each for floats; for integers the
-    quotient each, and the remainder spread one by one over the first copies, so that a
-    saved counter of 7 over 2 copies loads as 4 + 3, never 3 + 3."""
+    """``n`` parts that sum to ``value``. Floats: value/n on every copy but the first,
+    which takes what is left, computed in double precision (value/n rounded n times
+    could sum past the dtype's range: float16 65504 over 3 copies is 21840 each, 65520
+    in all, inf). Integers: the quotient each, and the remainder spread one by one over
+    the first copies, so that a saved counter of 7 over 2 copies loads as 4 + 3, never
+    3 + 3."""
+    if value.dtype.kind == "b":
+        return [value.copy()] * n
     if value.dtype.kind not in "iu":
-        return [np.asarray(value / n).astype(value.dtype)] * n
+        wide = np.complex128 if value.dtype.kind == "c" else np.float64
+        part = np.asarray(value.astype(wide) / n).astype(value.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN stay what they are
+            first = np.asarray(value.astype(wide) - part.astype(wide) * (n - 1)).astype(value.dtype)
+        first = np.where(np.isfinite(value), first, part) if n > 1 else first
+        return [np.asarray(first, dtype=value.dtype)] + [part] * (n - 1)
     q, rem = np.divmod(value, value.dtype.type(n))
     return [np.asarray(q + (rem > k), dtype=value.dtype) for k in range(n)]

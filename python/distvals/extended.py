@@ -147,11 +147,6 @@ class StrategyExtended:
         gathers every worker's)."""
         return list(parts)
 
-    def _write_checkpoint(self, write: Callable[[], None]) -> None:
-        """Runs ``write``, the file write of ``save_variables`` (a multi-worker strategy
-        lets only the chief write)."""
-        write()
-
     # ---- running ---------------------------------------------------------------------------
     def call_for_each_replica(
         self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None

@@ -332,12 +332,12 @@ class _MultiWorkerExtended(LocalExtended):
         except BaseException as e:
             if self._num_workers > 1:
                 r = getattr(e, "replica", None)
-                where = (
-                    f" in replica {self._offset + r} (local replica {r} of this worker)"
-                    if isinstance(r, int) and 0 <= r < self._n
-                    else ""
-                )
-                self._fatal(f"strategy.run raised {type(e).__name__}{where}: {e}")
+                text, where = str(e), ""
+                if isinstance(r, int) and 0 <= r < self._n:
+                    # The error names the replica by its local id: said once, globally.
+                    where = f" in replica {self._offset + r} (local replica {r} of this worker)"
+                    text = text.removeprefix(f"replica {r}: ")
+                self._fatal(f"strategy.run raised {type(e).__name__}{where}: {text}")
             raise
         if self._wrap_results:
             from .multi_worker_input import wrap_single

@@ -157,7 +157,10 @@ def main() -> int:
             return s.reduce("sum", loop_value(size), axis=None)
 
         others = [
-            ("another shape", lambda size=size: s.reduce("sum", parts(lambda g: np.ones(size - 4, np.float32)), axis=None)),
+            (
+                "another shape",
+                lambda size=size: s.reduce("sum", parts(lambda g: np.ones(size - 4, np.float32)), axis=None),
+            ),
             ("a small call", lambda: s.reduce("sum", parts(lambda g: np.ones(3, np.float32)), axis=None)),
             ("a gather", lambda size=size: s.gather(parts(lambda g: np.ones(size, np.float32)), axis=0)),
         ]

@@ -228,6 +228,29 @@ def main() -> int:
     written = sorted(f for f in os.listdir(a.dir) if f.startswith("plain") and f != "plain.npz")
     expect(written == ["plain0.npz"], rank, f"only the chief process writes plain variables: found {written}")
     checks += 2
+    # Variables of a local MirroredStrategy in this multi-worker process (its own copies,
+    # not synced between workers), saved as theirs and under its scope: likewise the
+    # chief process alone writes them.
+    local = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    with local.scope():
+        mine = dv.Variable(np.float64(200 + rank), name="local_step")
+
+    def save_in_scope(path, variables):
+        with local.scope():
+            dv.save_variables(path, variables)
+
+    for name, save in [("its own", dv.save_variables), ("in its scope", save_in_scope)]:
+        tag = name.replace(" ", "_")
+        shared_path = os.path.join(a.dir, f"local_{tag}.npz")
+        save(shared_path, [mine])
+        save(os.path.join(a.dir, f"local_{tag}_{rank}.npz"), [mine])
+        world.Barrier()
+        with np.load(shared_path) as data:
+            got = float(data["local_step"])
+            expect(got == 200.0, rank, f"a local strategy's variable ({name}): the file holds {got}, not the chief's")
+        written = sorted(f for f in os.listdir(a.dir) if f.startswith(f"local_{tag}_"))
+        expect(written == [f"local_{tag}_0.npz"], rank, f"a local strategy's variable ({name}): written {written}")
+        checks += 1
     # Loading (every worker reads the chief's file) restores the saved values everywhere.
     w.assign(np.zeros(3, np.float32))
     dv.load_variables(path, [w, c, sor_sum])
