@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import numpy as np
 
 from . import devices, nest
+from ._core import MismatchError
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
 from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, describe_structure, dtype_text
@@ -988,6 +989,30 @@ class HierarchicalCollectives(WorkerAgreement):
         flag = np.array([int(bool(ok))], dtype=np.int64)
         self._wait(self._comm.Ibcast(flag, root=0), what, timeout)
         return bool(flag[0])
+
+    # ---- a collective that failed on this worker alone -----------------------------------------
+    def mpi_calls(self) -> int:
+        """How many MPI calls this worker's collectives have made so far."""
+        stats = self.stats
+        return stats["data_calls"] + stats["exchanges"] + stats["flagged"]
+
+    def fail_together(self, what: str, error: BaseException, timeout: Optional[float] = None) -> None:
+        """This worker's collective failed before its first MPI call (an argument, a shape
+        its replicas disagree on), while the other workers may be making it: their
+        collective starts with an agreement step, and skipping it here would pair their
+        call with this worker's next one (the same description: a wrong result, no error).
+        So this worker takes part in that step with a description no call has: the
+        collective fails on every worker (a MismatchError naming this error there), and
+        every worker's call sequence stays the same. The caller then raises its error."""
+        text = f"{type(error).__name__}: {error}"
+        if len(text) > 300:
+            text = text[:300] + "..."
+        description = f"nothing (its {what} failed before it communicated: {text})"
+        self._stand_in(what, timeout)
+        try:
+            self._exchange(self._sig(description), description, what, timeout)
+        except MismatchError:
+            pass  # the others' collective, or their own failures: theirs is raised there
 
     def close(self) -> None:
         self._mpi_thread.close()

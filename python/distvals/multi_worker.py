@@ -22,12 +22,13 @@ worker that never arrives (hung, killed) makes the others abort once
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -380,8 +381,28 @@ class _MultiWorkerExtended(LocalExtended):
             return list(self._devices)
         return self._destinations(destinations, what)
 
+    @contextlib.contextmanager
+    def _together(self, what: str, communicates: bool) -> Iterator[None]:
+        """Around a collective that makes MPI calls on every worker when it succeeds
+        (``communicates``): if it fails on this worker before its first, this worker
+        still takes part in its agreement step (``HierarchicalCollectives.fail_together``),
+        so that it fails on every worker instead of the others' pairing with this
+        worker's next collective; then the error is raised here."""
+        if self._num_workers == 1 or not communicates:
+            yield
+            return
+        mark = self._coll.mpi_calls()
+        try:
+            yield
+        except Exception as e:
+            if self._coll.mpi_calls() == mark:
+                with self._lock:
+                    self._coll.fail_together(what, e)
+            raise
+
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        return super()._reduce_one(op, self._as_local_parts(value), axis, what)
+        with self._together(what, isinstance(value, DistributedValues)):
+            return super()._reduce_one(op, self._as_local_parts(value), axis, what)
 
     def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
         if self._plain_is_local:
@@ -389,7 +410,8 @@ class _MultiWorkerExtended(LocalExtended):
         return super()._reduce_structure(op, value, what)
 
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
-        return super()._gather_one(self._as_local_parts(value), axis, what)
+        with self._together(what, isinstance(value, DistributedValues)):
+            return super()._gather_one(self._as_local_parts(value), axis, what)
 
     def _agree_structure(self, what: str, value: Any) -> None:
         # Leaf by leaf, each leaf's own call checks its dtype and shape but not where it
@@ -415,10 +437,11 @@ class _MultiWorkerExtended(LocalExtended):
     ) -> Any:
         """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
         worker's devices): a Mirrored, or the value itself for one destination."""
-        self._require_cross_replica("extended.reduce_to")
-        return super().reduce_to(
-            reduce_op, self._as_local_parts(value), self._local_destinations(destinations, "reduce_to"), options
-        )
+        with self._together("extended.reduce_to", isinstance(value, DistributedValues)):
+            self._require_cross_replica("extended.reduce_to")
+            return super().reduce_to(
+                reduce_op, self._as_local_parts(value), self._local_destinations(destinations, "reduce_to"), options
+            )
 
     def batch_reduce_to(
         self,
@@ -427,6 +450,16 @@ class _MultiWorkerExtended(LocalExtended):
         options: Optional[CommunicationOptions] = None,
     ) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
+        pairs_given = isinstance(value_destination_pairs, (list, tuple)) and len(value_destination_pairs) > 0
+        with self._together("extended.batch_reduce_to", pairs_given):
+            return self._batch_reduce_to(reduce_op, value_destination_pairs, options)
+
+    def _batch_reduce_to(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[Tuple[Any, Any]],
+        options: Optional[CommunicationOptions],
+    ) -> List[Any]:
         self._require_cross_replica("extended.batch_reduce_to")
         if not isinstance(value_destination_pairs, (list, tuple)):
             raise TypeError("batch_reduce_to: value_destination_pairs must be a list of (value, destinations) pairs")
@@ -545,15 +578,26 @@ class MultiWorkerMirroredStrategy(Strategy):
         """This worker's place: ``task_id``, ``num_workers``, ``is_chief``, ``hosts``."""
         return self._extended._resolver
 
+    def reduce(self, reduce_op: Any, value: Any, axis: Optional[int] = None) -> Any:
+        """As ``Strategy.reduce``, over every replica of every worker. A structure, or a
+        distributed value, makes MPI calls on every worker: if the call fails on this
+        worker alone before it communicates (an op it does not know), it fails on every
+        worker (see ``_together``)."""
+        communicates = nest.is_nested(value) or isinstance(value, DistributedValues)
+        with self._extended._together("strategy.reduce", communicates):
+            return super().reduce(reduce_op, value, axis)
+
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's part (all workers, in global replica order) along
         ``axis``; sizes may differ along it only. Nested structures too."""
         ext = self._extended
-        ext._require_cross_replica("strategy.gather")
-        if nest.is_nested(value):
-            ext._agree_structure("strategy.gather", value)
-            return nest.map_structure(lambda v: ext._gather_one(v, axis, "strategy.gather"), value)
-        return ext._gather_one(value, axis, "strategy.gather")
+        communicates = nest.is_nested(value) or isinstance(value, DistributedValues)
+        with ext._together("strategy.gather", communicates):
+            ext._require_cross_replica("strategy.gather")
+            if nest.is_nested(value):
+                ext._agree_structure("strategy.gather", value)
+                return nest.map_structure(lambda v: ext._gather_one(v, axis, "strategy.gather"), value)
+            return ext._gather_one(value, axis, "strategy.gather")
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> WorkerDistributedDataset:
         """Splits every global batch over all replicas of all workers; this worker gets

@@ -22,6 +22,7 @@ from _check import expect, expect_close, expect_raises, finish, make_strategy, p
 from mpi4py import MPI
 
 import distvals as dv
+from distvals.devices import to_host as devices_host
 
 
 def main() -> int:
@@ -187,6 +188,44 @@ def main() -> int:
         got = s.reduce("sum", parts(lambda g, size=size: np.full(size // 2, float(g), np.float32)), axis=None)
         expect_close(got, np.full(size // 2, float(sum(range(total)))), rank, f"{size}: every worker's other call")
         expect_close(loop_call(), want, rank, f"{size}: the loop's call after every worker's other call")
+        checks += 1
+
+    # A collective that fails on worker 0 alone before it communicates (its replicas'
+    # shapes differ, an axis out of range, an op it does not know, a pair that is not
+    # one) in a loop of like calls: every other worker's call fails with it (a
+    # MismatchError naming worker 0's error), never pairing with worker 0's next call
+    # (the same description: a wrong result), and the loop goes on in step.
+    def step_value(i, bad_shape=False):
+        return parts(lambda g: np.full(5000 - (g if bad_shape else 0), float(100 * i + g), np.float32))
+
+    failures = {
+        "an axis out of range": lambda i, bad: s.reduce("sum", step_value(i), axis=3 if bad else None),
+        "an unknown op": lambda i, bad: s.reduce("bogus" if bad else "sum", step_value(i), axis=None),
+        "a gather along a missing axis": lambda i, bad: s.gather(step_value(i), axis=2 if bad else 0),
+        "a batch_reduce_to item that is not a pair": lambda i, bad: ext.batch_reduce_to(
+            "sum", [(step_value(i),)] if bad else [(step_value(i), ext.worker_devices[0])]
+        )[0],
+    }
+    if coll.local_counts[0] > 1:  # worker 0's replicas can differ (every worker runs this case)
+        failures["replicas of different shapes"] = lambda i, bad: s.reduce("sum", step_value(i, bad), axis=None)
+    for what, call in failures.items():
+        for i in range(5):
+            bad = i == 2 and rank == 0
+            if i == 2:
+                expected_error = ValueError if rank == 0 else dv.MismatchError
+                needles = () if rank == 0 else ("worker 0 calls nothing", "failed before it communicated")
+                if what.startswith("a batch_reduce_to") and rank == 0:
+                    expected_error = TypeError
+                expect_raises(expected_error, lambda i=i, bad=bad: call(i, bad), rank, f"{what}, step 2", *needles)
+                continue
+            got = np.asarray(devices_host(call(i, False)))
+            column = np.full(5000, float(sum(100 * i + g for g in range(total))))
+            want = (
+                np.concatenate([np.full(5000, float(100 * i + g)) for g in range(total)])
+                if "gather" in what
+                else column
+            )
+            expect_close(got.reshape(-1), want, rank, f"{what}: step {i}")
         checks += 1
 
     # Structures whose difference lies below the top level, or in the keys and leaf count
