@@ -328,6 +328,9 @@ TEST_CASE("both call styles from several threads at once: serialized, never corr
   for (int r = 0; r < 2; ++r) {
     ts.emplace_back([&, r]() {
       buffer x(4096, dtype::float32);
+      // Start once the single calls have (one completed): on a loaded machine their
+      // thread could otherwise first run after every round here.
+      while (single_calls.load() == 0 && errors.load() == 0) std::this_thread::yield();
       for (int it = 0; it < rounds; ++it) {
         for (std::size_t i = 0; i < 4096; ++i) x.as<float>()[i] = static_cast<float>(r + 1 + it);
         try {
