@@ -415,11 +415,12 @@ def _split_sum(value: np.ndarray, n: int) -> List[np.ndarray]:
     if value.dtype.kind == "b":
         return [value.copy()] * n
     if value.dtype.kind not in "iu":
-        wide = np.complex128 if value.dtype.kind == "c" else np.float64
-        part = np.asarray(value.astype(wide) / n).astype(value.dtype)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN stay what they are
-            first = np.asarray(value.astype(wide) - part.astype(wide) * (n - 1)).astype(value.dtype)
-        first = np.where(np.isfinite(value), first, part) if n > 1 else first
-        return [np.asarray(first, dtype=value.dtype)] + [part] * (n - 1)
+        wide = value.astype(np.complex128 if value.dtype.kind == "c" else np.float64)
+        part = np.asarray(wide / n).astype(value.dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            rest = wide - part.astype(wide.dtype) * (n - 1)
+        # inf and NaN stay what they are (inf - inf would be NaN).
+        first = np.asarray(np.where(np.isfinite(value), rest, part)).astype(value.dtype)
+        return [first] + [part] * (n - 1)
     q, rem = np.divmod(value, value.dtype.type(n))
     return [np.asarray(q + (rem > k), dtype=value.dtype) for k in range(n)]

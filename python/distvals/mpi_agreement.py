@@ -311,6 +311,7 @@ class WorkerAgreement(Collectives):
     def _agree_large(
         self,
         description: str,
+        sig: int,
         total: int,
         work: np.dtype,
         op: ReduceOp,
@@ -323,8 +324,8 @@ class WorkerAgreement(Collectives):
         """The agreement of a large all-reduce: one signature exchange before the data.
         Returns the function that completes it: call it before any data crosses MPI.
         ``carried``: the call can carry its flag (remembered so, the next such call does);
-        ``stand_in``: False when this worker already made the expected call's MPI calls."""
-        sig = self._sig(description)
+        ``stand_in``: False when this worker already made the expected call's MPI calls.
+        ``sig``: the description's signature."""
         if stand_in:
             self._stand_in(what, timeout)
         finish = self._exchange_start(sig, description, what, timeout)

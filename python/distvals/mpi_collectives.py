@@ -603,16 +603,16 @@ class HierarchicalCollectives(WorkerAgreement):
         expected = self._expected.get(self._last)
         fast = carried and expected is not None and expected.carried and expected.signature == sig
         if fast:
-            done = self._large_attempt(op, leaves, work, shapes, chunks, outs, what, timeout, sig, None)
+            done = self._large_attempt(op, leaves, work, shapes, total, chunks, outs, what, timeout, sig, None)
             if done is not None:
                 return done
             # Some worker's call is not this one: it made our MPI calls with zeros.
             self.stats["flagged"] += 1
         # The signatures travel while the local replicas' values are reduced.
         agreed = self._agree_large(
-            description, total, work, local_op, what, timeout, carried=carried, stand_in=not fast
+            description, sig, total, work, local_op, what, timeout, carried=carried, stand_in=not fast
         )
-        done = self._large_attempt(op, leaves, work, shapes, chunks, outs, what, timeout, sig, agreed)
+        done = self._large_attempt(op, leaves, work, shapes, total, chunks, outs, what, timeout, sig, agreed)
         assert done is not None
         return done
 
@@ -622,6 +622,7 @@ class HierarchicalCollectives(WorkerAgreement):
         leaves: Sequence[Sequence[Any]],
         work: np.dtype,
         shapes: List[Tuple[int, ...]],
+        total: int,
         chunks: List[Tuple[int, int]],
         outs: Optional[List[np.ndarray]],
         what: str,
@@ -633,9 +634,8 @@ class HierarchicalCollectives(WorkerAgreement):
         signature exchange (call it before data crosses MPI); None: the flag rides the
         one piece's exchanges instead, and the result is None when some worker's flag
         said "not my call" (the outputs then hold nothing of use; the caller's inputs
-        are untouched)."""
+        are untouched). ``total``: the leaves' elements."""
         n = self.num_local
-        total = sum(math.prod(s) for s in shapes)
         local_op = _LOCAL_OP[op]
 
         def cross(buf: np.ndarray, send: Optional[np.ndarray] = None) -> bool:
