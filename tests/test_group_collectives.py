@@ -77,6 +77,51 @@ def test_reduce_and_broadcast(n, root):
         np.testing.assert_array_equal(b, src)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("root", [0, -1])
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("int64", "max"), ("float64", "mean"), ("int8", "prod")])
+@pytest.mark.parametrize("shape", [(), (7,), (3, 1031)])
+def test_reduce_out_of_place(n, root, dtype, op, shape):
+    root = root % n
+    bufs = distinct_values(n, shape, dtype, op, seed=n)
+    keep = [b.copy() for b in bufs]
+    out = np.full(shape, 77, dtype)
+    with dv.ReplicaGroup(n) as g:
+        g.reduce(bufs, root=root, op=op, out=out)
+    check_all([out], reference(keep, op), dtype)
+    for r in range(n):
+        np.testing.assert_array_equal(bufs[r], keep[r], err_msg=f"replica {r}'s input was written")
+
+
+def test_reduce_out_errors_leave_everything_untouched():
+    bufs = distinct_values(3, (8,), np.float32)
+    keep = [b.copy() for b in bufs]
+    with dv.ReplicaGroup(3) as g:
+        for out, match in [
+            (
+                np.zeros(7, np.float32),
+                r"out must have the inputs' dtype and shape \(float32 \(8,\)\), got float32 \(7,\)",
+            ),
+            (np.zeros(8, np.float64), r"got float64 \(8,\)"),
+            (np.zeros(16, np.float32)[::2], "replica 1: reduce output is not C-contiguous"),
+            (bufs[2], "replica 2's input overlaps replica 1's output"),
+        ]:
+            before = out.copy()
+            with pytest.raises(ValueError, match=match):
+                g.reduce(bufs, root=1, out=out)
+            np.testing.assert_array_equal(out, before)
+        ro = np.zeros(8, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="replica 1"):
+            g.reduce(bufs, root=1, out=ro)
+        # The group is still usable, and nothing was written.
+        out = np.zeros(8, np.float32)
+        g.reduce(bufs, root=1, out=out)
+    np.testing.assert_allclose(out, reference(keep, "sum"))
+    for r in range(3):
+        np.testing.assert_array_equal(bufs[r], keep[r])
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 6])
 @pytest.mark.parametrize("dtype", ["float32", "int8", "float64"])
 def test_all_gather_and_reduce_scatter(n, dtype):

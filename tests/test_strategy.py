@@ -370,13 +370,19 @@ def test_reduce_uses_the_engine(s2, monkeypatch):
     group = s2.extended._group
     original = group.reduce
 
-    def counting(buffers, root=0, op="sum"):
-        calls.append(op)
-        return original(buffers, root=root, op=op)
+    def counting(buffers, root=0, op="sum", out=None):
+        calls.append((op, out is None))
+        return original(buffers, root=root, op=op, out=out)
 
     monkeypatch.setattr(group, "reduce", counting)
-    s2.reduce("MAX", per_replica(2))
-    assert calls == ["max"]
+    values = per_replica(2)
+    parts = [np.array(v, copy=True) for v in s2.experimental_local_results(values)]
+    got = s2.reduce("MAX", values)
+    # One engine call, straight from the replicas' values into a new result.
+    assert calls == [("max", False)]
+    np.testing.assert_array_equal(got, np.maximum(parts[0], parts[1]))
+    for r, v in enumerate(s2.experimental_local_results(values)):
+        np.testing.assert_array_equal(v, parts[r])
 
 
 def test_strategy_reduce_of_objects_names_the_type(s3):

@@ -1475,6 +1475,54 @@ def test_a_replica_raising_greenlet_exit_fails_like_any_error(execution, where):
         assert_usable(s)
 
 
+def test_ctrl_c_while_the_inline_watchdog_starts_leaves_timeouts_working(tmp_path):
+    """A Ctrl-C that lands while the first inline step starts the watchdog thread (here:
+    raised by the thread-starting call itself, once, before any thread exists) reaches
+    the caller as KeyboardInterrupt; the next step starts the watchdog, and its timeout
+    fires. (Started by threading.Thread.start, an interrupt there left a Thread object
+    that never ran, taken for the running watchdog: no timeout fired again.)"""
+    script = tmp_path / "watchdog_start.py"
+    script.write_text(
+        """
+import _thread, threading, time
+import distvals as dv
+
+def interrupted_once(original):
+    calls = []
+    def start(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+    return start
+
+_thread.start_new_thread = interrupted_once(_thread.start_new_thread)
+threading.Thread.start = interrupted_once(threading.Thread.start)
+s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution="inline",
+                        communication_options=dv.CommunicationOptions(timeout_seconds=0.5))
+try:
+    s.run(lambda: None)
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("interrupted")
+t0 = time.monotonic()
+try:
+    s.run(lambda: time.sleep(5) if dv.get_replica_context().replica_id_in_sync_group else None)
+    print("no timeout")
+except dv.CollectiveTimeoutError:
+    print("timed out after %.1f s" % (time.monotonic() - t0))
+"""
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")
+    assert lines[0] == "interrupted", proc.stdout
+    assert lines[1].startswith("timed out after"), proc.stdout
+    assert float(lines[1].split()[3]) < 4.0, proc.stdout
+
+
 def test_ctrl_c_in_the_first_steps_of_new_inline_strategies_never_hangs_later_ones(tmp_path):
     """Interrupts at random points of new inline strategies' first steps and closes (the
     process-wide watchdog registers each runner then): no lock is left held, so later

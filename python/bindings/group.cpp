@@ -394,15 +394,31 @@ void register_group(py::module_& m) {
            },
            py::arg("buffers"), py::arg("op") = "sum", py::arg("algorithm") = "auto", py::arg("out") = py::none())
       .def("reduce",
-           [](group& g, const py::sequence& bufs, const py::object& root_obj, const std::string& op) {
+           [](group& g, const py::sequence& bufs, const py::object& root_obj, const std::string& op,
+              const py::object& out) {
              const auto in = collect(g, bufs, false, "reduce");
              const int root = to_replica(root_obj, g.size(), "root");
-             as_array(in.a[root], root, true, "root array");
              const call_desc d{collective::reduce, in.type, distvals::parse_reduce_op(op),
                                distvals::algorithm::direct, in.v[0].count, root};
-             run_all(g, d, in.v, in.v);
+             if (out.is_none()) {
+               as_array(in.a[root], root, true, "root array");
+               run_all(g, d, in.v, in.v);
+               return;
+             }
+             // Out of place: only the root's result is written, into `out`; the other
+             // replicas' outputs are never touched, so their inputs stand in for them.
+             const py::array o = as_array(out, root, true, "reduce output");
+             const distvals::dtype t = to_dtype(o.dtype(), root);
+             if (t != in.type || !same_shape(o, in.a[0])) {
+               throw py::value_error(std::string("reduce: out must have the inputs' dtype and shape (") +
+                                     distvals::dtype_name(in.type) + " " + shape_str(in.a[0]) + "), got " +
+                                     distvals::dtype_name(t) + " " + shape_str(o));
+             }
+             std::vector<buffer_view> ov = in.v;
+             ov[static_cast<std::size_t>(root)] = view_of(o, t);
+             run_all(g, d, in.v, ov);
            },
-           py::arg("buffers"), py::arg("root") = 0, py::arg("op") = "sum")
+           py::arg("buffers"), py::arg("root") = 0, py::arg("op") = "sum", py::arg("out") = py::none())
       .def("broadcast",
            [](group& g, const py::sequence& bufs, const py::object& root_obj) {
              const auto in = collect(g, bufs, true, "broadcast");

@@ -274,14 +274,27 @@ class CudaReplicaGroup:
             raise ValueError("all_reduce: outputs must have the inputs' dtype and shape")
         self._run("all_reduce", ins, outs, op, algorithm, 0, s)
 
-    def reduce(self, buffers: Sequence[Any], root: int = 0, op: str = "sum", stream: Any = None) -> None:
-        """Reduce in place into ``buffers[root]``; the other arrays are only read."""
+    def reduce(
+        self, buffers: Sequence[Any], root: int = 0, op: str = "sum", stream: Any = None, out: Any = None
+    ) -> None:
+        """Reduce into ``buffers[root]`` (or into ``out``, on the root's device); the
+        other arrays are only read."""
         s = _stream_arg(stream)
         ins = self._arrays(buffers, "reduce", False, s[0])
         root = self._check_root(root)
-        if ins[root].readonly:
-            raise ValueError(f"replica {root}: the root array is read-only, but reduce writes into it")
-        self._run("reduce", ins, ins, op, "direct", root, s)
+        outs = list(ins)
+        if out is None:
+            if ins[root].readonly:
+                raise ValueError(f"replica {root}: the root array is read-only, but reduce writes into it")
+        else:
+            o = self._array(root, out, True, "reduce output", s[0])
+            if o.dtype != ins[0].dtype or o.shape != ins[0].shape:
+                raise ValueError(
+                    f"reduce: out must have the inputs' dtype and shape ({ins[0].dtype.name} {ins[0].shape}), "
+                    f"got {o.dtype.name} {o.shape}"
+                )
+            outs[root] = o
+        self._run("reduce", ins, outs, op, "direct", root, s)
 
     def broadcast(self, buffers: Sequence[Any], root: int = 0, stream: Any = None) -> None:
         """Copy ``buffers[root]`` into every other array, in place."""

@@ -278,12 +278,20 @@ class EngineCollectives(Collectives):
             host = numpy_reduce(np.stack([self._host(p) for p in parts]), op, dtype)
             return self._place_host(host, 0)
         engine_op = _engine_op(op, dtype, work)
-        # The engine reduces into the root's buffer: a copy of replica 0's part.
-        root = self._copy(parts[0], 0, work)
-        bufs = [root] + [
-            self._engine_input(p, r) if p.dtype == work else self._copy(p, r, work) for r, p in enumerate(parts) if r
-        ]
-        self.group.reduce(bufs, root=0, op=engine_op)
+        if all(p.dtype == work for p in parts):
+            # Straight from the parts into a new result: each part read once.
+            ins = [self._engine_input(p, r) for r, p in enumerate(parts)]
+            root = self._empty(tuple(ins[0].shape), work, 0)
+            self.group.reduce(ins, root=0, op=engine_op, out=root)
+        else:
+            # A cast is a copy anyway: the engine reduces in place into replica 0's.
+            root = self._copy(parts[0], 0, work)
+            bufs = [root] + [
+                self._engine_input(p, r) if p.dtype == work else self._copy(p, r, work)
+                for r, p in enumerate(parts)
+                if r
+            ]
+            self.group.reduce(bufs, root=0, op=engine_op)
         if engine_op != op.engine_name:
             root = self._divide(root, self.num_replicas, 0)
         return root

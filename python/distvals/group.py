@@ -158,12 +158,18 @@ class ReplicaGroup:
         else:
             self._on_stream("all_reduce").all_reduce(buffers, op, algorithm, out, stream=stream)
 
-    def reduce(self, buffers: Sequence[Any], root: int = 0, op: str = "sum", *, stream: Any = None) -> None:
-        """Reduce in place into ``buffers[root]``; the other arrays are only read."""
-        if stream is None:
-            self._group.reduce(buffers, root, op)
+    def reduce(
+        self, buffers: Sequence[Any], root: int = 0, op: str = "sum", *, out: Any = None, stream: Any = None
+    ) -> None:
+        """Reduce in place into ``buffers[root]``, or into ``out`` (one array of the
+        inputs' dtype and shape, where the root's values live); the other arrays are only
+        read."""
+        if stream is None and not self._gpu:
+            self._group.reduce(buffers, root, op, out)
+        elif stream is None:
+            self._on_stream("reduce").reduce(buffers, root, op, out=out)
         else:
-            self._on_stream("reduce").reduce(buffers, root, op, stream=stream)
+            self._on_stream("reduce").reduce(buffers, root, op, stream=stream, out=out)
 
     def broadcast(self, buffers: Sequence[Any], root: int = 0, *, stream: Any = None) -> None:
         """Copy ``buffers[root]`` into every other array, in place."""

@@ -708,20 +708,17 @@ class HierarchicalCollectives(WorkerAgreement):
 
     def _reduce_chunk(self, op: ReduceOp, ins: List[np.ndarray], outs: List[np.ndarray], lo: int, hi: int) -> None:
         """Step 1 for elements lo:hi: the local replicas' values reduced into ``outs[0]``
-        (the buffer MPI then works on). The engine all-reduces into every replica's result
-        at once, which moves fewer bytes than seeding ``outs[0]`` with replica 0's values
-        and reducing the others into it (measured, 2 replicas of 16 MiB with the broadcast
-        after it: 6.1-6.5 ms against 8.3-9.0 ms); the other results are overwritten by
-        step 3."""
+        (the buffer MPI then works on), straight from their arrays: each input read once,
+        only ``outs[0]`` written (the other results are written by step 3)."""
         if engine_supports(outs[0].dtype):
             group: ReplicaGroup = self.local.group  # type: ignore[assignment]  # several local replicas
-            group.all_reduce([x[lo:hi] for x in ins], op.engine_name, out=[o[lo:hi] for o in outs])
+            group.reduce([x[lo:hi] for x in ins], 0, op.engine_name, out=outs[0][lo:hi])
         else:
             np.copyto(outs[0][lo:hi], numpy_reduce(np.stack([x[lo:hi] for x in ins]), op, outs[0].dtype))
 
     def _broadcast_chunk(self, outs: List[np.ndarray], lo: int, hi: int) -> None:
         """Step 3 for elements lo:hi: ``outs[0]``'s values copied to the other replicas'."""
-        if engine_supports(outs[0].dtype):
+        if len(outs) > 2 and engine_supports(outs[0].dtype):
             group: ReplicaGroup = self.local.group  # type: ignore[assignment]  # several local replicas
             group.broadcast([o[lo:hi] for o in outs], root=0)
         else:

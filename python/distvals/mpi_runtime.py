@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from ._core import AbortedError
+from .daemon import start_daemon
 
 __all__ = ["WAIT_SLICE", "LocalMeeting", "MpiJob", "MpiThread", "load_mpi", "poll", "poll_all", "report_and_abort"]
 
@@ -71,14 +72,14 @@ class MpiThread:
         self._items: collections.deque[Tuple[MpiJob, Callable[[], None]]] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stop = False
-        self._thread: Optional[threading.Thread] = None
+        self._running = False
 
     def submit(self, job: MpiJob, run: Callable[[], None]) -> None:
         job.done = threading.Event()
         with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="distvals-mpi", daemon=True)
-                self._thread.start()
+            if not self._running:
+                start_daemon(self._loop, "distvals-mpi")
+                self._running = True
             self._items.append((job, run))
             self._cond.notify()
 

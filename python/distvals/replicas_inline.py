@@ -45,6 +45,7 @@ from ._core import AbortedError, CollectiveTimeoutError, MismatchError
 from ._core import inline_drive as _drive
 from ._core import inline_resume as _resume
 from ._core import inline_setup as _inline_setup
+from .daemon import start_daemon
 from .replicas import (
     Failure,
     Raise,
@@ -616,7 +617,7 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._bell = threading.Lock()
         self._bell.acquire()
-        self._thread: Optional[threading.Thread] = None
+        self._running = False
         self._wake_at = math.inf
 
     def _ring(self) -> None:
@@ -629,10 +630,12 @@ class _Watchdog:
         with self._lock:
             self._runners.add(runner)
             runner._registered = _forks[0]
-            if self._thread is None or self._pid != os.getpid():
+            if not self._running or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._loop, name="distvals-inline-watchdog", daemon=True)
-                self._thread.start()
+                # Marked running once started: an interrupt between the two at worst
+                # leaves a second loop later, and firing is idempotent (_fire).
+                start_daemon(self._loop, "distvals-inline-watchdog")
+                self._running = True
         self._ring()
 
     def forget(self, runner: InlineRunner) -> None:
