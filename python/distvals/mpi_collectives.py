@@ -993,6 +993,12 @@ class HierarchicalCollectives(WorkerAgreement):
         stats = self.stats
         return stats["data_calls"] + stats["exchanges"] + stats["flagged"]
 
+    def sync_point(self, description: str, what: str, timeout: Optional[float] = None) -> None:
+        """An agreement step of its own for a collective that moved nothing between the
+        workers here (``description`` says what it was): a worker whose call there
+        differs gets a MismatchError, as this one does."""
+        self._sync_point(description, what, timeout)
+
     def fail_together(self, what: str, error: BaseException, timeout: Optional[float] = None) -> None:
         """This worker's collective failed before its first MPI call (an argument, a shape
         its replicas disagree on), while the other workers may be making it: their

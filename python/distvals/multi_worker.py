@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import numpy as np
 
-from . import context, devices, nest
+from . import context, devices, kinds, nest
+from .fingerprint import fingerprint
 from .local_extended import LocalExtended
 from .options import CommunicationOptions
 from .reduce_op import ReduceOp
@@ -382,13 +383,22 @@ class _MultiWorkerExtended(LocalExtended):
         return self._destinations(destinations, what)
 
     @contextlib.contextmanager
-    def _together(self, what: str, communicates: bool) -> Iterator[None]:
-        """Around a collective that makes MPI calls on every worker when it succeeds
-        (``communicates``): if it fails on this worker before its first, this worker
-        still takes part in its agreement step (``HierarchicalCollectives.fail_together``),
-        so that it fails on every worker instead of the others' pairing with this
-        worker's next collective; then the error is raised here."""
-        if self._num_workers == 1 or not communicates:
+    def _together(self, what: str, value: Any) -> Iterator[None]:
+        """Around a cross-replica collective of ``value``: whatever happens on this
+        worker, it makes at least one agreement step with the others, so that every
+        worker's call sequence stays the same (the others would otherwise pair this call
+        with this worker's next one, whose description may be the same: a wrong result,
+        no error).
+
+        - It fails here before its first MPI call: this worker still takes part in the
+          agreement step (``HierarchicalCollectives.fail_together``); every worker fails.
+        - It succeeds here without any MPI call (a non-distributed value, which each
+          worker reduces alone when some worker has several local replicas; a Mirrored
+          value under MEAN): the workers agree on the call and on the value's
+          fingerprint. A worker that passed a value to reduce across the workers there,
+          or a different value, gets a MismatchError, as every other worker does: a
+          result that holds on one worker only would be a wrong number on the others."""
+        if self._num_workers == 1:
             yield
             return
         mark = self._coll.mpi_calls()
@@ -399,9 +409,12 @@ class _MultiWorkerExtended(LocalExtended):
                 with self._lock:
                     self._coll.fail_together(what, e)
             raise
+        if self._coll.mpi_calls() == mark:
+            with self._lock:
+                self._coll.sync_point(f"{what} of {_describe_unshared(value)} without communicating", what)
 
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        with self._together(what, isinstance(value, DistributedValues)):
+        with self._together(what, value):
             return super()._reduce_one(op, self._as_local_parts(value), axis, what)
 
     def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
@@ -410,7 +423,7 @@ class _MultiWorkerExtended(LocalExtended):
         return super()._reduce_structure(op, value, what)
 
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
-        with self._together(what, isinstance(value, DistributedValues)):
+        with self._together(what, value):
             return super()._gather_one(self._as_local_parts(value), axis, what)
 
     def _agree_structure(self, what: str, value: Any) -> None:
@@ -437,7 +450,7 @@ class _MultiWorkerExtended(LocalExtended):
     ) -> Any:
         """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
         worker's devices): a Mirrored, or the value itself for one destination."""
-        with self._together("extended.reduce_to", isinstance(value, DistributedValues)):
+        with self._together("extended.reduce_to", value):
             self._require_cross_replica("extended.reduce_to")
             return super().reduce_to(
                 reduce_op, self._as_local_parts(value), self._local_destinations(destinations, "reduce_to"), options
@@ -450,8 +463,7 @@ class _MultiWorkerExtended(LocalExtended):
         options: Optional[CommunicationOptions] = None,
     ) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
-        pairs_given = isinstance(value_destination_pairs, (list, tuple)) and len(value_destination_pairs) > 0
-        with self._together("extended.batch_reduce_to", pairs_given):
+        with self._together("extended.batch_reduce_to", value_destination_pairs):
             return self._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
     def _batch_reduce_to(
@@ -579,20 +591,19 @@ class MultiWorkerMirroredStrategy(Strategy):
         return self._extended._resolver
 
     def reduce(self, reduce_op: Any, value: Any, axis: Optional[int] = None) -> Any:
-        """As ``Strategy.reduce``, over every replica of every worker. A structure, or a
-        distributed value, makes MPI calls on every worker: if the call fails on this
-        worker alone before it communicates (an op it does not know), it fails on every
-        worker (see ``_together``)."""
-        communicates = nest.is_nested(value) or isinstance(value, DistributedValues)
-        with self._extended._together("strategy.reduce", communicates):
+        """As ``Strategy.reduce``, over every replica of every worker. Every worker takes
+        part in an agreement step even where the call fails on it alone before it
+        communicates (an op it does not know), or needs no MPI call there (a plain value
+        reduced on each worker alone): it then fails, or differs, on every worker (see
+        ``_together``)."""
+        with self._extended._together("strategy.reduce", value):
             return super().reduce(reduce_op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's part (all workers, in global replica order) along
         ``axis``; sizes may differ along it only. Nested structures too."""
         ext = self._extended
-        communicates = nest.is_nested(value) or isinstance(value, DistributedValues)
-        with ext._together("strategy.gather", communicates):
+        with ext._together("strategy.gather", value):
             ext._require_cross_replica("strategy.gather")
             if nest.is_nested(value):
                 ext._agree_structure("strategy.gather", value)
@@ -641,3 +652,21 @@ class MultiWorkerMirroredStrategy(Strategy):
             f"MultiWorkerMirroredStrategy(devices={list(ext._devices)!r}, task_id={ext._rank}, "
             f"num_workers={ext._num_workers})"
         )
+
+
+def _describe_unshared(value: Any) -> str:
+    """A value a collective reduced on each worker alone, as workers compare it: its
+    kind, dtype and shape, and a fingerprint of its contents."""
+    if isinstance(value, DistributedValues):
+        return f"a {type(value).__name__} value of {_describe_unshared(value.values[0])}"
+    try:
+        a = kinds.to_numpy(value)
+        kind = f"{a.dtype.name} {a.shape}"
+        leaves: Any = [a]
+    except Exception:  # noqa: BLE001 - not an array: its type and its fingerprint
+        kind = type(value).__name__
+        leaves = [value]
+    try:
+        return f"a non-distributed value ({kind}, fingerprint {fingerprint(leaves):016x})"
+    except TypeError:  # it cannot be pickled: its kind only
+        return f"a non-distributed value ({kind}, no fingerprint)"

@@ -61,16 +61,15 @@ then they must take their turns in the same order on every worker (or the worker
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
-import zlib
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from . import devices, nest
 from ._core import AbortedError, MismatchError
+from .fingerprint import fingerprint
 from .input import (
     DistributedDataset,
     DistributedDatasetsFromFunction,
@@ -121,69 +120,6 @@ class _Fingerprint:
         self.since = (0, 0)  # the worker and element of the error that turned it on
 
 
-def _fingerprint(leaves: Any) -> int:
-    """A 62-bit fingerprint of arrays' dtypes, shapes and bytes: CRC-32 and Adler-32,
-    which zlib computes at memory speed, side by side (so it fits the int64 exchange)."""
-    crc, adler = 0, 1
-    for a in leaves:
-        parts: List[Any] = []
-        _object_bytes(a, parts)
-        for data in parts:
-            crc, adler = zlib.crc32(data, crc), zlib.adler32(data, adler)
-    return ((crc << 30) ^ adler) & ((1 << 62) - 1)
-
-
-def _object_bytes(x: Any, out: List[Any]) -> None:
-    """Appends to ``out`` bytes that determine ``x`` and read the same in every process:
-    an array's dtype, shape and data (an object array's elements one by one), a
-    Python value's type and value, a container's kind, size and items (a set's in an
-    order of their own bytes: a set of strings iterates in another order in each
-    process). Other objects go by their pickle; one that cannot be pickled is a
-    TypeError, since its batches could not be compared."""
-    if isinstance(x, np.ndarray):
-        out.append(f"a{x.dtype.str}{x.shape};".encode())
-        if x.dtype.hasobject:
-            for item in x.reshape(-1):
-                _object_bytes(item, out)
-        else:
-            out.append(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
-    elif isinstance(x, np.generic):
-        out.append(f"g{x.dtype.str};".encode())
-        out.append(x.tobytes())
-    elif x is None or isinstance(x, (bool, int, float, complex)):
-        # repr is exact for these (a float's round-trips; -0.0 is not 0.0).
-        out.append(f"{type(x).__name__}:{x!r};".encode())
-    elif isinstance(x, (str, bytes, bytearray)):
-        data = x.encode("utf-8", "surrogatepass") if isinstance(x, str) else bytes(x)
-        out.append(f"{type(x).__name__}{len(data)};".encode())
-        out.append(data)
-    elif isinstance(x, (list, tuple, dict)):
-        items = list(x.items()) if isinstance(x, dict) else x
-        out.append(f"{type(x).__name__}{len(items)};".encode())
-        for item in items:
-            _object_bytes(item, out)
-    elif isinstance(x, (set, frozenset)):
-        members = []
-        for item in x:
-            part: List[Any] = []
-            _object_bytes(item, part)
-            members.append(b"".join(bytes(p) for p in part))
-        out.append(f"{type(x).__name__}{len(members)};".encode())
-        out.extend(sorted(members))
-    else:
-        try:
-            data = pickle.dumps(x, protocol=4)
-        except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
-            raise TypeError(
-                "after an input error the workers compare each global batch by a fingerprint of its "
-                f"values, and a {type(x).__name__} object in an object array cannot be fingerprinted "
-                f"(it cannot be pickled: {e}); make a new iterator, or give plain arrays, numbers, "
-                "strings or containers of them"
-            ) from None
-        out.append(f"p{len(data)};".encode())
-        out.append(data)
-
-
 def _shard(
     iterator: Iterator[Any], total: int, offset: int, count: int, check: Optional[_Fingerprint] = None
 ) -> Iterator[Any]:
@@ -196,7 +132,13 @@ def _shard(
         structured = nest.is_nested(element)
         leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
         if check is not None and check.on:
-            check.value = _fingerprint(leaves) or 1
+            try:
+                check.value = fingerprint(leaves) or 1
+            except TypeError as e:
+                raise TypeError(
+                    f"after an input error the workers compare each global batch by a fingerprint of its values: {e}; "
+                    "make a new iterator, or give plain arrays, numbers, strings or containers of them"
+                ) from None
         if not leaves or any(a.ndim == 0 for a in leaves) or any(a.shape[0] != leaves[0].shape[0] for a in leaves):
             return element
         rows = worker_rows(leaves[0].shape[0], total, offset, count)

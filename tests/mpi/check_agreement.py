@@ -228,6 +228,74 @@ def main() -> int:
             expect_close(got.reshape(-1), want, rank, f"{what}: step {i}")
         checks += 1
 
+    # A non-distributed value where the other workers pass a distributed one (step 2 of
+    # a loop, worker 0), and non-distributed values that differ between workers. Where
+    # some worker has several local replicas, each worker reduces a plain value alone:
+    # it still agrees on the call and the value's fingerprint with the others, so every
+    # worker gets an error (never a pairing of the others' call with worker 0's next
+    # one) and the loop goes on in step. With one replica everywhere a plain value is
+    # that replica's value, reduced across the workers.
+    alone = not ext._plain_is_local
+    for op in ("mean", "sum"):
+        for i in range(5):
+            plain = i == 2 and rank == 0
+            value = np.full(5000, 7.0, np.float32) if plain else step_value(i)
+            column = [float(100 * i + g) for g in range(total)]
+            if plain and alone:
+                # worker 0's own error for a SUM it cannot make, a MismatchError otherwise.
+                expected = ValueError if op == "sum" else dv.MismatchError
+                expect_raises(expected, lambda: s.reduce(op, value, axis=None), rank, f"plain {op}, step 2")
+                continue
+            if i == 2 and alone:
+                needles = ("non-distributed value",) if op == "mean" else ("failed before it communicated",)
+                expect_raises(
+                    dv.MismatchError, lambda: s.reduce(op, value, axis=None), rank, f"plain {op}, step 2", *needles
+                )
+                continue
+            if i == 2:
+                column[0] = 7.0  # worker 0's one replica contributes its plain value
+            want = np.full(5000, np.mean(column) if op == "mean" else np.sum(column))
+            got = np.asarray(devices_host(s.reduce(op, value, axis=None)))
+            expect_close(got, want, rank, f"plain {op}: step {i}")
+        checks += 1
+    mine = np.full(3, float(rank), np.float64)
+    if alone:
+        expect_raises(
+            dv.MismatchError, lambda: s.reduce("max", mine, axis=None), rank, "plain values that differ", "fingerprint"
+        )
+        same = np.arange(3.0)
+        expect_close(np.asarray(s.reduce("max", same, axis=None)), same, rank, "plain values alike")
+    else:
+        want = np.full(3, float(coll.num_workers - 1))
+        expect_close(np.asarray(devices_host(s.reduce("max", mine, axis=None))), want, rank, "plain values across")
+    checks += 1
+
+    # A Mirrored value under MEAN needs no MPI call: its copies are the value. Passed on
+    # worker 0 where the others reduce a PerReplica, or differing between workers, it is
+    # a MismatchError on every worker; alike everywhere, it is the value.
+    def mirrored(value):
+        return dv.Mirrored(tuple(np.array(value) for _ in range(n)))
+
+    for i in range(5):
+        odd = i == 2 and rank == 0
+        value = mirrored(np.full(5000, 7.0, np.float32)) if odd else step_value(i)
+        if i == 2:
+            expect_raises(dv.MismatchError, lambda: s.reduce("mean", value, axis=None), rank, "Mirrored MEAN, step 2")
+            continue
+        want = np.full(5000, np.mean([float(100 * i + g) for g in range(total)]))
+        expect_close(np.asarray(devices_host(s.reduce("mean", value, axis=None))), want, rank, f"MEAN: step {i}")
+    expect_raises(
+        dv.MismatchError,
+        lambda: s.reduce("mean", mirrored(np.full(4, float(rank))), axis=None),
+        rank,
+        "Mirrored values that differ",
+        "a Mirrored value of",
+        "fingerprint",
+    )
+    alike = np.asarray(s.reduce("mean", mirrored(np.arange(4.0)), axis=None))
+    expect_close(alike, np.arange(4.0), rank, "Mirrored values alike")
+    checks += 1
+
     # Structures whose difference lies below the top level, or in the keys and leaf count
     # of a structure handled leaf by leaf, or an empty one: every worker gets a
     # MismatchError, and an identical call afterwards gives the right result.
