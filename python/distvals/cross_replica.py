@@ -7,7 +7,8 @@ from ``merge_call``. They run on the strategy's ``Collectives`` like the meeting
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+import contextlib
+from typing import TYPE_CHECKING, Any, ContextManager, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,6 +54,17 @@ class CrossReplicaExtended(StrategyExtended):
 
         def _total_replicas(self) -> int: ...
 
+    def _together(self, what: str, value: Any, how: str = "") -> ContextManager[None]:
+        """Around one collective's checks and calls. Nothing to do in one process; a
+        multi-worker strategy keeps its workers' sequences of collectives aligned there
+        when the collective fails, or needs no MPI call, on some worker only."""
+        return contextlib.nullcontext()
+
+    def _reduce_objects(self, op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
+        """The reduction of parts of object dtype (Python numbers such as Fractions), by
+        numpy's object arithmetic."""
+        return _numpy_objects(op, parts, first, what)
+
     def _parts(self, value: DistributedValues, what: str) -> List[Any]:
         parts = value.values
         if len(parts) != self._n:
@@ -84,7 +96,7 @@ class CrossReplicaExtended(StrategyExtended):
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
                 dt = parts[0].dtype
                 if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
-                    out = _numpy_objects(op, parts, value.values[0], what)
+                    out = self._reduce_objects(op, parts, value.values[0], what)
                 else:
                     out = self._coll.reduce(op, parts)
             else:
@@ -334,22 +346,8 @@ class CrossReplicaExtended(StrategyExtended):
             # Every distributed value in one all-reduce: the small leaves travel packed
             # (one engine call per dtype), as TensorFlow's batch_reduce_to fuses gradients.
             values = [value_destination_pairs[i][0] for i in fused]
-            parts = [self._part_values(v, "batch_reduce_to") for v in values]
-            for k, ps in enumerate(parts):
-                p0 = ps[0]
-                shape, dtype = p0.shape, p0.dtype
-                for p in ps:
-                    if p.shape != shape or p.dtype != dtype:
-                        # Named here, before any data moves.
-                        _first_difference(
-                            [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
-                        )
-            leaves = [[ps[r] for ps in parts] for r in range(self._n)]
-            opts = self._options if options is None else self._options.merge(options)
-            with self._lock:
-                results = self._all_reduce_leaves(
-                    op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
-                )
+            with self._together("extended.batch_reduce_to", values, f"({op.name})"):
+                results = self._batch_all_reduce(op, fused, values, options)
             devices_here = list(self._devices)
             placed = self._placed
             for k, i in enumerate(fused):
@@ -360,6 +358,26 @@ class CrossReplicaExtended(StrategyExtended):
                 else:
                     out[i] = self._spread(kinds.restore(results[0][k], original), dests)
         return out
+
+    def _batch_all_reduce(self, op: ReduceOp, fused: List[int], values: List[Any], options: Any) -> List[List[Any]]:
+        """The fused items of ``batch_reduce_to`` (indices ``fused``, distributed
+        ``values``) checked, then all-reduced together: results[r][k] for replica r."""
+        parts = [self._part_values(v, "batch_reduce_to") for v in values]
+        for k, ps in enumerate(parts):
+            p0 = ps[0]
+            shape, dtype = p0.shape, p0.dtype
+            for p in ps:
+                if p.shape != shape or p.dtype != dtype:
+                    # Named here, before any data moves.
+                    _first_difference(
+                        [tuple(p.shape) for p in ps], [p.dtype for p in ps], f"batch_reduce_to (item {fused[k]})"
+                    )
+        leaves = [[ps[r] for ps in parts] for r in range(self._n)]
+        opts = self._options if options is None else self._options.merge(options)
+        with self._lock:
+            return self._all_reduce_leaves(
+                op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
+            )
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         """Copies a non-distributed ``tensor`` to every destination device: a Mirrored

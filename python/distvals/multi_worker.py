@@ -36,7 +36,7 @@ from . import context, devices, kinds, nest
 from .fingerprint import fingerprint
 from .local_extended import LocalExtended
 from .options import CommunicationOptions
-from .reduce_op import ReduceOp
+from .reduce_op import ReduceOp, as_reduce_op
 from .strategy import Strategy
 from .values import DistributedValues, Mirrored, PerReplica, regroup, select_replica
 
@@ -382,8 +382,18 @@ class _MultiWorkerExtended(LocalExtended):
             return list(self._devices)
         return self._destinations(destinations, what)
 
+    def _reduce_objects(self, op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
+        # numpy's object arithmetic would reduce this worker's replicas only.
+        if self._num_workers > 1:
+            item = first.flat[0] if isinstance(first, np.ndarray) and first.size else first
+            raise TypeError(
+                f"{what}: replica values of dtype object ({type(item).__name__}) cannot be reduced across "
+                "workers (MPI reduces numbers); convert them to a numeric dtype first"
+            )
+        return super()._reduce_objects(op, parts, first, what)
+
     @contextlib.contextmanager
-    def _together(self, what: str, value: Any) -> Iterator[None]:
+    def _together(self, what: str, value: Any, how: str = "") -> Iterator[None]:
         """Around a cross-replica collective of ``value``: whatever happens on this
         worker, it makes at least one agreement step with the others, so that every
         worker's call sequence stays the same (the others would otherwise pair this call
@@ -395,10 +405,14 @@ class _MultiWorkerExtended(LocalExtended):
         - It succeeds here without any MPI call (a non-distributed value, which each
           worker reduces alone when some worker has several local replicas; a Mirrored
           value under MEAN): the workers agree on the call and on the value's
-          fingerprint. A worker that passed a value to reduce across the workers there,
-          or a different value, gets a MismatchError, as every other worker does: a
-          result that holds on one worker only would be a wrong number on the others."""
-        if self._num_workers == 1:
+          fingerprint (and ``how``: the op, the axis). A worker that passed a value to
+          reduce across the workers there, or a different value or op, gets a
+          MismatchError, as every other worker does: a result that holds on one worker
+          only would be a wrong number on the others.
+
+        Inside ``strategy.run`` (where these calls are refused) it adds nothing: each
+        replica would make its own agreement step."""
+        if self._num_workers == 1 or context.current_run_context() is not None:
             yield
             return
         mark = self._coll.mpi_calls()
@@ -411,10 +425,11 @@ class _MultiWorkerExtended(LocalExtended):
             raise
         if self._coll.mpi_calls() == mark:
             with self._lock:
-                self._coll.sync_point(f"{what} of {_describe_unshared(value)} without communicating", what)
+                description = f"{what}{how} of {_describe_unshared(value)} without communicating"
+                self._coll.sync_point(description, what)
 
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
-        with self._together(what, value):
+        with self._together(what, value, f"({op.name}, axis={axis})"):
             return super()._reduce_one(op, self._as_local_parts(value), axis, what)
 
     def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
@@ -423,7 +438,7 @@ class _MultiWorkerExtended(LocalExtended):
         return super()._reduce_structure(op, value, what)
 
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
-        with self._together(what, value):
+        with self._together(what, value, f"(axis={axis})"):
             return super()._gather_one(self._as_local_parts(value), axis, what)
 
     def _agree_structure(self, what: str, value: Any) -> None:
@@ -450,11 +465,13 @@ class _MultiWorkerExtended(LocalExtended):
     ) -> Any:
         """Reduces ``value`` over every replica of every worker onto ``destinations`` (this
         worker's devices): a Mirrored, or the value itself for one destination."""
-        with self._together("extended.reduce_to", value):
+        with self._together("extended.reduce_to", value, f"({_op_name(reduce_op)})"):
             self._require_cross_replica("extended.reduce_to")
-            return super().reduce_to(
-                reduce_op, self._as_local_parts(value), self._local_destinations(destinations, "reduce_to"), options
-            )
+            if nest.is_nested(value) and self._plain_is_local:
+                parts = nest.map_structure(self._as_local_parts, value)
+            else:
+                parts = self._as_local_parts(value)
+            return super().reduce_to(reduce_op, parts, self._local_destinations(destinations, "reduce_to"), options)
 
     def batch_reduce_to(
         self,
@@ -463,7 +480,7 @@ class _MultiWorkerExtended(LocalExtended):
         options: Optional[CommunicationOptions] = None,
     ) -> List[Any]:
         """``reduce_to`` for a list of (value, destinations) pairs."""
-        with self._together("extended.batch_reduce_to", value_destination_pairs):
+        with self._together("extended.batch_reduce_to", value_destination_pairs, f"({_op_name(reduce_op)})"):
             return self._batch_reduce_to(reduce_op, value_destination_pairs, options)
 
     def _batch_reduce_to(
@@ -596,14 +613,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         communicates (an op it does not know), or needs no MPI call there (a plain value
         reduced on each worker alone): it then fails, or differs, on every worker (see
         ``_together``)."""
-        with self._extended._together("strategy.reduce", value):
+        with self._extended._together("strategy.reduce", value, f"({_op_name(reduce_op)}, axis={axis})"):
             return super().reduce(reduce_op, value, axis)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenates every replica's part (all workers, in global replica order) along
         ``axis``; sizes may differ along it only. Nested structures too."""
         ext = self._extended
-        with ext._together("strategy.gather", value):
+        with ext._together("strategy.gather", value, f"(axis={axis})"):
             ext._require_cross_replica("strategy.gather")
             if nest.is_nested(value):
                 ext._agree_structure("strategy.gather", value)
@@ -670,3 +687,12 @@ def _describe_unshared(value: Any) -> str:
         return f"a non-distributed value ({kind}, fingerprint {fingerprint(leaves):016x})"
     except TypeError:  # it cannot be pickled: its kind only
         return f"a non-distributed value ({kind}, no fingerprint)"
+
+
+def _op_name(reduce_op: Any) -> str:
+    """The reduce op as every worker spells it ("sum" and ReduceOp.SUM alike); an
+    unknown one as given (its own call then fails, on every worker)."""
+    try:
+        return as_reduce_op(reduce_op).name
+    except Exception:  # noqa: BLE001 - named as given; the call reports it
+        return repr(reduce_op)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from fractions import Fraction
 
 import numpy as np
 
@@ -236,6 +237,7 @@ def main() -> int:
     # one) and the loop goes on in step. With one replica everywhere a plain value is
     # that replica's value, reduced across the workers.
     alone = not ext._plain_is_local
+    column_0 = np.full(5000, float(sum(range(total))))
     for op in ("mean", "sum"):
         for i in range(5):
             plain = i == 2 and rank == 0
@@ -294,6 +296,66 @@ def main() -> int:
     )
     alike = np.asarray(s.reduce("mean", mirrored(np.arange(4.0)), axis=None))
     expect_close(alike, np.arange(4.0), rank, "Mirrored values alike")
+    checks += 1
+
+    # Plain values alike but reduced with another op or axis on worker 0: a MismatchError
+    # on every worker (each would reduce its own way), in every layout.
+    same = np.arange(4.0)
+    for what, call in {
+        "another op": lambda: s.reduce("mean" if rank == 0 else "max", same, axis=0),
+        "another axis": lambda: s.reduce("max", same, axis=None if rank == 0 else 0),
+    }.items():
+        needles = ("non-distributed value",) if alone else ()
+        expect_raises(dv.MismatchError, call, rank, f"plain values, {what}", *needles)
+        expect_close(np.asarray(devices_host(s.reduce("sum", step_value(0), axis=None))), column_0, rank, what)
+    checks += 1
+
+    # A batch_reduce_to whose fused item fails on worker 0 after an item that is reduced
+    # on its own (a plain value): every other worker's fused all-reduce fails with it,
+    # and the next batches give the right result on every worker.
+    here = ext.worker_devices
+    split = coll.local_counts[0] > 1  # worker 0's replicas can differ (every worker runs this)
+    for i in range(4):
+        items = [(np.ones(3), here), (step_value(i, bad_shape=i == 2 and rank == 0), here)]
+        if i == 2 and split:
+            expected_error = ValueError if rank == 0 else dv.MismatchError
+            expect_raises(expected_error, lambda items=items: ext.batch_reduce_to("max", items), rank, "batch, step 2")
+            continue
+        got = s.experimental_local_results(ext.batch_reduce_to("max", items)[1])
+        for r, g in enumerate(got):
+            expect_close(np.asarray(devices_host(g)), np.full(5000, 100.0 * i + total - 1), rank, f"batch {i}, {r}")
+    checks += 1
+
+    # Object values (Python numbers numpy reduces as objects) cannot cross MPI: a
+    # TypeError on every worker, not this worker's replicas alone; the next call works.
+    fractions = parts(lambda g: np.array([Fraction(g + 1, 3)], dtype=object))
+    expect_raises(
+        TypeError, lambda: s.reduce("sum", fractions, axis=None), rank, "objects", "cannot be reduced across workers"
+    )
+    expect_close(np.asarray(devices_host(s.reduce("sum", step_value(0), axis=None))), column_0, rank, "after objects")
+    checks += 1
+
+    # reduce_to of a structure of distributed values, in every layout.
+    tree = {"a": step_value(1), "b": [step_value(2)]}
+    got = ext.reduce_to("mean", tree, ext.worker_devices)
+    for key, i, leaf in (("a", 1, got["a"]), ("b", 2, got["b"][0])):
+        for r, g in enumerate(s.experimental_local_results(leaf)):
+            want = np.full(5000, np.mean([100.0 * i + g for g in range(total)]))
+            expect_close(np.asarray(devices_host(g)), want, rank, f"reduce_to of a structure: {key}, {r}")
+    checks += 1
+
+    # A reduce refused inside run (and caught there) makes no agreement step: the step's
+    # own all_reduce still pairs on every worker.
+    def refused_then_all_reduce():
+        ctx = dv.get_replica_context()
+        try:
+            s.reduce("mean", np.ones(2))
+        except RuntimeError:
+            pass
+        return ctx.all_reduce("sum", np.full(2, float(ctx.replica_id_in_sync_group)))
+
+    for r, got in enumerate(s.experimental_local_results(s.run(refused_then_all_reduce))):
+        expect_close(np.asarray(devices_host(got)), np.full(2, float(sum(range(total)))), rank, f"run, replica {r}")
     checks += 1
 
     # Structures whose difference lies below the top level, or in the keys and leaf count
