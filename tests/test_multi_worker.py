@@ -417,3 +417,54 @@ def test_the_fingerprint_of_a_set_of_strings_is_the_same_in_every_process():
 def test_an_object_that_cannot_be_fingerprinted_is_a_type_error():
     with pytest.raises(TypeError, match=r"a function object cannot be fingerprinted \(it cannot be pickled"):
         _fp(_objects(lambda: 1))
+
+
+# ---- the thread that runs a pipelined all-reduce's blocking MPI calls ----------------------
+def test_a_ctrl_c_as_the_mpi_thread_starts_never_leaves_two_threads_taking_jobs(monkeypatch):
+    """A KeyboardInterrupt raised as the thread-starting call returns (the thread has
+    started): the next submit starts the thread that takes jobs, and the jobs still run
+    one after the other, in order, on one thread (two loops would make MPI calls out of
+    order and from two threads at once)."""
+    import _thread
+    import threading
+
+    from distvals.mpi_runtime import MpiJob, MpiThread
+
+    original = _thread.start_new_thread
+    calls = []
+
+    def start_then_interrupt(fn, args):
+        ident = original(fn, args)
+        calls.append(ident)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return ident
+
+    monkeypatch.setattr(_thread, "start_new_thread", start_then_interrupt)
+    t = MpiThread()
+    with pytest.raises(KeyboardInterrupt):
+        t.submit(MpiJob(None, None), lambda: None)
+    lock = threading.Lock()
+    log = []
+    active = [0]
+
+    def job(name):
+        def run():
+            with lock:
+                active[0] += 1
+                log.append((name, active[0], threading.get_ident()))
+            time.sleep(0.2)
+            with lock:
+                active[0] -= 1
+
+        return run
+
+    jobs = [MpiJob(None, None) for _ in range(3)]
+    for name, j in zip("ABC", jobs):
+        t.submit(j, job(name))
+    for j in jobs:
+        assert j.done.wait(10)
+    t.close()
+    assert [e[0] for e in log] == ["A", "B", "C"]
+    assert max(e[1] for e in log) == 1, log  # never two jobs at once
+    assert len({e[2] for e in log}) == 1, log  # one thread took them all

@@ -72,24 +72,33 @@ class MpiThread:
         self._items: collections.deque[Tuple[MpiJob, Callable[[], None]]] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stop = False
-        self._running = False
+        # The token of the one loop that may take jobs (None: none started yet).
+        self._owner: Optional[object] = None
 
     def submit(self, job: MpiJob, run: Callable[[], None]) -> None:
         job.done = threading.Event()
         with self._cond:
-            if not self._running:
-                start_daemon(self._loop, "distvals-mpi")
-                self._running = True
+            if self._owner is None:
+                # A Ctrl-C raised as the start call returns leaves it unknown whether a
+                # loop started: the token is given up then, and a loop that started with
+                # it stops at once, so that only the next submit's loop takes jobs (two
+                # loops would run MPI calls out of order, from two threads).
+                token = self._owner = object()
+                try:
+                    start_daemon(lambda: self._loop(token), "distvals-mpi")
+                except BaseException:
+                    self._owner = None
+                    raise
             self._items.append((job, run))
             self._cond.notify()
 
-    def _loop(self) -> None:
+    def _loop(self, token: object) -> None:
         cond = self._cond
         while True:
             with cond:
-                while not self._items and not self._stop:
+                while not self._items and not self._stop and self._owner is token:
                     cond.wait(1.0)
-                if not self._items:
+                if not self._items or self._owner is not token:
                     return
                 job, run = self._items.popleft()
             try:
