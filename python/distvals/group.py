@@ -166,8 +166,6 @@ class ReplicaGroup:
         read."""
         if stream is None and not self._gpu:
             self._group.reduce(buffers, root, op, out)
-        elif stream is None:
-            self._on_stream("reduce").reduce(buffers, root, op, out=out)
         else:
             self._on_stream("reduce").reduce(buffers, root, op, stream=stream, out=out)
 

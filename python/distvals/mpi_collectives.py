@@ -717,7 +717,9 @@ class HierarchicalCollectives(WorkerAgreement):
             np.copyto(outs[0][lo:hi], numpy_reduce(np.stack([x[lo:hi] for x in ins]), op, outs[0].dtype))
 
     def _broadcast_chunk(self, outs: List[np.ndarray], lo: int, hi: int) -> None:
-        """Step 3 for elements lo:hi: ``outs[0]``'s values copied to the other replicas'."""
+        """Step 3 for elements lo:hi: ``outs[0]``'s values copied to the other replicas'.
+        One copy goes on this thread: the engine would hand it to one of its workers, a
+        wake-up for the same bytes (2x2 workers, 1 MiB: 393-401 against 416-422 µs)."""
         if len(outs) > 2 and engine_supports(outs[0].dtype):
             group: ReplicaGroup = self.local.group  # type: ignore[assignment]  # several local replicas
             group.broadcast([o[lo:hi] for o in outs], root=0)
@@ -987,7 +989,7 @@ class HierarchicalCollectives(WorkerAgreement):
         self._wait(self._comm.Ibcast(flag, root=0), what, timeout)
         return bool(flag[0])
 
-    # ---- a collective that failed on this worker alone -----------------------------------------
+    # ---- a collective that failed, or moved nothing, on this worker alone ----------------------
     def mpi_calls(self) -> int:
         """How many MPI calls this worker's collectives have made so far."""
         stats = self.stats

@@ -467,10 +467,8 @@ class _MultiWorkerExtended(LocalExtended):
         worker's devices): a Mirrored, or the value itself for one destination."""
         with self._together("extended.reduce_to", value, f"({_op_name(reduce_op)})"):
             self._require_cross_replica("extended.reduce_to")
-            if nest.is_nested(value) and self._plain_is_local:
-                parts = nest.map_structure(self._as_local_parts, value)
-            else:
-                parts = self._as_local_parts(value)
+            # A structure's plain leaves too (as _reduce_structure does).
+            parts = nest.map_structure(self._as_local_parts, value) if self._plain_is_local else value
             return super().reduce_to(reduce_op, parts, self._local_destinations(destinations, "reduce_to"), options)
 
     def batch_reduce_to(

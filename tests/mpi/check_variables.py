@@ -24,6 +24,9 @@ def copies_equal(var, want, rank: int, what: str, tol: float = 0.0) -> None:
 
 def main() -> int:
     a = parse_args()
+    if not a.dir:
+        # Checkpoints go there: without it they would land in the working directory.
+        raise SystemExit("check_variables.py needs --dir DIR, a directory every worker can see")
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     counts = counts_of(a.replicas, size)
