@@ -28,6 +28,20 @@ def test_non_contiguous_is_rejected(g2):
     assert b.shape == (4, 2)
 
 
+def test_masked_array_is_rejected(g2):
+    # Its mask would be dropped and the masked-out values reduced: refused, nothing written.
+    a = np.ones(3)
+    m = np.ma.array([1.0, 5.0, 2.0], mask=[False, True, False])
+    with pytest.raises(TypeError, match="replica 1: .*masked array"):
+        g2.all_reduce([a, m])
+    np.testing.assert_array_equal(a, 1)
+    np.testing.assert_array_equal(m.data, [1.0, 5.0, 2.0])
+    # Other ndarray subclasses are still arrays.
+    b = np.arange(3.0).view(type("Sub", (np.ndarray,), {}))
+    g2.all_reduce([a, b])
+    np.testing.assert_array_equal(np.asarray(b), np.arange(3.0) + 1)
+
+
 def test_read_only_is_rejected(g2):
     a = np.ones(4, np.float32)
     b = np.ones(4, np.float32)

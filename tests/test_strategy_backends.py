@@ -809,6 +809,52 @@ def test_a_failing_replica_releases_the_others_and_the_strategy_runs_again(env):
         check_close(out.values[r], want, "float32", f"replica {r} after the failure")
 
 
+def test_masked_arrays_are_refused_before_anything_is_reduced(env):
+    # The collectives read an array's data whole: a masked array's mask would be dropped
+    # and its masked-out values counted, a wrong result with no error. Refused, naming
+    # the replica, on every path a value enters by; the next collective still works.
+    n = 2
+    s = env.strategy(n, communication_options=dv.CommunicationOptions(timeout_seconds=30))
+    masked = np.ma.array([1.0, 1e6, 3.0], mask=[False, True, False])
+    host = distinct_values(n, (3,), np.float64)
+    match = "replica 1: .*: a numpy masked array, whose mask would be dropped"
+    if env.on_gpu:
+        # Copied to a GPU, a value keeps no mask: refused on the way there.
+        with pytest.raises(TypeError, match="a copy to GPU 1: a numpy masked array"):
+            distribute(s, [host[0], masked])
+        per = None
+    else:
+        per = distribute(s, [host[0], masked])
+
+    def in_replica(call):
+        def step(v):
+            return call(dv.get_replica_context(), masked if rid() == 1 else v)
+
+        return step
+
+    calls = {
+        "all_reduce": lambda: s.run(in_replica(lambda c, v: c.all_reduce("SUM", v)), args=(x,)),
+        "all_reduce of a structure": lambda: s.run(in_replica(lambda c, v: c.all_reduce("SUM", [v, v])), args=(x,)),
+        "all_gather": lambda: s.run(in_replica(lambda c, v: c.all_gather(v, axis=0)), args=(x,)),
+        "strategy.reduce": lambda: s.reduce("SUM", per, axis=None),
+        "strategy.reduce along an axis": lambda: s.reduce("SUM", per, axis=0),
+        "strategy.gather": lambda: s.gather(per, axis=0),
+        "reduce_to": lambda: s.extended.reduce_to("SUM", per, env.device(0)),
+        "batch_reduce_to": lambda: s.extended.batch_reduce_to("SUM", [(per, env.device(0))]),
+    }
+    x = distribute(s, host)
+    for what, call in calls.items():
+        if per is None and "all" not in what:
+            continue
+        with pytest.raises(TypeError, match=match):
+            call()
+        out = s.run(lambda v: dv.get_replica_context().all_reduce("SUM", v), args=(x,))
+        for r in range(n):
+            check_close(out.values[r], host[0] + host[1], "float64", f"replica {r} after the refused {what}")
+    with pytest.raises(TypeError, match="^strategy.reduce: a numpy masked array"):
+        s.reduce("MEAN", masked, axis=None)
+
+
 def test_a_value_on_another_gpu_is_moved_to_the_replicas_gpu(env):
     env.needs_gpu()
     if env.physical < 2:

@@ -106,8 +106,10 @@ py::array as_array(const py::handle& obj, int replica, bool writable, const char
   // Not `py::array a;` then an assignment: pybind11's default array constructor makes a
   // new (empty) numpy array, a cost paid for every array of every collective.
   auto take = [&]() -> py::array {
-    if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-    // Buffer protocol and DLPack, zero-copy; the Python helper knows the protocols.
+    const auto* array_type = reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_);
+    if (Py_TYPE(obj.ptr()) == array_type) return py::reinterpret_borrow<py::array>(obj);
+    // Subclasses of ndarray (a masked array is refused there), buffer protocol and DLPack,
+    // zero-copy; the Python helper knows the protocols.
     if (host_array_converter == nullptr) {
       // Set under the GIL, without a function-local static: the import may let another
       // thread take the GIL, and a thread blocked on a static's guard while holding the

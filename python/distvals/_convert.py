@@ -79,6 +79,20 @@ def host_array(x: Any) -> Optional[np.ndarray]:
     return np.asarray(numpy_fn()) if callable(numpy_fn) else None
 
 
+def refuse_masked(x: Any, replica: Optional[int], what: str) -> None:
+    """Raises TypeError for a numpy masked array: its mask says which values to leave
+    out, and the collectives, which read the data whole, would drop it and count the
+    masked-out values (a wrong result with no error). ``numpy.ma`` is looked up only
+    when loaded: without it there is no masked array."""
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        who = "" if replica is None else f"replica {replica}: "
+        raise TypeError(
+            f"{who}{what}: a numpy masked array, whose mask would be dropped (its masked-out values "
+            "used as any other); pass x.filled(value), or x.data to use every value"
+        )
+
+
 def as_numpy(x: Any) -> np.ndarray:
     """``x`` as a numpy array: a host tensor of another library as ``host_array`` gives
     it, anything else through ``np.asarray``."""
@@ -97,6 +111,8 @@ def as_host_array(obj: Any, replica: int) -> np.ndarray:
     a copy would silently drop the result.
     """
     if isinstance(obj, np.ndarray):
+        if type(obj) is not np.ndarray:
+            refuse_masked(obj, replica, "the collective")
         return obj
     library = _library(obj)
     if library == "torch" and hasattr(obj, "is_neg"):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, List, Optional, Sequence,
 import numpy as np
 
 from . import kinds, nest
+from ._convert import refuse_masked
 from .collectives import (
     REDUCIBLE_KINDS,
     Collectives,
@@ -76,9 +77,11 @@ class CrossReplicaExtended(StrategyExtended):
 
     def _part_values(self, value: DistributedValues, what: str) -> List[Any]:
         out = []
-        for p in self._parts(value, what):
+        for r, p in enumerate(self._parts(value, what)):
             if isinstance(p, Variable):
                 p = p._read()
+            elif type(p) is not np.ndarray:
+                refuse_masked(p, r, what)
             out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
         return out
 
@@ -193,6 +196,7 @@ class CrossReplicaExtended(StrategyExtended):
                 f"{self._total_replicas()} replicas (it is not one value per replica); pass a PerReplica, such "
                 "as the result of strategy.run"
             )
+        refuse_masked(value, None, what)
         if axis is None:
             one = _reduced_alone(op, _unwrap_part(value))
             return value if one is _unwrap_part(value) else one

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import cuda as _cuda
-from ._convert import as_numpy
+from ._convert import as_numpy, refuse_masked
 from ._core import parse_device
 
 __all__ = [
@@ -177,6 +177,8 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
         out = _cuda.DeviceArray(d.shape, d.dtype, place)
         _copy_device(out, 0, d)
         return out
+    if type(x) is not np.ndarray:
+        refuse_masked(x, None, f"a copy to GPU {place}")
     host = _contiguous(as_numpy(x))
     return _cuda.to_device(host, place)
 

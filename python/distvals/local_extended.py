@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _core, context, kinds, nest
+from ._convert import refuse_masked
 from ._core import AbortedError, ClosedError, CollectiveTimeoutError, MismatchError
 from .collectives import (
     REDUCIBLE_KINDS,
@@ -282,6 +283,8 @@ class LocalExtended(CrossReplicaExtended):
 
     #: Whether MPI exchanges follow the local collectives (MultiWorkerMirroredStrategy).
     _between_workers = False
+    # Threads of the engine's group (0: one per replica, at most one per core).
+    _group_threads = 0
 
     def _new_group(self) -> Any:
         from .group import ReplicaGroup
@@ -295,7 +298,12 @@ class LocalExtended(CrossReplicaExtended):
         # collective, and it needs the cores (its peers' too, on a shared machine).
         spin_us = 0 if getattr(self, "_execution", "threads") == "threads" or self._between_workers else -1
         try:
-            return ReplicaGroup(list(self._devices), timeout_seconds=self._options.timeout_seconds, spin_us=spin_us)
+            return ReplicaGroup(
+                list(self._devices),
+                timeout_seconds=self._options.timeout_seconds,
+                spin_us=spin_us,
+                threads=self._group_threads,
+            )
         except ValueError as e:
             raise ValueError(f"{self._what}: {e}") from None
 
@@ -642,6 +650,8 @@ class LocalExtended(CrossReplicaExtended):
         leaves = [value] if single else nest.flatten(value)
         arrays = [self._convert(x) for x in leaves]
         for leaf, a in zip(leaves, arrays):
+            if type(leaf) is not np.ndarray:
+                refuse_masked(leaf, ctx._replica_id, "all_gather")
             if a.dtype.hasobject:
                 raise TypeError(
                     f"replica {ctx._replica_id}: all_gather cannot send a value of type "
@@ -846,6 +856,8 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], what: str, verb: str) -> None:
     """Refuses, in the replica and naming it, values that are not numbers."""
     for leaf, a in zip(leaves, arrays):
+        if type(leaf) is not np.ndarray:
+            refuse_masked(leaf, replica, what)
         dt = a.dtype
         if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
             raise TypeError(

@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import nest
+from ._convert import refuse_masked
 from ._core import MismatchError
 from .collectives import REDUCIBLE_KINDS, engine_supports, type_name
 from .replicas import Request
@@ -78,6 +79,8 @@ def split_leaves(
         leaves = [v] if single else nest.flatten(v)
         arrays = []
         for leaf in leaves:
+            if type(leaf) is not np.ndarray:
+                refuse_masked(leaf, r, what)
             a = convert(leaf)
             dt = a.dtype
             if dt.hasobject or (reducible and dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):

@@ -237,8 +237,6 @@ class _MultiWorkerExtended(LocalExtended):
         from .mpi_collectives import HierarchicalCollectives
 
         mpi = self._mpi
-        # The local replicas' collectives: a HostCollectives or a CudaCollectives.
-        local: EngineCollectives = super()._make_collectives()  # type: ignore[assignment]
         timeout = float(self._timeout)
         # A communicator of its own: the strategy's collectives never match the user's.
         comm, req = self._user_comm.Idup()
@@ -251,6 +249,15 @@ class _MultiWorkerExtended(LocalExtended):
         self._wait_setup(comm.Iallgather([np.frombuffer(name, np.uint8), mpi.BYTE], [names, mpi.BYTE]), timeout)
         self._hosts = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in names]
         self._comm = comm
+        # Workers on one host share its cores: the local engine takes its share of them
+        # (more threads than cores would only take turns, and the MPI exchange that
+        # follows every local step needs a core on each side).
+        sharing = self._hosts.count(self._hosts[comm.Get_rank()])
+        if sharing > 1:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            self._group_threads = max(1, cores // sharing)
+        # The local replicas' collectives: a HostCollectives or a CudaCollectives.
+        local: EngineCollectives = super()._make_collectives()  # type: ignore[assignment]
         # The distributed input's agreement on each element (multi_worker_input) has a
         # communicator of its own: it never pairs with a collective.
         input_comm, req = comm.Idup()

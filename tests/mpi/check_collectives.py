@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import os
 import sys
 import weakref
@@ -169,13 +170,24 @@ def main() -> int:
                         )
                     checks += 1
 
-    # Large buffers: the pipelined path (several chunks), every element checked.
-    for dtype, op, count in [
-        ("float32", "sum", 700_000),
-        ("float16", "max", 1_300_000),
-        ("int64", "sum", 300_001),
-        ("float64", "mean", 262_145),
-    ]:
+    # Large buffers: the pipelined path (several chunks), every element checked. Two
+    # local replicas are reduced with numpy or with the engine (as the host's cores
+    # decide): both ways, whichever this machine picks.
+    coll = s.extended._coll
+    chosen = coll._numpy_pair_reduce
+    ways = (True, False) if coll.num_local == 2 and not coll._on_gpu else (coll._numpy_pair_reduce,)
+    for numpy_pair, (dtype, op, count) in itertools.product(
+        ways,
+        [
+            ("float32", "sum", 700_000),
+            ("float16", "max", 1_300_000),
+            ("int64", "sum", 300_001),
+            ("float64", "mean", 262_145),
+            ("float32", "min", 300_000),
+            ("int32", "product", 200_003),
+        ],
+    ):
+        coll._numpy_pair_reduce = numpy_pair
 
         def big(dtype=dtype, op=op, count=count):
             g = dv.get_replica_context().replica_id_in_sync_group
@@ -186,9 +198,14 @@ def main() -> int:
         want = reference([(np.arange(count, dtype=np.int64) % 97 + 5 * g).astype(dtype) for g in range(total)], op)
         for r, got in enumerate(s.experimental_local_results(out)):
             expect_close(
-                got, want, rank, f"large all_reduce {op} {dtype} x{count} replica {offset + r}", tolerance(dtype)
+                got,
+                want,
+                rank,
+                f"large all_reduce {op} {dtype} x{count} replica {offset + r} (numpy pair {numpy_pair})",
+                tolerance(dtype),
             )
         checks += 1
+    coll._numpy_pair_reduce = chosen
 
     # Nested values of mixed dtypes, many small tensors (packed per dtype), two pack sizes.
     for bytes_per_pack in (0, 64):
