@@ -468,3 +468,67 @@ def test_a_ctrl_c_as_the_mpi_thread_starts_never_leaves_two_threads_taking_jobs(
     assert [e[0] for e in log] == ["A", "B", "C"]
     assert max(e[1] for e in log) == 1, log  # never two jobs at once
     assert len({e[2] for e in log}) == 1, log  # one thread took them all
+
+
+def test_a_ctrl_c_anywhere_in_a_submit_leaves_the_mpi_thread_working():
+    """A KeyboardInterrupt raised at each start and return of a Python function that
+    ``MpiThread.submit`` calls, in turn (its lock's or condition's methods, the thread
+    start, submit itself): the submit raises it (or has queued its job whole), and the next submit's
+    job runs, in order, on one thread. Before, an interrupt that landed inside a
+    Condition's ``__enter__`` after it had taken the lock left the lock held: every
+    later submit, and the MPI thread, waited for it forever."""
+    import threading
+
+    from distvals.mpi_runtime import MpiJob, MpiThread
+
+    class Interrupt:
+        """A tracer that raises KeyboardInterrupt at the k-th call or return event: where
+        a signal lands, as the interpreter checks for one when a function starts and
+        when a call returns (not at every line: a tracer that raises at a `with` or
+        `try:` line of CPython 3.11 can skip the handlers a signal never skips)."""
+
+        def __init__(self, k: int) -> None:
+            self.k = k
+            self.events = 0
+            self.fired = False
+
+        def __call__(self, frame, event, arg):
+            if event in ("call", "return") and not self.fired:
+                self.events += 1
+                if self.events == self.k:
+                    self.fired = True
+                    raise KeyboardInterrupt
+            return self
+
+    k = 0
+    while True:
+        k += 1
+        t = MpiThread()
+        warm = MpiJob(None, None)
+        if k % 2 == 0:
+            t.submit(warm, lambda: None)  # even k: the loop already runs
+            assert warm.done.wait(10)
+        tracer = Interrupt(k)
+        interrupted = MpiJob(None, None)
+        sys.settrace(tracer)
+        try:
+            t.submit(interrupted, lambda: None)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        after = MpiJob(None, None)
+        ran = []
+        # From another thread: a submit that waits forever fails the test instead of
+        # hanging it.
+        submitter = threading.Thread(target=lambda: t.submit(after, lambda: ran.append(threading.get_ident())))
+        submitter.daemon = True
+        submitter.start()
+        submitter.join(10)
+        assert not submitter.is_alive(), f"a Ctrl-C at event {k} of submit left the next submit waiting forever"
+        assert after.done.wait(10), f"a Ctrl-C at event {k} of submit left the MPI thread stopped"
+        assert ran, f"event {k}"
+        t.close()
+        if not tracer.fired:
+            break  # every event of a submit had its turn
+    assert k > 5

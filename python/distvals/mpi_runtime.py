@@ -5,8 +5,8 @@ order; the meeting point of a worker's replica threads; and ending the job.
 
 from __future__ import annotations
 
-import collections
 import os
+import queue
 import sys
 import threading
 import time
@@ -15,10 +15,9 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from ._core import AbortedError
 from .daemon import start_daemon
 
-__all__ = ["WAIT_SLICE", "LocalMeeting", "MpiJob", "MpiThread", "load_mpi", "poll", "poll_all", "report_and_abort"]
+__all__ = ["WAIT_SLICE", "MpiJob", "MpiThread", "load_mpi", "poll", "poll_all", "report_and_abort"]
 
 _monotonic = time.monotonic
 # A polling wait first spins this long without pause, then yields the core between
@@ -69,109 +68,55 @@ class MpiThread:
     """
 
     def __init__(self) -> None:
-        self._items: collections.deque[Tuple[MpiJob, Callable[[], None]]] = collections.deque()
-        self._cond = threading.Condition(threading.Lock())
+        # Guards starting the loop. A plain lock, taken by ``with`` in C: a Ctrl-C cannot
+        # land between its acquire and the block that releases it (a Condition's
+        # __enter__ is Python code, where one can, leaving the lock held for good).
+        self._lock = threading.Lock()
         self._stop = False
-        # The token of the one loop that may take jobs (None: none started yet).
-        self._owner: Optional[object] = None
+        # The job queue of the one loop that takes jobs (None: none started yet). Each
+        # loop has its own: a loop whose queue is not the current one gets no job.
+        self._jobs: Optional[queue.SimpleQueue[Optional[Tuple[MpiJob, Callable[[], None]]]]] = None
 
     def submit(self, job: MpiJob, run: Callable[[], None]) -> None:
         job.done = threading.Event()
-        with self._cond:
-            if self._owner is None:
+        with self._lock:
+            jobs = self._jobs
+            if jobs is None:
                 # A Ctrl-C raised as the start call returns leaves it unknown whether a
-                # loop started: the token is given up then, and a loop that started with
-                # it stops at once, so that only the next submit's loop takes jobs (two
-                # loops would run MPI calls out of order, from two threads).
-                token = self._owner = object()
+                # loop started: its queue is given up then, and a loop that started with
+                # it stops, so that only the next submit's loop takes jobs (two loops
+                # would run MPI calls out of order, from two threads).
+                jobs = self._jobs = queue.SimpleQueue()
                 try:
-                    start_daemon(lambda: self._loop(token), "distvals-mpi")
+                    start_daemon(lambda: self._loop(jobs), "distvals-mpi")
                 except BaseException:
-                    self._owner = None
+                    self._jobs = None
                     raise
-            self._items.append((job, run))
-            self._cond.notify()
+            jobs.put((job, run))  # in C: the job is queued whole or not at all
 
-    def _loop(self, token: object) -> None:
-        cond = self._cond
+    def _loop(self, jobs: queue.SimpleQueue[Optional[Tuple[MpiJob, Callable[[], None]]]]) -> None:
         while True:
-            with cond:
-                while not self._items and not self._stop and self._owner is token:
-                    cond.wait(1.0)
-                if not self._items or self._owner is not token:
+            try:
+                item = jobs.get(timeout=1.0)
+            except queue.Empty:
+                if self._stop or self._jobs is not jobs:
                     return
-                job, run = self._items.popleft()
+                continue
+            if item is None:  # close()
+                return
+            job, run = item
             try:
                 run()
             except BaseException as e:  # noqa: BLE001 - an MPI error reaches the waiting thread
                 job.error = e
             job.done.set()  # type: ignore[union-attr]  # submit() gave the job its event
-            del job, run
+            del job, run, item
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stop = True
-            self._cond.notify()
-
-
-class LocalMeeting:
-    """Where a worker's replica threads meet for an all-reduce inside ``strategy.run``:
-    each leaves its buffer, and local replica 0 runs the worker's single-call
-    all-reduce over all of them (one meeting per call, instead of two engine meetings
-    per chunk; the engine then works on its own threads)."""
-
-    def __init__(self, n: int) -> None:
-        self._n = n
-        self._cond = threading.Condition(threading.Lock())
-        self._bufs: List[Optional[np.ndarray]] = [None] * n
-        self._count = 0
-        self._generation = 0
-        self._error: Optional[BaseException] = None
-
-    def run(
-        self,
-        replica: int,
-        buf: np.ndarray,
-        collective: Callable[[List[np.ndarray]], None],
-        check: Callable[[List[int]], None],
-    ) -> None:
-        """Leaves ``buf``; replica 0 runs ``collective(bufs)`` once all are there, the
-        others wait for it. ``check(missing)`` is called while waiting (it raises to stop:
-        a failed replica, a passed deadline)."""
-        cond = self._cond
-        with cond:
-            generation = self._generation
-            self._bufs[replica] = buf
-            self._count += 1
-            if replica != 0:
-                if self._count == self._n:
-                    cond.notify_all()
-                while self._generation == generation:
-                    check([0])
-                    cond.wait(WAIT_SLICE)
-                if self._error is not None:
-                    raise AbortedError(
-                        f"released because local replica 0 failed in the all-reduce: "
-                        f"{type(self._error).__name__}: {self._error}"
-                    )
-                return
-            while self._count < self._n:
-                check([r for r, b in enumerate(self._bufs) if b is None])
-                cond.wait(WAIT_SLICE)
-            bufs = list(self._bufs)
-        error: Optional[BaseException] = None
-        try:
-            collective(bufs)  # type: ignore[arg-type]  # every replica has left its buffer
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting replicas, then raised
-            error = e
-        with cond:
-            self._bufs = [None] * self._n
-            self._count = 0
-            self._error = error
-            self._generation += 1
-            cond.notify_all()
-        if error is not None:
-            raise error
+            if self._jobs is not None:
+                self._jobs.put(None)
 
 
 def poll(req: Any, deadline: float, stop: Optional[Callable[[], None]] = None) -> bool:
