@@ -9,6 +9,7 @@ timeout, so nothing can hang the suite.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -477,6 +478,22 @@ def test_a_ctrl_c_anywhere_in_a_submit_leaves_the_mpi_thread_working():
     job runs, in order, on one thread. Before, an interrupt that landed inside a
     Condition's ``__enter__`` after it had taken the lock left the lock held: every
     later submit, and the MPI thread, waited for it forever."""
+    # In a fresh interpreter: a tracer that raises, in a process where earlier tests
+    # left threads and finalizers, interrupts their code too.
+    code = textwrap.dedent(inspect.getsource(_interrupt_each_call_of_a_submit))
+    p = subprocess.run(
+        [sys.executable, "-c", code + "\nprint(_interrupt_each_call_of_a_submit())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert int(p.stdout.split()[-1]) > 5  # that many interrupts, each followed by a working submit
+
+
+def _interrupt_each_call_of_a_submit() -> int:
+    import sys
     import threading
 
     from distvals.mpi_runtime import MpiJob, MpiThread
@@ -497,6 +514,7 @@ def test_a_ctrl_c_anywhere_in_a_submit_leaves_the_mpi_thread_working():
                 self.events += 1
                 if self.events == self.k:
                     self.fired = True
+                    self.where = f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name} ({event})"
                     raise KeyboardInterrupt
             return self
 
@@ -531,4 +549,5 @@ def test_a_ctrl_c_anywhere_in_a_submit_leaves_the_mpi_thread_working():
         t.close()
         if not tracer.fired:
             break  # every event of a submit had its turn
-    assert k > 5
+        assert k < 500, f"a submit made more than 500 calls and returns; the last interrupt: {tracer.where}"
+    return k
