@@ -82,8 +82,11 @@ def host_array(x: Any) -> Optional[np.ndarray]:
 def refuse_masked(x: Any, replica: Optional[int], what: str) -> None:
     """Raises TypeError for a numpy masked array: its mask says which values to leave
     out, and the collectives, which read the data whole, would drop it and count the
-    masked-out values (a wrong result with no error). ``numpy.ma`` is looked up only
-    when loaded: without it there is no masked array."""
+    masked-out values (a wrong result with no error). A plain ndarray is passed at
+    once; ``numpy.ma`` is looked up only when loaded: without it there is no masked
+    array."""
+    if type(x) is np.ndarray:
+        return
     ma = sys.modules.get("numpy.ma")
     if ma is not None and isinstance(x, ma.MaskedArray):
         who = "" if replica is None else f"replica {replica}: "
@@ -111,8 +114,7 @@ def as_host_array(obj: Any, replica: int) -> np.ndarray:
     a copy would silently drop the result.
     """
     if isinstance(obj, np.ndarray):
-        if type(obj) is not np.ndarray:
-            refuse_masked(obj, replica, "the collective")
+        refuse_masked(obj, replica, "the collective")
         return obj
     library = _library(obj)
     if library == "torch" and hasattr(obj, "is_neg"):

@@ -80,7 +80,7 @@ class CrossReplicaExtended(StrategyExtended):
         for r, p in enumerate(self._parts(value, what)):
             if isinstance(p, Variable):
                 p = p._read()
-            elif type(p) is not np.ndarray:
+            else:
                 refuse_masked(p, r, what)
             out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
         return out

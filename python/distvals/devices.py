@@ -177,8 +177,7 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
         out = _cuda.DeviceArray(d.shape, d.dtype, place)
         _copy_device(out, 0, d)
         return out
-    if type(x) is not np.ndarray:
-        refuse_masked(x, None, f"a copy to GPU {place}")
+    refuse_masked(x, None, f"a copy to GPU {place}")
     host = _contiguous(as_numpy(x))
     return _cuda.to_device(host, place)
 

@@ -650,8 +650,7 @@ class LocalExtended(CrossReplicaExtended):
         leaves = [value] if single else nest.flatten(value)
         arrays = [self._convert(x) for x in leaves]
         for leaf, a in zip(leaves, arrays):
-            if type(leaf) is not np.ndarray:
-                refuse_masked(leaf, ctx._replica_id, "all_gather")
+            refuse_masked(leaf, ctx._replica_id, "all_gather")
             if a.dtype.hasobject:
                 raise TypeError(
                     f"replica {ctx._replica_id}: all_gather cannot send a value of type "
@@ -856,8 +855,7 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 def _check_numbers(replica: int, leaves: Sequence[Any], arrays: Sequence[Any], what: str, verb: str) -> None:
     """Refuses, in the replica and naming it, values that are not numbers."""
     for leaf, a in zip(leaves, arrays):
-        if type(leaf) is not np.ndarray:
-            refuse_masked(leaf, replica, what)
+        refuse_masked(leaf, replica, what)
         dt = a.dtype
         if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
             raise TypeError(

@@ -79,8 +79,7 @@ def split_leaves(
         leaves = [v] if single else nest.flatten(v)
         arrays = []
         for leaf in leaves:
-            if type(leaf) is not np.ndarray:
-                refuse_masked(leaf, r, what)
+            refuse_masked(leaf, r, what)
             a = convert(leaf)
             dt = a.dtype
             if dt.hasobject or (reducible and dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):

@@ -1,6 +1,6 @@
 """What the multi-worker collectives run on: mpi4py, loaded on demand; waits on MPI
 requests that poll against a deadline; the thread that runs blocking MPI calls in
-order; the meeting point of a worker's replica threads; and ending the job.
+order; and ending the job.
 """
 
 from __future__ import annotations
