@@ -110,6 +110,92 @@ def test_repeat_take_skip():
         ds.batch(2, drop_remainder=None)
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda x: Dataset.from_tensor_slices(x),
+        lambda x: Dataset.from_tensor_slices({"x": x, "y": -x}).map(lambda e: e["x"]),
+        lambda x: Dataset.from_tensor_slices(x).repeat(3),
+        lambda x: Dataset.from_tensor_slices(x).skip(2).take(9),
+        lambda x: Dataset.from_generator(lambda: iter(x.tolist())).repeat(2),
+    ],
+    ids=["slices", "map", "repeat", "skip-take", "generator"],
+)
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 7, 40])
+def test_shard_takes_every_nth_element_and_the_shards_partition_the_data(build, num_shards):
+    x = np.arange(100, 121, dtype=np.int64)
+    whole = np.asarray([int(e) for e in build(x)])
+    for index in range(min(num_shards, 4)) if num_shards < 40 else (0, 39):
+        ds = build(x).shard(num_shards, index)
+        want = whole[index::num_shards]
+        assert [int(e) for e in ds] == want.tolist()
+        card = int(ds.cardinality())
+        assert card == (len(want) if int(build(x).cardinality()) >= 0 else dv.data.UNKNOWN_CARDINALITY)
+        # Batched: the same rows, cut into batches (a gather of every nth row).
+        batches = [np.asarray(b) for b in ds.batch(4)]
+        assert [b.tolist() for b in batches] == [want[i : i + 4].tolist() for i in range(0, len(want), 4)]
+    # Every shard together: each element exactly once.
+    joined = sorted(int(e) for i in range(num_shards) for e in build(x).shard(num_shards, i))
+    assert joined == sorted(whole.tolist())
+
+
+def test_shards_of_one_shuffled_order_partition_it_and_a_batch_before_shard_is_one_element():
+    x = np.arange(50, dtype=np.float32)
+    shards = [[float(e) for e in Dataset.from_tensor_slices(x).shuffle(50, seed=5).shard(3, i)] for i in range(3)]
+    assert sorted(v for shard in shards for v in shard) == x.tolist()
+    order = [float(e) for e in Dataset.from_tensor_slices(x).shuffle(50, seed=5)]
+    assert order != x.tolist() and all(shards[i] == order[i::3] for i in range(3))
+    batches = [b.tolist() for b in Dataset.from_tensor_slices(x).batch(4).shard(2, 1)]
+    assert batches == [x[i : i + 4].tolist() for i in range(4, 50, 8)]
+
+
+def test_shard_a_failed_element_counts_as_none_and_bad_arguments_are_refused():
+    def f(v):
+        if int(v) == 4:
+            raise ValueError("element 4")
+        return v * 10
+
+    def run(ds):
+        it, seq = iter(ds), []
+        while True:
+            try:
+                seq.append(int(next(it)))
+            except StopIteration:
+                return seq
+            except ValueError:
+                seq.append("failed")
+
+    # The failed element 4 gives its position to element 5 (as tf.data, whose results
+    # these are; one passed over while skipping also takes back the skipped ones).
+    assert run(Dataset.range(9).map(f).shard(3, 1)) == [10, "failed", 50, 80]
+    assert run(Dataset.range(9).map(f).shard(3, 2)) == [20, "failed", 70]
+    ds = Dataset.range(5)
+    for args, err, text in [
+        ((0, 0), ValueError, "num_shards must be at least 1"),
+        ((2, 2), ValueError, r"index must be in \[0, 2\)"),
+        ((2, -1), ValueError, r"index must be in \[0, 2\)"),
+        ((2.0, 0), TypeError, "num_shards must be an int"),
+        ((2, True), TypeError, "index must be an int"),
+    ]:
+        with pytest.raises(err, match=text):
+            ds.shard(*args)
+
+
+def test_distribute_datasets_from_function_with_shard_gives_each_batch_once(s2):
+    x = np.arange(23, dtype=np.float32)
+    pipelines = []
+
+    def dataset_fn(ctx):
+        pipelines.append((ctx.num_input_pipelines, ctx.input_pipeline_id))
+        # One pipeline that reads every second row: its rows go to the replicas once each.
+        return Dataset.from_tensor_slices(x).shard(2, 0).batch(ctx.get_per_replica_batch_size(6))
+
+    seen = []
+    for batch in s2.distribute_datasets_from_function(dataset_fn):
+        seen += [v for part in s2.experimental_local_results(batch) for v in np.asarray(part).tolist()]
+    assert pipelines == [(1, 0)] and sorted(seen) == x[0::2].tolist()
+
+
 def test_repeat_forever_of_unknown_size_is_infinite_as_in_tf_data():
     gen = Dataset.from_generator(lambda: iter(range(3)))
     assert int(gen.cardinality()) == dv.data.UNKNOWN_CARDINALITY

@@ -387,20 +387,33 @@ def test_the_fingerprint_sees_every_element_of_long_sequences_in_object_arrays()
 
 def test_the_fingerprint_of_a_set_of_strings_is_the_same_in_every_process():
     """A set of strings iterates in another order in each process (string hashing is
-    seeded per process): identical batches must still fingerprint alike everywhere."""
+    seeded per process): identical batches must still fingerprint alike everywhere, a
+    set inside an object of the user's class too, and equal strings whether or not
+    they are one object."""
     code = textwrap.dedent(
         """
+        import dataclasses
         import numpy as np
         from distvals.fingerprint import fingerprint as _fingerprint
+
+        @dataclasses.dataclass
+        class Record:
+            tags: set
+            names: list
+
         words = {f"word{i}" for i in range(40)}
-        leaf = np.empty(2, dtype=object)
-        leaf[:] = [words, frozenset(words)]
+        # Equal strings that are one object here and two there (pickle's memo would
+        # write the second as a reference to the first).
+        name = "".join(["ab"] * 8)
+        names = [name, name] if PYTHONHASHSEED == "1" else [name, "".join(["ab"] * 8)]
+        leaf = np.empty(3, dtype=object)
+        leaf[:] = [words, frozenset(words), Record(words, names)]
         print(_fingerprint([leaf]), "|".join(list(words)[:5]))
         """
     )
     outs = [
         subprocess.run(
-            [sys.executable, "-c", code],
+            [sys.executable, "-c", f"PYTHONHASHSEED = {seed!r}\n" + code],
             capture_output=True,
             text=True,
             timeout=120,
@@ -413,6 +426,17 @@ def test_the_fingerprint_of_a_set_of_strings_is_the_same_in_every_process():
     (fp1, order1), (fp2, order2) = (p.stdout.split() for p in outs)
     assert order1 != order2  # the two processes do iterate the set differently
     assert fp1 == fp2
+
+
+def test_a_container_that_holds_itself_fingerprints_by_a_reference_back():
+    loop = [1.5]
+    loop.append(loop)
+    other = [2.5]
+    other.append(other)
+    assert _fp(_objects(loop)) != _fp(_objects(other))
+    d = {"k": 1}
+    d["self"] = d
+    assert _fp(_objects(d)) == _fp(_objects(d)) and _fp(_objects(d)) != _fp(_objects({"k": 1, "self": {}}))
 
 
 def test_an_object_that_cannot_be_fingerprinted_is_a_type_error():

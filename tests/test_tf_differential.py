@@ -677,6 +677,63 @@ def distribute_batches_that_no_batch_made(api):
 
 
 @program()
+def shard_takes_every_nth_element(api):
+    # Over slices, after repeat and shuffle, before and after batch, over a map with a
+    # failed element (which counts as no element), and the canonical
+    # distribute_datasets_from_function pipeline.
+    if api.name == "tensorflow":
+        tf = api.tf
+
+        def f(x):
+            tf.debugging.assert_none_equal(x, tf.constant(4, tf.int64))
+            return x * 10
+    else:
+
+        def f(x):
+            if int(x) == 4:
+                raise ValueError("element 4")
+            return x * 10
+
+    D = api.Dataset
+    x = np.arange(11, dtype=np.int64)
+    out = []
+    for ds in (
+        D.from_tensor_slices(x).shard(3, 0),
+        D.from_tensor_slices(x).shard(3, 2),
+        D.from_tensor_slices(x).shard(12, 11),
+        D.from_tensor_slices(x).repeat(2).shard(4, 1).batch(3),
+        D.from_tensor_slices(x).shard(2, 1).shuffle(20, seed=3),
+        D.from_tensor_slices(x).batch(2).shard(3, 1),
+        D.range(11).skip(2).take(7).shard(2, 0),
+    ):
+        out.append((int(ds.cardinality()), sorted(np.asarray(v).tolist() for v in ds)))
+    for index in range(3):
+        it, seq = iter(D.range(9).map(f).shard(3, index)), []
+        for _ in range(6):
+            try:
+                seq.append(np.asarray(next(it)).tolist())
+            except StopIteration:
+                seq.append("end")
+                break
+            except Exception as e:  # the kind of error is the result
+                seq.append(error_kind(e))
+        out.append(seq)
+
+    s = api.strategy(2)
+
+    def dataset_fn(ctx):
+        return (
+            D.from_tensor_slices(x)
+            .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+            .batch(ctx.get_per_replica_batch_size(4))
+        )
+
+    for batch in s.distribute_datasets_from_function(dataset_fn):
+        out.append([np.asarray(v).tolist() for v in s.experimental_local_results(batch)])
+    return out
+
+
+@program()
 def from_generator_with_output_types_and_shapes(api):
     def gen():
         yield {"a": [1, 2], "b": 3.5}

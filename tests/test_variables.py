@@ -235,6 +235,32 @@ def test_update_shape_and_dtype_errors(s2):
         i.assign(np.array([1.5, 2.5]))
 
 
+def test_masked_arrays_are_refused_by_variables_and_nothing_changes(s2):
+    """A masked array's mask would be dropped (the masked-out values stored or added as
+    any other): creating, assigning and updating refuse it, in and out of run, and the
+    copies keep their values."""
+    m = np.ma.array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+    masked = "a numpy masked array, whose mask would be dropped"
+    with pytest.raises(TypeError, match=f"the initial value of variable 'w': {masked}"):
+        dv.Variable(m, name="w")
+    with s2.scope():
+        mirrored = dv.Variable(np.array([10.0, 20.0, 30.0]), aggregation=SUM)
+        on_read = dv.Variable(np.array([1.0, 2.0, 3.0]), synchronization=ON_READ, aggregation=MEAN)
+    for v in (mirrored, on_read):
+        before = [c.copy() for c in copies(v)]
+        for update in (v.assign, v.assign_add, v.assign_sub):
+            with pytest.raises(TypeError, match=masked):
+                update(m)
+            with pytest.raises(TypeError, match=r"replica \d: assign.* of variable .*" + masked):
+                s2.run(lambda: update(m * (rid() + 1)))
+        for c, b in zip(copies(v), before):
+            np.testing.assert_array_equal(c, b)
+    # Filled, the same values go in.
+    s2.run(lambda: mirrored.assign_add(m.filled(0.0) * (rid() + 1)))
+    for c in copies(mirrored):
+        np.testing.assert_array_equal(c, [13.0, 20.0, 39.0])
+
+
 # ---- SyncOnReadVariable --------------------------------------------------------------------
 
 

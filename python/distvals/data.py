@@ -1,8 +1,8 @@
 """``distvals.data.Dataset``: a small input pipeline in the style of ``tf.data.Dataset``.
 
 Enough for examples and tests: ``from_tensor_slices``, ``from_tensors``, ``range``,
-``from_generator``, ``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``map``,
-``prefetch``, and ``element_spec`` / ``cardinality()`` as tf.data has them.
+``from_generator``, ``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``shard``,
+``map``, ``prefetch``, and ``element_spec`` / ``cardinality()`` as tf.data has them.
 ``num_parallel_calls`` (``AUTOTUNE`` or a count) and ``deterministic`` are accepted
 where tf.data takes them; elements are still made one at a time, in order, on the
 thread that asks for them. Iteration yields numpy arrays
@@ -585,6 +585,45 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
         return self._derived(lambda: _CountedIterator(source._iterate(), -1, count), description, cardinality=new_card)
 
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Every ``num_shards``-th element, from element ``index`` on: this input
+        pipeline's share when ``num_shards`` pipelines read the same data (as in
+        ``distribute_datasets_from_function``:
+        ``ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)``). As in tf.data, a
+        failed element counts as no element: its position goes to the next one."""
+        num_shards = _count(num_shards, "shard", "num_shards")
+        index = _count(index, "shard", "index")
+        if num_shards < 1:
+            raise ValueError(f"shard: num_shards must be at least 1, got {num_shards}")
+        if not 0 <= index < num_shards:
+            raise ValueError(f"shard: index must be in [0, {num_shards}) for num_shards={num_shards}, got {index}")
+        card = self._cardinality
+        new_card = card if card < 0 else max(0, -(-(card - index) // num_shards))
+        description = f"ShardDataset({num_shards}, {index})"
+        if num_shards == 1:
+            return self._derived(self._iterate, description, rows=self._rows)
+        source = self
+        if self._rows is not None:
+            src_rows = self._rows
+
+            def selections() -> Iterator[Any]:
+                # Keep the rows whose position in the pass is index modulo num_shards.
+                seen = 0
+                for sel in src_rows.selections():
+                    first = (index - seen) % num_shards
+                    seen += len(sel)
+                    if first < len(sel):
+                        picked = sel[first::num_shards]
+                        # A range of step num_shards becomes an index array: batch
+                        # gathers those rows (ranges stand for consecutive rows).
+                        yield np.arange(picked.start, picked.stop, picked.step) if isinstance(picked, range) else picked
+
+            rows = src_rows.derive(selections)
+            return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
+        return self._derived(
+            lambda: _ShardIterator(source._iterate(), num_shards, index), description, cardinality=new_card
+        )
+
     def map(
         self,
         fn: Callable[..., Any],
@@ -977,6 +1016,35 @@ class _CountedIterator:
         x = next(self._source)
         if self._take > 0:
             self._take -= 1
+        return x
+
+
+class _ShardIterator:
+    """Elements ``index``, ``index + num_shards``, ... of ``source``. A failed element
+    counts as none (as in tf.data): the next element takes its position."""
+
+    __slots__ = ("_index", "_num_shards", "_pos", "_source")
+
+    def __init__(self, source: Iterator[Any], num_shards: int, index: int) -> None:
+        self._source = source
+        self._num_shards = num_shards
+        self._index = index
+        self._pos = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        # Pass over the other shards' elements, then take this one's. An element that
+        # fails while they are passed over leaves the position where this call found
+        # it, as tf.data's shard does (so the elements passed over before it count as
+        # none either).
+        skip = (self._index - self._pos) % self._num_shards
+        for _ in range(skip):
+            next(self._source)
+        self._pos += skip
+        x = next(self._source)
+        self._pos += 1
         return x
 
 

@@ -8,8 +8,9 @@ fingerprint instead of the values.
 from __future__ import annotations
 
 import pickle
+import types
 import zlib
-from typing import Any, List
+from typing import Any, Iterator, List, Optional, Set
 
 import numpy as np
 
@@ -28,18 +29,23 @@ def fingerprint(leaves: Any) -> int:
     return ((crc << 30) ^ adler) & ((1 << 62) - 1)
 
 
-def object_bytes(x: Any, out: List[Any]) -> None:
+def object_bytes(x: Any, out: List[Any], _open: Optional[Set[int]] = None) -> None:
     """Appends to ``out`` bytes that determine ``x`` and read the same in every process:
     an array's dtype, shape and data (an object array's elements one by one), a
     Python value's type and value, a container's kind, size and items (a set's in an
     order of their own bytes: a set of strings iterates in another order in each
-    process). Other objects go by their pickle; one that cannot be pickled is a
-    TypeError, since it could not be compared."""
+    process). Any other object goes by what pickling it is made of (``__reduce_ex__``:
+    the callable that rebuilds it, by name, and its arguments and state, each in these
+    terms), so that a set inside it, or equal strings that are one object in one
+    process and two in another (pickle's memo would tell them apart), read the same.
+    A container that holds itself reads as a reference back. An object that cannot be
+    pickled is a TypeError, since it could not be compared."""
+    if _open is None:
+        _open = set()
     if isinstance(x, np.ndarray):
         out.append(f"a{x.dtype.str}{x.shape};".encode())
         if x.dtype.hasobject:
-            for item in x.reshape(-1):
-                object_bytes(item, out)
+            _items(x.reshape(-1), x, out, _open)
         else:
             out.append(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
     elif isinstance(x, np.generic):
@@ -55,22 +61,60 @@ def object_bytes(x: Any, out: List[Any]) -> None:
     elif isinstance(x, (list, tuple, dict)):
         items = list(x.items()) if isinstance(x, dict) else x
         out.append(f"{type(x).__name__}{len(items)};".encode())
-        for item in items:
-            object_bytes(item, out)
+        _items(items, x, out, _open)
     elif isinstance(x, (set, frozenset)):
         members = []
         for item in x:
             part: List[Any] = []
-            object_bytes(item, part)
+            object_bytes(item, part, _open)
             members.append(b"".join(bytes(p) for p in part))
         out.append(f"{type(x).__name__}{len(members)};".encode())
         out.extend(sorted(members))
+    elif isinstance(x, (type, types.FunctionType, types.BuiltinFunctionType)) or x is Ellipsis:
+        # Pickled by name: the same in every process.
+        _pickled(x, out)
     else:
-        try:
-            data = pickle.dumps(x, protocol=4)
-        except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
-            raise TypeError(
-                f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})"
-            ) from None
-        out.append(f"p{len(data)};".encode())
-        out.append(data)
+        _reduced(x, out, _open)
+
+
+def _items(items: Any, owner: Any, out: List[Any], _open: Set[int]) -> None:
+    """The items of container ``owner``, in order; ``owner`` itself among them (or
+    deeper) reads as a reference back instead of recursing forever."""
+    key = id(owner)
+    if key in _open:
+        out.append(b"cycle;")
+        return
+    _open.add(key)
+    try:
+        for item in items:
+            if id(item) in _open:
+                out.append(b"cycle;")
+            else:
+                object_bytes(item, out, _open)
+    finally:
+        _open.discard(key)
+
+
+def _reduced(x: Any, out: List[Any], _open: Set[int]) -> None:
+    """An object by the parts pickle rebuilds it from: ``__reduce_ex__``'s callable (by
+    name) and arguments, state, list items and dict items."""
+    try:
+        parts = x.__reduce_ex__(4)
+    except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
+        raise TypeError(f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})") from None
+    if isinstance(parts, str):  # a global, by name
+        out.append(f"r{parts};".encode())
+        return
+    parts = tuple(list(p) if isinstance(p, Iterator) else p for p in parts)
+    out.append(f"o{len(parts)};".encode())
+    _pickled(parts[0], out)
+    _items(parts[1:], x, out, _open)
+
+
+def _pickled(x: Any, out: List[Any]) -> None:
+    try:
+        data = pickle.dumps(x, protocol=4)
+    except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
+        raise TypeError(f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})") from None
+    out.append(f"p{len(data)};".encode())
+    out.append(data)

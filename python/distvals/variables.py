@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, 
 import numpy as np
 
 from . import context, devices, kinds, sparse
+from ._convert import refuse_masked
 from .errors import OutOfRangeError
 from .values import DistributedValues
 
@@ -102,6 +103,7 @@ def _initial_array(initial_value: Any, dtype: Any, name: str) -> np.ndarray:
 
     if callable(initial_value):
         initial_value = initial_value()
+    refuse_masked(initial_value, None, f"the initial value of variable '{name}'")
     if isinstance(initial_value, Variable):
         initial_value = initial_value.read_value()
     if devices.is_device_array(initial_value):
@@ -884,6 +886,7 @@ def _check_dtype(a: Any, dtype: np.dtype, python: bool, name: str, what: str) ->
 
 def _coerce_dtype(var: Any, value: Any, what: str) -> Any:
     """``value`` as an array of ``var``'s dtype (device arrays stay where they are)."""
+    refuse_masked(value, None, f"{what} of variable '{var.name}'")
     dtype = var.dtype
     python = _is_python_value(value)
     if python:
