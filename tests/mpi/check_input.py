@@ -139,6 +139,17 @@ def main() -> int:
         expect_close(gathered, want, rank, f"from_function step {step}: gathered over workers")
         checks += 2
 
+    # The canonical pipeline: every worker reads the same rows and keeps its shard;
+    # over all steps, the replicas of all workers see every row exactly once.
+    rows = np.arange(10 * size + 3, dtype=np.float64)
+
+    def sharded_fn(ctx: dv.InputContext):
+        return dv.data.Dataset.from_tensor_slices(rows).shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(2)
+
+    got = [v for element in s.distribute_datasets_from_function(sharded_fn) for v in s.gather(element, axis=0).tolist()]
+    expect(sorted(got) == rows.tolist(), rank, f"sharded pipelines gave rows {sorted(got)}, expected each row once")
+    checks += 1
+
     checks += check_agreement_on_every_element(s, rank, size, counts)
     return finish(rank, checks, s)
 
