@@ -588,19 +588,7 @@ def an_exception_in_map_fails_one_element_and_the_pass_goes_on(api):
     # and the following next() goes on with the element after it, through every
     # combinator. (After such an error TensorFlow 2.21's distributed iterator hands the
     # next global batch's halves to the wrong replicas, so it is not compared here.)
-    if api.name == "tensorflow":
-        tf = api.tf
-
-        def f(x):
-            tf.debugging.assert_none_equal(x, tf.constant(2, tf.int64))
-            return x * 10
-    else:
-
-        def f(x):
-            if int(x) == 2:
-                raise ValueError("element 2")
-            return x * 10
-
+    f = failing_times_ten(api, 2)
     D = api.Dataset
     pipelines = [
         D.range(5).map(f),
@@ -615,21 +603,44 @@ def an_exception_in_map_fails_one_element_and_the_pass_goes_on(api):
         D.range(7).map(f).prefetch(1).batch(3),
         D.range(5).map(f).repeat(2).batch(4),
     ]
-    seen = []
-    for ds in pipelines:
-        it, seq = iter(ds), []
-        for _ in range(12):
-            try:
-                x = next(it)
-            except StopIteration:
-                seq.append("end")
-                break
-            except Exception as e:  # the kind of error is the result
-                seq.append(error_kind(e))
-                continue
-            seq.append(np.asarray(x).tolist())
-        seen.append(seq)
-    return seen
+    return [outcomes(ds, 12) for ds in pipelines]
+
+
+def failing_times_ten(api, bad):
+    """A map function: x * 10, failing for element ``bad`` (in TensorFlow, an assertion
+    in the traced function)."""
+    if api.name == "tensorflow":
+        tf = api.tf
+
+        def f(x):
+            tf.debugging.assert_none_equal(x, tf.constant(bad, tf.int64))
+            return x * 10
+
+        return f
+
+    def f(x):
+        if int(x) == bad:
+            raise ValueError(f"element {bad}")
+        return x * 10
+
+    return f
+
+
+def outcomes(ds, limit):
+    """What the first ``limit`` next() calls of a pass over ``ds`` give: elements, the
+    kind of error for a failed one, and "end"."""
+    it, seq = iter(ds), []
+    for _ in range(limit):
+        try:
+            x = next(it)
+        except StopIteration:
+            seq.append("end")
+            break
+        except Exception as e:  # the kind of error is the result
+            seq.append(error_kind(e))
+            continue
+        seq.append(np.asarray(x).tolist())
+    return seq
 
 
 @program()
@@ -681,19 +692,7 @@ def shard_takes_every_nth_element(api):
     # Over slices, after repeat and shuffle, before and after batch, over a map with a
     # failed element (which counts as no element), and the canonical
     # distribute_datasets_from_function pipeline.
-    if api.name == "tensorflow":
-        tf = api.tf
-
-        def f(x):
-            tf.debugging.assert_none_equal(x, tf.constant(4, tf.int64))
-            return x * 10
-    else:
-
-        def f(x):
-            if int(x) == 4:
-                raise ValueError("element 4")
-            return x * 10
-
+    f = failing_times_ten(api, 4)
     D = api.Dataset
     x = np.arange(11, dtype=np.int64)
     out = []
@@ -707,17 +706,7 @@ def shard_takes_every_nth_element(api):
         D.range(11).skip(2).take(7).shard(2, 0),
     ):
         out.append((int(ds.cardinality()), sorted(np.asarray(v).tolist() for v in ds)))
-    for index in range(3):
-        it, seq = iter(D.range(9).map(f).shard(3, index)), []
-        for _ in range(6):
-            try:
-                seq.append(np.asarray(next(it)).tolist())
-            except StopIteration:
-                seq.append("end")
-                break
-            except Exception as e:  # the kind of error is the result
-                seq.append(error_kind(e))
-        out.append(seq)
+    out += [outcomes(D.range(9).map(f).shard(3, index), 6) for index in range(3)]
 
     s = api.strategy(2)
 
