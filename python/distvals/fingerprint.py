@@ -101,7 +101,7 @@ def _reduced(x: Any, out: List[Any], _open: Set[int]) -> None:
     try:
         parts = x.__reduce_ex__(4)
     except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
-        raise TypeError(f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})") from None
+        raise _unpicklable(x, e) from None
     if isinstance(parts, str):  # a global, by name
         out.append(f"r{parts};".encode())
         return
@@ -115,6 +115,10 @@ def _pickled(x: Any, out: List[Any]) -> None:
     try:
         data = pickle.dumps(x, protocol=4)
     except Exception as e:  # noqa: BLE001 - any failure to pickle is the same here
-        raise TypeError(f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})") from None
+        raise _unpicklable(x, e) from None
     out.append(f"p{len(data)};".encode())
     out.append(data)
+
+
+def _unpicklable(x: Any, e: Exception) -> TypeError:
+    return TypeError(f"a {type(x).__name__} object cannot be fingerprinted (it cannot be pickled: {e})")
