@@ -774,3 +774,123 @@ def test_autotune_and_parallel_arguments_are_accepted_and_change_nothing():
             Dataset.range(3).batch(2, num_parallel_calls=bad)
     with pytest.raises(ValueError, match="prefetch: buffer_size"):
         Dataset.range(3).prefetch(-5)
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+
+def _off(**more):
+    o = distvals.data.Options()
+    o.experimental_distribute.auto_shard_policy = distvals.data.AutoShardPolicy.OFF
+    for name, value in more.items():
+        setattr(o, name, value)
+    return o
+
+
+def test_options_start_unset_and_take_values_of_their_types():
+    o = distvals.data.Options()
+    assert o.experimental_distribute.auto_shard_policy is distvals.data.AutoShardPolicy.AUTO
+    assert o.deterministic is None and o.threading.private_threadpool_size is None
+    o.deterministic = False
+    o.threading.private_threadpool_size = 4
+    o.experimental_optimization.map_parallelization = True
+    assert (o.deterministic, o.experimental_deterministic) == (False, False)  # the old spelling reads the same
+    assert o.experimental_threading.private_threadpool_size == 4
+    assert o.experimental_optimization.map_parallelization is True
+    assert [int(p) for p in distvals.data.AutoShardPolicy] == [-1, 0, 1, 2, 3]  # tf.data's values
+    with pytest.raises(AttributeError, match="no_such_option"):
+        o.no_such_option = 1
+    with pytest.raises(TypeError, match="auto_shard_policy.*AutoShardPolicy.*got: 2"):
+        o.experimental_distribute.auto_shard_policy = 2  # an int is not a policy
+    with pytest.raises(TypeError, match="deterministic.*bool"):
+        o.deterministic = 1
+    with pytest.raises(TypeError, match="private_threadpool_size.*int"):
+        o.threading.private_threadpool_size = True
+    assert o.deterministic is False  # a refused value changes nothing
+
+
+def test_with_options_merges_later_over_earlier_and_unset_changes_nothing():
+    A = distvals.data.AutoShardPolicy
+    base = Dataset.from_tensor_slices(np.arange(7))
+    data = distvals.data.Options()
+    data.experimental_distribute.auto_shard_policy = A.DATA
+    data.threading.private_threadpool_size = 3
+    a = base.with_options(data)
+    b = a.with_options(_off(deterministic=False))
+
+    def state(ds):
+        o = ds.options()
+        return (o.experimental_distribute.auto_shard_policy, o.deterministic, o.threading.private_threadpool_size)
+
+    assert state(base) == (A.AUTO, None, None)
+    assert state(a) == (A.DATA, None, 3)
+    assert state(b) == (A.OFF, False, 3)
+    assert state(b.with_options(distvals.data.Options())) == (A.OFF, False, 3)
+    auto = distvals.data.Options()
+    auto.experimental_distribute.auto_shard_policy = A.AUTO  # the default: as unset, in tf.data too
+    assert state(b.with_options(auto)) == (A.OFF, False, 3)
+    assert data.merge(_off()).experimental_distribute.auto_shard_policy is A.OFF
+    assert data.experimental_distribute.auto_shard_policy is A.DATA  # merge makes new options
+    # Changing the options given afterwards changes nothing; those returned cannot change.
+    data.experimental_distribute.auto_shard_policy = A.FILE
+    assert state(a) == (A.DATA, None, 3)
+    with pytest.raises(ValueError, match="with_options"):
+        a.options().deterministic = True
+    with pytest.raises(TypeError, match="distvals.data.Options.*int"):
+        base.with_options(3)
+    assert a.options() == a.options() and a.options() != b.options()
+
+
+def test_every_dataset_made_from_one_with_options_carries_them_and_its_elements_stay():
+    x = np.arange(11, dtype=np.int64)
+    ds = Dataset.from_tensor_slices(x)
+    opt = ds.with_options(_off())
+    # Every transformation carries the options.
+    chain = opt.shuffle(4, seed=1).repeat(2).skip(1).take(9).shard(2, 0).map(lambda v: v * 2).batch(2).prefetch(1)
+    assert chain.options().experimental_distribute.auto_shard_policy is distvals.data.AutoShardPolicy.OFF
+    # The elements, cardinality and spec are the dataset's own, on the row-gathering path too.
+    assert [int(v) for v in opt] == x.tolist()
+    assert int(opt.cardinality()) == 11 and opt.element_spec == ds.element_spec
+    np.testing.assert_array_equal(np.concatenate(list(opt.batch(4))), x)
+    shuffled = [v.tolist() for v in ds.shuffle(11, seed=5).batch(3)]
+    assert [v.tolist() for v in ds.shuffle(11, seed=5).with_options(_off()).batch(3)] == shuffled
+
+
+def test_with_options_between_a_map_and_a_batch_unfuses_them_as_in_tf_data():
+    def f(v):
+        if int(v) == 2:
+            raise ValueError("element 2")
+        return v * 10
+
+    def outcomes(ds):
+        it, seq = iter(ds), []
+        while True:
+            try:
+                seq.append(next(it).tolist())
+            except StopIteration:
+                return seq
+            except ValueError:
+                seq.append("error")
+
+    mapped = Dataset.range(8).map(f)
+    # Right after its map a batch fails whole; after with_options, the failed element alone.
+    assert outcomes(mapped.batch(2)) == [[0, 10], "error", [40, 50], [60, 70]]
+    assert outcomes(mapped.with_options(_off()).batch(2)) == [[0, 10], "error", [30, 40], [50, 60], [70]]
+
+
+@pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT", "DATA"])
+def test_one_process_strategies_divide_nothing_whatever_the_policy(policy):
+    # One worker: every policy gives the batches the dataset gives without options.
+    o = distvals.data.Options()
+    o.experimental_distribute.auto_shard_policy = getattr(distvals.data.AutoShardPolicy, policy)
+    s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    try:
+        ds = Dataset.from_tensor_slices(np.arange(10.0)).batch(4)
+        plain = [[p.tolist() for p in s.experimental_local_results(b)] for b in s.experimental_distribute_dataset(ds)]
+        got = [
+            [p.tolist() for p in s.experimental_local_results(b)]
+            for b in s.experimental_distribute_dataset(ds.with_options(o))
+        ]
+        assert got == plain == [[[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0], [6.0, 7.0]], [[8.0], [9.0]]]
+    finally:
+        s.close()

@@ -80,6 +80,8 @@ class TensorFlowApi:
         self.dist = tf.distribute
         self.Variable = tf.Variable
         self.Dataset = tf.data.Dataset
+        self.Options = tf.data.Options
+        self.AutoShardPolicy = tf.data.experimental.AutoShardPolicy
         self.TensorSpec = tf.TensorSpec
         self.AUTOTUNE = tf.data.AUTOTUNE
         self.IndexedSlices = tf.IndexedSlices
@@ -124,6 +126,8 @@ class DistvalsApi:
         self.dist = dv
         self.Variable = dv.Variable
         self.Dataset = dv.data.Dataset
+        self.Options = dv.data.Options
+        self.AutoShardPolicy = dv.data.AutoShardPolicy
         self.TensorSpec = dv.TensorSpec
         self.AUTOTUNE = dv.data.AUTOTUNE
         self.IndexedSlices = dv.IndexedSlices
@@ -719,6 +723,56 @@ def shard_takes_every_nth_element(api):
 
     for batch in s.distribute_datasets_from_function(dataset_fn):
         out.append([np.asarray(v).tolist() for v in s.experimental_local_results(batch)])
+    return out
+
+
+@program()
+def with_options_merges_and_every_dataset_made_from_it_carries_them(api):
+    # Options set later win, unset ones change nothing; every transformation carries
+    # them; the elements do not change, nor a map failure before a batch; the options a
+    # dataset returns, an unknown option and a value of the wrong type are errors.
+    Opts, A, D = api.Options, api.AutoShardPolicy, api.Dataset
+
+    def opts(policy=None, deterministic=None, pool=None):
+        o = Opts()
+        if policy is not None:
+            o.experimental_distribute.auto_shard_policy = getattr(A, policy)
+        if deterministic is not None:
+            o.deterministic = deterministic
+        if pool is not None:
+            o.threading.private_threadpool_size = pool
+        return o
+
+    def state(ds):
+        o = ds.options()
+        return (int(o.experimental_distribute.auto_shard_policy), o.deterministic, o.threading.private_threadpool_size)
+
+    def raised(fn):
+        try:
+            fn()
+        except Exception as e:  # the kind of error is the result
+            return error_kind(e)
+        return "no error"
+
+    base = D.from_tensor_slices(np.arange(7, dtype=np.int64))
+    a = base.with_options(opts("DATA", pool=3))
+    b = a.with_options(opts("OFF", deterministic=False))
+    out = [state(base), state(a), state(b)]
+    out += [
+        state(b.with_options(Opts())),
+        state(b.with_options(opts("AUTO"))),
+        state(b.with_options(opts("DATA", True))),
+    ]
+    c = b.shuffle(4, seed=1).repeat(2).skip(1).take(9).shard(2, 0).map(lambda v: v * 2).batch(2).prefetch(1)
+    out.append(state(c))
+    out.append((int(b.cardinality()), [np.asarray(v).tolist() for v in b], int(a.batch(3).cardinality())))
+    out.append(int(opts("DATA").merge(opts("OFF")).experimental_distribute.auto_shard_policy))
+    out.append(raised(lambda: setattr(b.options(), "deterministic", True)))
+    out.append(raised(lambda: setattr(Opts(), "no_such_option", 1)))
+    out.append(raised(lambda: setattr(Opts().experimental_distribute, "auto_shard_policy", 2)))
+    out.append(raised(lambda: setattr(Opts(), "deterministic", 1)))
+    out.append(outcomes(D.range(8).map(failing_times_ten(api, 2)).with_options(opts("OFF")).batch(2), 6))
+    out.append(outcomes(D.range(8).map(failing_times_ten(api, 2)).with_options(opts("OFF")).take(7).batch(2), 6))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Enough for examples and tests: ``from_tensor_slices``, ``from_tensors``, ``range``,
 ``from_generator``, ``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``shard``,
-``map``, ``prefetch``, and ``element_spec`` / ``cardinality()`` as tf.data has them.
+``map``, ``prefetch``, ``with_options`` (``distvals.data.Options``, see
+``distvals.data_options``), and ``element_spec`` / ``cardinality()`` as tf.data has them.
 ``num_parallel_calls`` (``AUTOTUNE`` or a count) and ``deterministic`` are accepted
 where tf.data takes them; elements are still made one at a time, in order, on the
 thread that asks for them. Iteration yields numpy arrays
@@ -38,9 +39,31 @@ import numpy as np
 
 from . import nest, specs
 from ._convert import as_numpy
+from .data_options import (
+    AutoShardPolicy,
+    AutotuneOptions,
+    DistributeOptions,
+    ExternalStatePolicy,
+    OptimizationOptions,
+    Options,
+    ThreadingOptions,
+)
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
-__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "Dataset", "Optional"]
+__all__ = [
+    "AUTOTUNE",
+    "INFINITE_CARDINALITY",
+    "UNKNOWN_CARDINALITY",
+    "AutoShardPolicy",
+    "AutotuneOptions",
+    "Dataset",
+    "DistributeOptions",
+    "ExternalStatePolicy",
+    "OptimizationOptions",
+    "Optional",
+    "Options",
+    "ThreadingOptions",
+]
 
 # tf.data.AUTOTUNE: "let the runtime choose" for num_parallel_calls and prefetch sizes.
 AUTOTUNE = -1
@@ -50,6 +73,8 @@ INFINITE_CARDINALITY = -1
 UNKNOWN_CARDINALITY = -2
 
 _INT32 = np.iinfo(np.int32)
+# The options of a dataset that was given none.
+_NO_OPTIONS = Options()._freeze()
 
 
 def _first_good(it: Iterator[Any], failures: List[Exception]) -> Any:
@@ -275,8 +300,11 @@ class Dataset:
         spec: Any = None,
         cardinality: int = UNKNOWN_CARDINALITY,
         rows: typing.Optional[_Rows] = None,
+        options: typing.Optional[Options] = None,
     ) -> None:
         self._make_iterator = make_iterator
+        # What with_options set (frozen), carried by every dataset made from this one.
+        self._options = _NO_OPTIONS if options is None else options
         # True: made by batch; False: rows (from_tensor_slices, range) with no batch
         # after them; None: not known (from_tensors, from_generator may give batches).
         self._batched = batched
@@ -310,6 +338,7 @@ class Dataset:
             spec=self._spec if spec is None else spec,
             cardinality=self._cardinality if cardinality is None else cardinality,
             rows=rows,
+            options=self._options,
         )
 
     # ---- sources ------------------------------------------------------------------------
@@ -466,6 +495,7 @@ class Dataset:
             description=f"BatchDataset({batch_size})",
             spec=spec,
             cardinality=_card_batch(self._cardinality, batch_size, drop_remainder),
+            options=self._options,
         )
 
     def shuffle(
@@ -657,7 +687,12 @@ class Dataset:
 
         # What fn makes is known once it has run (see element_spec).
         out = Dataset(
-            make, batched=self._batched, finite=self._finite, description="MapDataset", cardinality=self._cardinality
+            make,
+            batched=self._batched,
+            finite=self._finite,
+            description="MapDataset",
+            cardinality=self._cardinality,
+            options=self._options,
         )
         out._mapped = True
         return out
@@ -673,6 +708,28 @@ class Dataset:
         if not self._mapped:
             return self
         return self._derived(self._make_iterator, self._description, rows=self._rows)
+
+    def with_options(self, options: Options) -> Dataset:
+        """This dataset with ``options`` (a ``distvals.data.Options``) merged into the
+        ones it has: an option ``options`` sets replaces the one set before, an unset one
+        changes nothing. Every dataset made from the result carries them. Only
+        ``experimental_distribute.auto_shard_policy`` changes what distvals does (see
+        ``AutoShardPolicy``)."""
+        if not isinstance(options, Options):
+            raise TypeError(
+                f"with_options: options must be distvals.data.Options, got {type(options).__name__} "
+                "(set the options on distvals.data.Options(), then pass it)"
+            )
+        out = self._derived(self._iterate, self._description, rows=self._rows)
+        # (A batch after it is not fused with a map before it, as in tf.data: _derived
+        # leaves the result unmapped.)
+        out._options = self._options.merge(options)._freeze()
+        return out
+
+    def options(self) -> Options:
+        """The options set on this dataset and those it was made from (read-only: set
+        new ones with ``with_options``)."""
+        return self._options
 
     # ---- what it holds --------------------------------------------------------------------------
     @property

@@ -13,24 +13,35 @@ replicas' shares, so the single-process iterator does the local split.
 num_replicas_in_sync=total)`` and hands consecutive elements of its dataset to its
 own replicas.
 
+A dataset's ``auto_shard_policy`` (``distvals.data.AutoShardPolicy``, set with
+``with_options``; a tf.data dataset's too) can change the first: with ``OFF`` each
+worker reads its own copy of the dataset (the whole of it, or the part it selected
+itself), each of its batches is cut into ``num_replicas_in_sync`` pieces by the same
+rule, and the worker's replicas take consecutive pieces, as they take elements from
+``dataset_fn``'s dataset (so with equal replica counts each batch lasts as many steps as
+there are workers). ``FILE`` (distvals' datasets read no files to divide) and ``HINT``
+are refused; ``AUTO`` and ``DATA`` are the rule above.
+
 The workers agree on every element
 ----------------------------------
 A worker that takes one more or one fewer element than the others would pair its
 steps with theirs one off, and every collective after that would combine different
 batches: wrong numbers with no error. So each ``next`` on a multi-worker iterator ends
-with one small MPI all-reduce (MAX of twelve int64s, on a communicator of its own, so it
-never pairs with a collective) of what each worker got:
+with one small MPI all-reduce (MAX of fourteen int64s, on a communicator of its own, so
+it never pairs with a collective) of what each worker got:
 
 - its outcome: an element, the end of its data, or an exception;
 - where it stands: which of the strategy's distributed datasets it iterates (numbered
   as they are made), which pass over it (numbered at their first ``next``), and how
   many ``next`` calls the pass has had (an element that raised counts, on every
-  worker).
+  worker), and how the dataset is divided (split global batches, OFF's pieces, or
+  ``dataset_fn``'s elements).
 
 Each quantity goes as ``x`` and ``-x``, so the maximum gives both extremes. Then:
 
 - positions that differ: ``MismatchError`` on every worker (the workers create
-  iterators, or call ``next``, out of step);
+  iterators, or call ``next``, out of step); so is a dataset divided one way on some
+  workers and another way on others (its options differ between them);
 - an exception on some worker: it raises its own there, and every other worker raises
   ``AbortedError`` naming it; every worker has consumed that element, so a loop that
   catches the error and goes on stays in step (with ``distribute_datasets_from_function``,
@@ -63,14 +74,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
 from . import devices, nest
 from ._core import AbortedError, MismatchError
+from .data_options import AutoShardPolicy
 from .fingerprint import fingerprint
 from .input import (
+    Cardinality,
     DistributedDataset,
     DistributedDatasetsFromFunction,
     DistributedIterator,
@@ -159,6 +172,70 @@ def wrap_single(value: Any) -> Any:
     return nest.map_structure(one, value) if nest.is_nested(value) else one(value)
 
 
+# How a worker's iterator divides its dataset (compared between workers on every next).
+_SPLIT, _PIECES, _FROM_FUNCTION = 1, 2, 3
+_DIVISIONS = {
+    _SPLIT: "each global batch split over every worker's replicas (auto_shard_policy AUTO or DATA)",
+    _PIECES: "its own copy of the dataset, cut into pieces (auto_shard_policy OFF)",
+    _FROM_FUNCTION: "the elements of dataset_fn's dataset (distribute_datasets_from_function)",
+}
+
+
+def shard_policy(dataset: Any) -> AutoShardPolicy:
+    """The ``auto_shard_policy`` of ``dataset``'s options (a distvals or tf.data dataset;
+    the two number the policies alike); AUTO for anything without them."""
+    options = getattr(dataset, "options", None)
+    if not callable(options):
+        return AutoShardPolicy.AUTO
+    try:
+        return AutoShardPolicy(int(options().experimental_distribute.auto_shard_policy))
+    except (AttributeError, TypeError, ValueError):
+        return AutoShardPolicy.AUTO
+
+
+class _Pieces:
+    """A worker's own dataset (auto_shard_policy OFF) as pieces: each element cut into
+    ``total`` pieces along its batch axis by the single-process rule, one piece per
+    ``next``. An exception from the dataset passes through and leaves this usable."""
+
+    def __init__(self, source: Iterator[Any], total: int) -> None:
+        self._source = source
+        self._total = total
+        self._pending: List[Any] = []
+
+    def __iter__(self) -> _Pieces:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._pending:
+            element = next(self._source)
+            self._pending = self._cut(element)[::-1]
+        return self._pending.pop()
+
+    def _cut(self, element: Any) -> List[Any]:
+        structured = nest.is_nested(element)
+        leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
+        if not leaves or any(a.ndim == 0 for a in leaves):
+            raise ValueError(
+                "distributed input with auto_shard_policy OFF: each element of a worker's dataset is cut into "
+                f"{self._total} pieces along its batch axis, and this one has a component without one "
+                "(batch the dataset)"
+            )
+        sizes = {a.shape[0] for a in leaves}
+        if len(sizes) > 1:
+            raise ValueError(
+                "distributed input with auto_shard_policy OFF: the components of an element have different "
+                f"batch sizes {sorted(sizes)}, so it cannot be cut into pieces for the replicas"
+            )
+        out = []
+        start = 0
+        for size in split_batch_sizes(leaves[0].shape[0], self._total):
+            parts = [a[start : start + size] for a in leaves]
+            out.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
+            start += size
+        return out
+
+
 # What a worker got from its iterator (see the module doc); the larger code wins.
 _VALUE, _END, _ERROR = 0, 1, 2
 
@@ -213,6 +290,8 @@ class _AgreedNext:
     # fingerprinted and compared (see the module doc); the error that ended the pass.
     _check: Optional[_Fingerprint] = None
     _diverged: Optional[str] = None
+    # How the dataset is divided between the workers (compared on every next).
+    _division = _SPLIT
 
     def _setup(self, ext: Any, dataset: Any) -> None:
         self._ext = ext
@@ -271,7 +350,8 @@ class _AgreedNext:
             cannot_fill = 1 if self._template is None else 2 if self._template is _NO_ROWS else 0
         where = (self._dataset._serial, self._pass, self._calls)
         buf = np.array(
-            [status, -status, where[0], -where[0], where[1], -where[1], where[2], -where[2], -1, cannot_fill, 0, 0],
+            [status, -status, where[0], -where[0], where[1], -where[1], where[2], -where[2], -1, cannot_fill, 0, 0]
+            + [self._division, -self._division],
             dtype=np.int64,
         )
         if check is not None and check.on and status == _VALUE:
@@ -289,6 +369,12 @@ class _AgreedNext:
                 "the same distributed datasets, iterate them in the same order and call next on them the same "
                 "number of times (threads that read different iterators must take their turns in the same "
                 "order on every worker)"
+            ) from error
+        if got[12] != -got[13]:
+            raise MismatchError(
+                f"{prefix}: the workers divide this distributed dataset differently (this worker: "
+                f"{_DIVISIONS[self._division]}; another: {_DIVISIONS[int(got[12] if got[12] != self._division else -got[13])]}"
+                "); give the dataset the same options (auto_shard_policy) on every worker"
             ) from error
         if top == _ERROR:
             if check is not None and not check.on:
@@ -370,6 +456,7 @@ class _WorkerIterator(_AgreedNext, DistributedIterator):
 
 class _WorkerFromFunctionIterator(_AgreedNext, _FromFunctionIterator):
     _hold_released = True
+    _division = _FROM_FUNCTION
 
 
 class WorkerDistributedDataset(DistributedDataset):
@@ -379,6 +466,18 @@ class WorkerDistributedDataset(DistributedDataset):
     def __init__(self, strategy: Any, dataset: Any, options: Any = None) -> None:
         super().__init__(strategy, dataset, options)
         ext = strategy.extended
+        self._policy = shard_policy(dataset)
+        if ext._num_workers > 1 and self._policy in (AutoShardPolicy.FILE, AutoShardPolicy.HINT):
+            raise ValueError(
+                f"experimental_distribute_dataset: auto_shard_policy {self._policy.name} is not supported: "
+                + (
+                    "the dataset reads no files to divide between the workers"
+                    if self._policy is AutoShardPolicy.FILE
+                    else "there is no SHARD_HINT to replace"
+                )
+                + "; use DATA (every worker reads the same data and keeps its share of each global batch), "
+                "OFF (each worker reads its own), or distribute_datasets_from_function"
+            )
         _number(self, ext)
         self._total = strategy.num_replicas_in_sync
         self._offset = ext._offset
@@ -386,6 +485,15 @@ class WorkerDistributedDataset(DistributedDataset):
 
     def __iter__(self) -> DistributedIterator:
         ext = self._strategy.extended
+        if self._policy is AutoShardPolicy.OFF:
+            # Each worker's own copy, in pieces that its replicas take in turn.
+            pieces = _Pieces(self._source_of().iterator(), self._total)
+            off = _WorkerFromFunctionIterator(
+                _LocalReplicas(ext), pieces, self._options, element_spec=lambda: self.element_spec
+            )
+            off._setup(ext, self)
+            off._division = _PIECES
+            return off
         # From the source: an element read ahead for element_spec comes first.
         check = _Fingerprint()
         rows = _shard(self._source_of().iterator(), self._total, self._offset, self._count, check)
@@ -401,6 +509,17 @@ class WorkerDistributedDataset(DistributedDataset):
         batch divides evenly), as a PerReplicaSpec per leaf of this worker's replicas."""
         spec = self._source_of().element_spec()
         return _per_replica_spec(spec, self._count, self._total, self._strategy.extended._wrap_results)
+
+    @property
+    def cardinality(self) -> Cardinality:
+        """The number of steps: the dataset's global batches, or with auto_shard_policy
+        OFF its batches' pieces over this worker's replicas (until every worker's end:
+        the worker with the fewest replicas takes the most steps)."""
+        card = super().cardinality
+        if self._policy is not AutoShardPolicy.OFF or card < 0:
+            return card
+        fewest = min(self._strategy.extended._coll.local_counts)
+        return Cardinality(-(-card * self._total // fewest))
 
 
 class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):

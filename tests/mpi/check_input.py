@@ -151,7 +151,77 @@ def main() -> int:
     checks += 1
 
     checks += check_agreement_on_every_element(s, rank, size, counts)
+    checks += check_auto_shard_policies(s, rank, size, counts)
     return finish(rank, checks, s)
+
+
+def check_auto_shard_policies(s, rank: int, size: int, counts) -> int:
+    """auto_shard_policy OFF: each worker reads its own dataset, each of its batches is
+    cut into num_replicas_in_sync pieces, and its replicas take consecutive pieces; every
+    row of every worker's data reaches one replica of that worker, once, and workers
+    that run out give empty batches until all have. Options that differ between workers
+    are a MismatchError on each; FILE is refused with more than one worker."""
+    checks = 0
+    total, n = sum(counts), counts[rank]
+    off = dv.data.Options()
+    off.experimental_distribute.auto_shard_policy = dv.data.AutoShardPolicy.OFF
+
+    def rows_of(w):
+        # Worker w's own data: 23 rows of 2 features, tagged with the worker.
+        return np.arange(23 * 2, dtype=np.float32).reshape(23, 2) + 1000 * w
+
+    def pieces_of(w):
+        # Batches of 10, 10 and 3 rows, each cut by the single-process rule.
+        out = []
+        for lo in range(0, 23, 10):
+            batch = rows_of(w)[lo : lo + 10]
+            starts = np.concatenate([[0], np.cumsum(split_batch_sizes(len(batch), total))])
+            out += [batch[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        return out
+
+    def local(w, k):
+        # Worker w's replicas' parts at step k (empty once its pieces have run out).
+        pieces = pieces_of(w)
+        return [
+            pieces[k * counts[w] + r] if k * counts[w] + r < len(pieces) else np.empty((0, 2), np.float32)
+            for r in range(counts[w])
+        ]
+
+    dist = s.experimental_distribute_dataset(
+        dv.data.Dataset.from_tensor_slices(rows_of(rank)).batch(10).with_options(off)
+    )
+    steps = max(-(-3 * total // c) for c in counts)
+    expect(dist.cardinality == steps, rank, f"OFF: cardinality {dist.cardinality}, expected {steps}")
+    k = -1
+    for k, element in enumerate(dist):
+        parts = s.experimental_local_results(element)
+        want = local(rank, k)
+        expect(len(parts) == n, rank, f"OFF step {k}: {len(parts)} parts")
+        for r, (got, exp) in enumerate(zip(parts, want)):
+            expect(
+                got.dtype == np.float32 and got.shape[1:] == (2,) and np.array_equal(got, exp),
+                rank,
+                f"OFF step {k} replica {r}: {got.tolist()}, expected {exp.tolist()}",
+            )
+        # A step over every worker's parts: the global sum, against numpy's.
+        sums = s.run(lambda e: np.float64(e.sum()), args=(element,))
+        want_sum = sum(float(p.astype(np.float64).sum()) for w in range(size) for p in local(w, k))
+        expect_close(s.reduce("SUM", sums, axis=None), want_sum, rank, f"OFF step {k}: global sum")
+        checks += 2
+    expect(k + 1 == steps, rank, f"OFF: {k + 1} steps, expected {steps}")
+    checks += 2
+    if size > 1:
+        # Options that differ between the workers: every worker hears of it at once.
+        ds = dv.data.Dataset.from_tensor_slices(rows_of(0)).batch(10)
+        mixed = s.experimental_distribute_dataset(ds.with_options(off) if rank == 0 else ds)
+        expect_raises(dv.MismatchError, lambda: next(iter(mixed)), rank, "OFF on one worker", "divide")
+        file = dv.data.Options()
+        file.experimental_distribute.auto_shard_policy = dv.data.AutoShardPolicy.FILE
+        expect_raises(
+            ValueError, lambda: s.experimental_distribute_dataset(ds.with_options(file)), rank, "FILE", "FILE"
+        )
+        checks += 2
+    return checks
 
 
 def check_batches_after_a_failure_on_one_worker(s, rank: int, size: int, bad) -> int:
