@@ -50,77 +50,103 @@ bool engine_op(const py::handle& op, distvals::reduce_op& out) {
   return true;
 }
 
-py::object quick_all_reduce(group& g, const py::list& requests, const py::handle& marker,
-                            const std::string& algo_name) {
-  const int n = g.size();
-  if (static_cast<int>(requests.size()) != n) return py::none();
-  const PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_);
+// What steps 1 and 2 of a quick all-reduce make: the replicas' arrays, their new outputs,
+// and the call that reduces the one into the other.
+struct quick_call {
   std::vector<py::array> ins;
   std::vector<buffer_view> in_views;
-  ins.reserve(static_cast<std::size_t>(n));
-  in_views.reserve(static_cast<std::size_t>(n));
-  PyObject* op0 = nullptr;
+  py::list outs;
+  std::vector<buffer_view> out_views;
+  py::object op;  // replica 0's ReduceOp member
   distvals::dtype type = distvals::dtype::float32;
+  distvals::reduce_op engine_op = distvals::reduce_op::sum;
+  std::size_t count = 0;
+};
+
+// Steps 1 and 2 of the meeting where each of n replicas all-reduces one array (see the
+// file comment); false, with nothing made, when the requests are not all of that form.
+bool prepare_quick(int n, const py::list& requests, const py::handle& marker, quick_call& q) {
+  if (static_cast<int>(requests.size()) != n) return false;
+  const PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_);
+  q.ins.reserve(static_cast<std::size_t>(n));
+  q.in_views.reserve(static_cast<std::size_t>(n));
+  PyObject* op0 = nullptr;
   // 1. Every request is (marker, op, array) with replica 0's op, a C-contiguous numpy
   // array of replica 0's dtype and shape, of a dtype the engine reduces with that op.
-  std::vector<py::object> held;  // the requests, held while anything runs
-  held.reserve(static_cast<std::size_t>(n));
+  // (The arrays are held by q.ins, and each op by its request's tuple, while anything runs.)
   for (int r = 0; r < n; ++r) {
-    held.push_back(requests[static_cast<std::size_t>(r)]);
-    PyObject* q = held.back().ptr();
-    if (!PyTuple_CheckExact(q) || PyTuple_GET_SIZE(q) != 3 || PyTuple_GET_ITEM(q, 0) != marker.ptr()) {
-      return py::none();
+    PyObject* q_r = PyList_GET_ITEM(requests.ptr(), r);
+    if (!PyTuple_CheckExact(q_r) || PyTuple_GET_SIZE(q_r) != 3 || PyTuple_GET_ITEM(q_r, 0) != marker.ptr()) {
+      return false;
     }
-    PyObject* op = PyTuple_GET_ITEM(q, 1);
-    PyObject* x = PyTuple_GET_ITEM(q, 2);
-    if (Py_TYPE(x) != array_type) return py::none();
+    PyObject* op = PyTuple_GET_ITEM(q_r, 1);
+    PyObject* x = PyTuple_GET_ITEM(q_r, 2);
+    if (Py_TYPE(x) != array_type) return false;
     py::array a = py::reinterpret_borrow<py::array>(x);
     // Contiguous and aligned to its elements, as the engine reads it (else the general path copies it).
-    if (!engine_readable(x)) return py::none();
+    if (!engine_readable(x)) return false;
     distvals::dtype t;
     try {
       t = to_dtype(a.dtype(), r);
     } catch (const py::type_error&) {
-      return py::none();
+      return false;
     }
     if (r == 0) {
       op0 = op;
-      type = t;
+      q.type = t;
     } else {
-      const py::array& a0 = ins[0];
-      if (op != op0 || t != type || a.ndim() != a0.ndim()) return py::none();
+      const py::array& a0 = q.ins[0];
+      if (op != op0 || t != q.type || a.ndim() != a0.ndim()) return false;
       for (py::ssize_t d = 0; d < a.ndim(); ++d) {
-        if (a.shape(d) != a0.shape(d)) return py::none();
+        if (a.shape(d) != a0.shape(d)) return false;
       }
     }
-    in_views.push_back(view_of(a, t));
-    ins.push_back(std::move(a));
+    q.in_views.push_back(view_of(a, t));
+    q.ins.push_back(std::move(a));
   }
-  distvals::reduce_op op;
-  if (!engine_op(op0, op)) return py::none();
-  if (op == distvals::reduce_op::mean && integral(type)) return py::none();  // float64 MEAN: the general path
+  if (!engine_op(op0, q.engine_op)) return false;
+  if (q.engine_op == distvals::reduce_op::mean && integral(q.type)) return false;  // float64 MEAN: the general path
+  q.op = py::reinterpret_borrow<py::object>(op0);
   // 2. New outputs, one per replica, shaped as the inputs.
-  const py::array& a0 = ins[0];
+  const py::array& a0 = q.ins[0];
   const std::vector<py::ssize_t> shape(a0.shape(), a0.shape() + a0.ndim());
-  const std::size_t count = static_cast<std::size_t>(a0.size());
-  const bool pooled = count * distvals::dtype_size(type) >= pool_min_bytes;
-  py::list outs(static_cast<std::size_t>(n));
-  std::vector<buffer_view> out_views;
-  out_views.reserve(static_cast<std::size_t>(n));
+  q.count = static_cast<std::size_t>(a0.size());
+  const bool pooled = q.count * distvals::dtype_size(q.type) >= pool_min_bytes;
+  q.outs = py::list(static_cast<std::size_t>(n));
+  q.out_views.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
-    const py::dtype dt = ins[static_cast<std::size_t>(r)].dtype();
-    py::array o = pooled ? pooled_array(dt, shape, count) : py::array(dt, shape);
-    out_views.push_back(view_of(o, type));
-    outs[static_cast<std::size_t>(r)] = std::move(o);
+    const py::dtype dt = q.ins[static_cast<std::size_t>(r)].dtype();
+    py::array o = pooled ? pooled_array(dt, shape, q.count) : py::array(dt, shape);
+    q.out_views.push_back(view_of(o, q.type));
+    q.outs[static_cast<std::size_t>(r)] = std::move(o);
   }
+  return true;
+}
+
+py::object quick_all_reduce(group& g, const py::list& requests, const py::handle& marker,
+                            const std::string& algo_name) {
+  quick_call q;
+  if (!prepare_quick(g.size(), requests, marker, q)) return py::none();
   // 3. One engine call, without the GIL.
-  if (count > 0) {
-    const call_desc d{collective::all_reduce, type, op,
-                      strategy_algorithm(distvals::parse_algorithm(algo_name), type, op), count, 0};
-    run_single(g, [&]() { g.run(d, in_views, out_views); });
+  if (q.count > 0) {
+    const call_desc d{collective::all_reduce, q.type, q.engine_op,
+                      strategy_algorithm(distvals::parse_algorithm(algo_name), q.type, q.engine_op), q.count, 0};
+    run_single(g, [&]() { g.run(d, q.in_views, q.out_views); });
   }
-  return std::move(outs);
+  return std::move(q.outs);
+}
+
+// The same meeting where something other than one engine group reduces the arrays (the
+// hierarchical all-reduce of a worker among MPI workers): steps 1 and 2 here, then
+// run(ins, op, outs) with the replicas' arrays, replica 0's ReduceOp and the new outputs.
+py::object quick_all_reduce_with(const py::object& run, int n, const py::list& requests, const py::handle& marker) {
+  quick_call q;
+  if (n < 1 || !prepare_quick(n, requests, marker, q)) return py::none();
+  py::list ins(q.ins.size());
+  for (std::size_t r = 0; r < q.ins.size(); ++r) ins[r] = q.ins[r];
+  run(ins, q.op, q.outs);
+  return std::move(q.outs);
 }
 
 // The meeting where every replica all-reduces a structure of numpy arrays: requests[r]
@@ -178,6 +204,11 @@ void register_meeting(py::module_& m) {
         "of replica r (op a ReduceOp). Returns one new array per replica, or None, before any data moves, "
         "when the requests are not all of that form with the same op, dtype and shape (C-contiguous arrays "
         "of a dtype the engine reduces with that op).");
+  m.def("quick_all_reduce_with", &quick_all_reduce_with, py::arg("run"), py::arg("n"), py::arg("requests"),
+        py::arg("marker"),
+        "quick_all_reduce's checks and new outputs for n replicas, reduced by run(ins, op, outs) (called with "
+        "the GIL held; op is replica 0's ReduceOp) instead of one engine group. Returns the outputs, or None, "
+        "before anything runs, when the requests are not all of quick_all_reduce's form.");
   m.def("quick_all_reduce_tree", &quick_all_reduce_tree, py::arg("group"), py::arg("requests"), py::arg("marker"),
         py::arg("algorithm"), py::arg("fuse_bytes"), py::arg("bytes_per_pack"), py::arg("trace") = py::none(),
         "The meeting where every replica all-reduces a structure of numpy arrays: requests[r] is "

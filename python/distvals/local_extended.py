@@ -213,6 +213,9 @@ class LocalExtended(CrossReplicaExtended):
         self._coll: Collectives = self._make_collectives()
         self._quick = self._quick_group()
         self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
+        # A quick path that is not one engine group (MultiWorkerMirroredStrategy's): its
+        # run(ins, op, outs), given the requests' arrays by the native checks.
+        self._quick_runner = getattr(self._quick, "run_arrays", None)
         self._contexts = tuple(
             context.ReplicaContext(container_strategy, r, _num_replicas=self._n) for r in range(self._n)
         )
@@ -489,6 +492,9 @@ class LocalExtended(CrossReplicaExtended):
         self._coll = self._make_collectives()
         self._quick = self._quick_group()
         self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
+        # A quick path that is not one engine group (MultiWorkerMirroredStrategy's): its
+        # run(ins, op, outs), given the requests' arrays by the native checks.
+        self._quick_runner = getattr(self._quick, "run_arrays", None)
         self._quick_tree = self._quick_tree_ok()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
@@ -528,6 +534,11 @@ class LocalExtended(CrossReplicaExtended):
             )
             if leaves is not None:
                 return leaves
+        elif type(q0) is tuple and q0[0] is QUICK_ALL_REDUCE and self._quick_runner is not None:
+            # The same checks and new outputs natively, the arrays reduced by the runner.
+            out = _quick_all_reduce_with(self._quick_runner, self._n, requests, QUICK_ALL_REDUCE)
+            if out is not None:
+                return out
         elif type(q0) is tuple or q0.extra is _QUICK:
             out = self._resolve_quick(requests)
             if out is not None:
@@ -869,6 +880,7 @@ _QUICK = QUICK
 _POOL_MIN_BYTES = 4096
 _pooled_empty = _core.pooled_empty
 _quick_all_reduce = _core.quick_all_reduce
+_quick_all_reduce_with = _core.quick_all_reduce_with
 _quick_all_reduce_tree = _core.quick_all_reduce_tree
 _leaf_arrays = _core.nest_leaf_arrays
 # (op, dtype) -> the engine op, for what the engine reduces directly (MEAN: floats only).

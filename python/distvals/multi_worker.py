@@ -169,9 +169,14 @@ class _WorkerQuick:
             self._group.reset()
 
     def all_reduce(self, ins: List[np.ndarray], op: str, algorithm: str, out: List[np.ndarray]) -> None:
+        self.run_arrays(ins, _BY_ENGINE_NAME[op], out)
+
+    def run_arrays(self, ins: List[np.ndarray], op: ReduceOp, out: List[np.ndarray]) -> None:
+        """What ``_core.quick_all_reduce_with`` calls once it has checked an inline
+        meeting's arrays and made their outputs."""
         ext = self._ext
         with ext._lock:
-            ext._coll.all_reduce_arrays(_BY_ENGINE_NAME[op], ins, out)
+            ext._coll.all_reduce_arrays(op, ins, out)
 
 
 class _MultiWorkerExtended(LocalExtended):
