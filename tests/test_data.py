@@ -805,8 +805,8 @@ def test_options_start_unset_and_take_values_of_their_types():
     with pytest.raises(TypeError, match="deterministic.*bool"):
         o.deterministic = 1
     with pytest.raises(TypeError, match="private_threadpool_size.*int"):
-        o.threading.private_threadpool_size = True
-    assert o.deterministic is False  # a refused value changes nothing
+        o.threading.private_threadpool_size = "4"
+    assert o.deterministic is False and o.threading.private_threadpool_size == 4  # a refused value changes nothing
 
 
 def test_with_options_merges_later_over_earlier_and_unset_changes_nothing():
@@ -874,8 +874,21 @@ def test_with_options_between_a_map_and_a_batch_unfuses_them_as_in_tf_data():
 
     mapped = Dataset.range(8).map(f)
     # Right after its map a batch fails whole; after with_options, the failed element alone.
-    assert outcomes(mapped.batch(2)) == [[0, 10], "error", [40, 50], [60, 70]]
-    assert outcomes(mapped.with_options(_off()).batch(2)) == [[0, 10], "error", [30, 40], [50, 60], [70]]
+    fused, unfused = [[0, 10], "error", [40, 50], [60, 70]], [[0, 10], "error", [30, 40], [50, 60], [70]]
+    assert outcomes(mapped.batch(2)) == fused
+    assert outcomes(mapped.with_options(_off()).batch(2)) == unfused
+    # Options that turn the fusion off, set anywhere in the pipeline (every pass of a repeat).
+    nofuse, nodefault, keep = distvals.data.Options(), distvals.data.Options(), distvals.data.Options()
+    nofuse.experimental_optimization.map_and_batch_fusion = False
+    nodefault.experimental_optimization.apply_default_optimizations = False
+    keep.experimental_optimization.apply_default_optimizations = False
+    keep.experimental_optimization.map_and_batch_fusion = True
+    assert outcomes(mapped.batch(2).with_options(nofuse)) == unfused
+    assert outcomes(Dataset.range(8).with_options(nofuse).map(f).batch(2)) == unfused
+    assert outcomes(mapped.batch(2).repeat(2).with_options(nodefault)) == unfused + unfused
+    assert outcomes(mapped.batch(2).with_options(keep)) == fused
+    # The options belong to the pipeline they end: the same batch dataset without them fuses.
+    assert outcomes(mapped.batch(2)) == fused
 
 
 @pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT", "DATA"])

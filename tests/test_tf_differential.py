@@ -771,7 +771,16 @@ def with_options_merges_and_every_dataset_made_from_it_carries_them(api):
     out.append(raised(lambda: setattr(Opts(), "no_such_option", 1)))
     out.append(raised(lambda: setattr(Opts().experimental_distribute, "auto_shard_policy", 2)))
     out.append(raised(lambda: setattr(Opts(), "deterministic", 1)))
+    out.append(raised(lambda: setattr(Opts().threading, "private_threadpool_size", True)))
     out.append(outcomes(D.range(8).map(failing_times_ten(api, 2)).with_options(opts("OFF")).batch(2), 6))
+    # Options that turn tf.data's map-and-batch fusion off, set anywhere in the pipeline.
+    nofuse, nodefault = Opts(), Opts()
+    nofuse.experimental_optimization.map_and_batch_fusion = False
+    nodefault.experimental_optimization.apply_default_optimizations = False
+    mapped = D.range(8).map(failing_times_ten(api, 2))
+    out.append(outcomes(mapped.batch(2).with_options(nofuse), 6))
+    out.append(outcomes(mapped.batch(2).repeat(2).with_options(nodefault), 12))
+    out.append(outcomes(D.range(8).with_options(nofuse).map(failing_times_ten(api, 2)).batch(2), 6))
     out.append(outcomes(D.range(8).map(failing_times_ten(api, 2)).with_options(opts("OFF")).take(7).batch(2), 6))
     return out
 

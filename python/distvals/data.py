@@ -30,6 +30,7 @@ element.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import typing
@@ -47,6 +48,7 @@ from .data_options import (
     OptimizationOptions,
     Options,
     ThreadingOptions,
+    fuses_map_and_batch,
 )
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
@@ -75,6 +77,9 @@ UNKNOWN_CARDINALITY = -2
 _INT32 = np.iinfo(np.int32)
 # The options of a dataset that was given none.
 _NO_OPTIONS = Options()._freeze()
+# While a pass's iterators are made: whether its options keep tf.data's map-and-batch
+# fusion (they are the pipeline's, set on any of its datasets, as in tf.data).
+_FUSE = contextvars.ContextVar("distvals_data_fuse", default=True)
 
 
 def _first_good(it: Iterator[Any], failures: List[Exception]) -> Any:
@@ -742,7 +747,7 @@ class Dataset:
         same elements whether or not something asked first; across workers, one worker
         asking does not put its data out of step with the others')."""
         if self._spec is None:
-            it = self._iterate()
+            it = self._pass()
             failures: List[Exception] = []
             try:
                 first = _first_good(it, failures)
@@ -767,7 +772,16 @@ class Dataset:
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return _Shared(self._iterate())
+        return _Shared(self._pass())
+
+    def _pass(self) -> Iterator[Any]:
+        """A pass of the whole pipeline this dataset ends: ``_iterate`` with this
+        dataset's options in force while its iterators are made."""
+        token = _FUSE.set(fuses_map_and_batch(self._options))
+        try:
+            return self._iterate()
+        finally:
+            _FUSE.reset(token)
 
     def _iterate(self) -> Iterator[Any]:
         """A pass's iterator without the lock of ``__iter__``'s: what the combinators
@@ -936,7 +950,7 @@ class _BatchIterator:
         self._source = source
         self._size = size
         self._drop = drop_remainder
-        self._whole = whole
+        self._whole = whole and _FUSE.get()
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -1019,13 +1033,14 @@ class _RepeatIterator:
     """The passes of ``dataset``, one after another, while ``passes`` lasts; stops for
     good after a pass that had no element (nor a failed one)."""
 
-    __slots__ = ("_dataset", "_it", "_passes", "_seen")
+    __slots__ = ("_dataset", "_fuse", "_it", "_passes", "_seen")
 
     def __init__(self, dataset: Any, passes: Iterator[int]) -> None:
         self._dataset = dataset
         self._passes = passes
         self._it: typing.Optional[Iterator[Any]] = None
         self._seen = False
+        self._fuse = _FUSE.get()  # later passes are made as the first
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -1034,7 +1049,11 @@ class _RepeatIterator:
         while True:
             if self._it is None:
                 next(self._passes)  # StopIteration: the last pass is done
-                self._it = self._dataset._iterate()
+                token = _FUSE.set(self._fuse)
+                try:
+                    self._it = self._dataset._iterate()
+                finally:
+                    _FUSE.reset(token)
                 self._seen = False
             try:
                 x = next(self._it)

@@ -5,8 +5,11 @@ lines run here. One option changes what distvals does: ``experimental_distribute
 auto_shard_policy``, which says how ``MultiWorkerMirroredStrategy.
 experimental_distribute_dataset`` divides a dataset between the workers (see
 ``AutoShardPolicy``). The others are accepted and kept, with the types tf.data checks,
-and change nothing: distvals' datasets make their elements one at a time, in order, on
-the thread that asks, so they are always deterministic and use no thread pool.
+and change nothing, except two that tf.data honours too: ``experimental_optimization.
+map_and_batch_fusion = False`` (or ``apply_default_optimizations = False`` without it)
+stops a batch right after a map from failing whole when the map fails for one element.
+distvals' datasets make their elements one at a time, in order, on the thread that
+asks, so they are always deterministic and use no thread pool.
 
 As in tf.data: every option starts unset (its default); setting one that does not exist
 is an ``AttributeError``, a value of the wrong type a ``TypeError``; ``with_options``
@@ -22,6 +25,7 @@ from typing import Any, ClassVar, Dict, Tuple
 
 __all__ = [
     "AutoShardPolicy",
+    "AutotuneAlgorithm",
     "AutotuneOptions",
     "DistributeOptions",
     "ExternalStatePolicy",
@@ -40,10 +44,13 @@ class AutoShardPolicy(enum.IntEnum):
       replicas' rows (tf.data's DATA: "each worker will process the whole dataset and
       discard the portion that is not for itself").
     - ``OFF``: no sharding; each worker reads its own copy of the dataset (the whole of
-      it, or the part the worker selected itself, with ``shard`` say). Each batch of a
-      worker's dataset is split into ``num_replicas_in_sync`` pieces (the first B mod N
-      one row larger), and the worker's replicas take consecutive pieces, so that every
-      step consumes one global batch's worth of rows across the workers.
+      it, or the part the worker selected itself, with ``shard`` say). The rows of a
+      worker's batches are re-batched as tf.data does it: piece sizes cycle through the
+      split of the first batch's size B over the ``num_replicas_in_sync`` replicas
+      (the first B mod N one row larger), each worker starting at its first replica's
+      size, and the worker's replicas take consecutive pieces; so every step takes B
+      rows across the workers, and with equal replica counts a batch lasts as many
+      steps as there are workers.
     - ``FILE``: distvals' datasets read no files to divide, so a multi-worker strategy
       refuses it (tf.data raises when it finds no files).
     - ``HINT``: not supported; a multi-worker strategy refuses it. Shard inside
@@ -58,6 +65,16 @@ class AutoShardPolicy(enum.IntEnum):
     FILE = 1
     DATA = 2
     HINT = 3
+
+
+class AutotuneAlgorithm(enum.IntEnum):
+    """tf.data.experimental.AutotuneAlgorithm (accepted; nothing is tuned)."""
+
+    DEFAULT = 0
+    HILL_CLIMB = 1
+    GRADIENT_DESCENT = 2
+    MAX_PARALLELISM = 3
+    STAGE_BASED = 4
 
 
 class ExternalStatePolicy(enum.IntEnum):
@@ -103,9 +120,7 @@ class _OptionGroup:
                 "have no effect); set options with dataset.with_options(options)"
             )
         kind = field[0]
-        # bool is an int to isinstance; tf.data refuses it for int options and ints for bool ones.
-        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
-        if wrong:
+        if not isinstance(value, kind):  # (a bool is an int, to tf.data too)
             raise TypeError(
                 f'Property "{name}" of {type(self).__name__} must be of type {kind.__name__}, got: {value!r} '
                 f"(type: {type(value).__name__})"
@@ -184,6 +199,9 @@ class AutotuneOptions(_OptionGroup):
         "enabled": (bool, None),
         "cpu_budget": (int, None),
         "ram_budget": (int, None),
+        "autotune_algorithm": (AutotuneAlgorithm, None),
+        "initial_parallelism": (int, None),
+        "min_parallelism": (int, None),
     }
 
 
@@ -211,7 +229,8 @@ class OptimizationOptions(_OptionGroup):
 
 
 class Options(_OptionGroup):
-    """tf.data.Options: set its options, then ``dataset.with_options(options)``."""
+    """tf.data.Options: set its options, then ``dataset.with_options(options)``. (Not
+    ``experimental_service``: there is no tf.data service.)"""
 
     _FIELDS: ClassVar[Dict[str, Tuple[type, Any]]] = {
         "autotune": (AutotuneOptions, None),
@@ -223,6 +242,7 @@ class Options(_OptionGroup):
         "experimental_slack": (bool, None),
         "experimental_symbolic_checkpoint": (bool, None),
         "experimental_warm_start": (bool, None),
+        "framework_type": (list, None),
         "threading": (ThreadingOptions, None),
     }
     _ALIASES: ClassVar[Dict[str, str]] = {
@@ -236,3 +256,12 @@ class Options(_OptionGroup):
             raise TypeError(f"Options.merge: options must be distvals.data.Options, got {type(options).__name__}")
         merged: Options = self._merged(options)
         return merged
+
+
+def fuses_map_and_batch(options: Options) -> bool:
+    """Whether a batch right after a map fails whole when the map fails (tf.data's
+    map-and-batch fusion, a default optimization): unless ``options`` turn it off."""
+    opt = options.experimental_optimization
+    if opt.map_and_batch_fusion is not None:
+        return bool(opt.map_and_batch_fusion)
+    return opt.apply_default_optimizations is not False

@@ -16,10 +16,12 @@ own replicas.
 A dataset's ``auto_shard_policy`` (``distvals.data.AutoShardPolicy``, set with
 ``with_options``; a tf.data dataset's too) can change the first: with ``OFF`` each
 worker reads its own copy of the dataset (the whole of it, or the part it selected
-itself), each of its batches is cut into ``num_replicas_in_sync`` pieces by the same
-rule, and the worker's replicas take consecutive pieces, as they take elements from
-``dataset_fn``'s dataset (so with equal replica counts each batch lasts as many steps as
-there are workers). ``FILE`` (distvals' datasets read no files to divide) and ``HINT``
+itself), and the rows of its batches are re-batched as tf.data's rebatch does (piece
+sizes cycling through the split of the global batch over ``num_replicas_in_sync``
+replicas, each worker starting at its first replica's, so that each step takes one
+global batch's rows across the workers); the worker's replicas take consecutive pieces,
+as they take elements from ``dataset_fn``'s dataset (with equal replica counts a batch
+lasts as many steps as there are workers). ``FILE`` (distvals' datasets read no files to divide) and ``HINT``
 are refused; ``AUTO`` and ``DATA`` are the rule above.
 
 The workers agree on every element
@@ -83,6 +85,7 @@ from ._core import AbortedError, MismatchError
 from .data_options import AutoShardPolicy
 from .fingerprint import fingerprint
 from .input import (
+    UNKNOWN_CARDINALITY,
     Cardinality,
     DistributedDataset,
     DistributedDatasetsFromFunction,
@@ -194,46 +197,71 @@ def shard_policy(dataset: Any) -> AutoShardPolicy:
 
 
 class _Pieces:
-    """A worker's own dataset (auto_shard_policy OFF) as pieces: each element cut into
-    ``total`` pieces along its batch axis by the single-process rule, one piece per
-    ``next``. An exception from the dataset passes through and leaves this usable."""
+    """A worker's own dataset (auto_shard_policy OFF) re-batched for its replicas, as
+    tf.data's rebatch does it: the rows of its batches, in order, cut into pieces whose
+    sizes cycle through the single-process split of the first batch's size B over the
+    ``total`` replicas, started at this worker's first replica (``offset``), so that at
+    every step the workers' replicas together take the B rows of one global batch. The
+    rows left at the end are one last, shorter piece. An exception from the dataset
+    passes through and leaves this usable (rows read before it stay)."""
 
-    def __init__(self, source: Iterator[Any], total: int) -> None:
+    def __init__(self, source: Iterator[Any], total: int, offset: int) -> None:
         self._source = source
         self._total = total
-        self._pending: List[Any] = []
+        self._offset = offset
+        self._sizes: Optional[List[int]] = None  # the cycle, from the first batch
+        self._at = 0  # the next piece's place in it
+        self._template: Any = None  # the last element read (its structure)
+        self._rows: Optional[List[Any]] = None  # its leaves' rows not yet handed out
 
     def __iter__(self) -> _Pieces:
         return self
 
     def __next__(self) -> Any:
-        if not self._pending:
-            element = next(self._source)
-            self._pending = self._cut(element)[::-1]
-        return self._pending.pop()
+        while True:
+            if self._sizes is not None and self._rows is not None:
+                size = self._sizes[self._at]
+                if self._rows[0].shape[0] >= size:
+                    self._at = (self._at + 1) % len(self._sizes)
+                    return self._take(size)
+            try:
+                element = next(self._source)
+            except StopIteration:
+                if self._rows is not None and self._rows[0].shape[0] > 0:
+                    return self._take(self._rows[0].shape[0])  # the last rows, a shorter piece
+                raise
+            leaves = self._leaves(element)
+            if self._sizes is None:
+                sizes = split_batch_sizes(leaves[0].shape[0], self._total)
+                k = self._offset % self._total
+                self._sizes = sizes[k:] + sizes[:k]
+            if self._rows is not None and self._rows[0].shape[0] > 0:
+                # Batches of another size than the first: pieces go across them.
+                leaves = [np.concatenate([a, b]) for a, b in zip(self._rows, leaves)]
+            self._template, self._rows = element, leaves
 
-    def _cut(self, element: Any) -> List[Any]:
-        structured = nest.is_nested(element)
-        leaves = [to_numpy(x) for x in (nest.flatten(element) if structured else [element])]
+    def _take(self, size: int) -> Any:
+        rows = self._rows
+        assert rows is not None
+        piece = [a[:size] for a in rows]
+        self._rows = [a[size:] for a in rows]
+        template = self._template
+        return nest.pack_sequence_as(template, piece) if nest.is_nested(template) else piece[0]
+
+    def _leaves(self, element: Any) -> List[Any]:
+        leaves = [to_numpy(x) for x in (nest.flatten(element) if nest.is_nested(element) else [element])]
         if not leaves or any(a.ndim == 0 for a in leaves):
             raise ValueError(
-                "distributed input with auto_shard_policy OFF: each element of a worker's dataset is cut into "
-                f"{self._total} pieces along its batch axis, and this one has a component without one "
-                "(batch the dataset)"
+                "distributed input with auto_shard_policy OFF: the rows of a worker's batches are re-batched for "
+                "its replicas, and this element has a component without a batch axis (batch the dataset)"
             )
         sizes = {a.shape[0] for a in leaves}
         if len(sizes) > 1:
             raise ValueError(
                 "distributed input with auto_shard_policy OFF: the components of an element have different "
-                f"batch sizes {sorted(sizes)}, so it cannot be cut into pieces for the replicas"
+                f"batch sizes {sorted(sizes)}, so its rows cannot be re-batched for the replicas"
             )
-        out = []
-        start = 0
-        for size in split_batch_sizes(leaves[0].shape[0], self._total):
-            parts = [a[start : start + size] for a in leaves]
-            out.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
-            start += size
-        return out
+        return leaves
 
 
 # What a worker got from its iterator (see the module doc); the larger code wins.
@@ -487,7 +515,7 @@ class WorkerDistributedDataset(DistributedDataset):
         ext = self._strategy.extended
         if self._policy is AutoShardPolicy.OFF:
             # Each worker's own copy, in pieces that its replicas take in turn.
-            pieces = _Pieces(self._source_of().iterator(), self._total)
+            pieces = _Pieces(self._source_of().iterator(), self._total, self._offset)
             off = _WorkerFromFunctionIterator(
                 _LocalReplicas(ext), pieces, self._options, element_spec=lambda: self.element_spec
             )
@@ -512,14 +540,12 @@ class WorkerDistributedDataset(DistributedDataset):
 
     @property
     def cardinality(self) -> Cardinality:
-        """The number of steps: the dataset's global batches, or with auto_shard_policy
-        OFF its batches' pieces over this worker's replicas (until every worker's end:
-        the worker with the fewest replicas takes the most steps)."""
-        card = super().cardinality
-        if self._policy is not AutoShardPolicy.OFF or card < 0:
-            return card
-        fewest = min(self._strategy.extended._coll.local_counts)
-        return Cardinality(-(-card * self._total // fewest))
+        """The number of steps: the dataset's global batches; with auto_shard_policy OFF
+        and several workers, ``UNKNOWN_CARDINALITY`` (each worker reads its own data, and
+        the steps last until every worker's has ended)."""
+        if self._policy is AutoShardPolicy.OFF and self._strategy.extended._num_workers > 1:
+            return Cardinality(UNKNOWN_CARDINALITY)
+        return super().cardinality
 
 
 class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):

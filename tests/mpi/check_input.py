@@ -171,12 +171,17 @@ def check_auto_shard_policies(s, rank: int, size: int, counts) -> int:
         return np.arange(23 * 2, dtype=np.float32).reshape(23, 2) + 1000 * w
 
     def pieces_of(w):
-        # Batches of 10, 10 and 3 rows, each cut by the single-process rule.
-        out = []
-        for lo in range(0, 23, 10):
-            batch = rows_of(w)[lo : lo + 10]
-            starts = np.concatenate([[0], np.cumsum(split_batch_sizes(len(batch), total))])
-            out += [batch[a:b] for a, b in zip(starts[:-1], starts[1:])]
+        # tf.data's rebatch of worker w's rows: sizes cycling through the split of the
+        # global batch of 10 over every replica, from worker w's first replica's size;
+        # the rows left at the end one shorter piece.
+        sizes = split_batch_sizes(10, total)
+        first = sum(counts[:w]) % total
+        sizes = sizes[first:] + sizes[:first]
+        rows, out, at = rows_of(w), [], 0
+        while at < len(rows):
+            size = sizes[len(out) % total]
+            out.append(rows[at : at + size])
+            at += size
         return out
 
     def local(w, k):
@@ -190,8 +195,9 @@ def check_auto_shard_policies(s, rank: int, size: int, counts) -> int:
     dist = s.experimental_distribute_dataset(
         dv.data.Dataset.from_tensor_slices(rows_of(rank)).batch(10).with_options(off)
     )
-    steps = max(-(-3 * total // c) for c in counts)
-    expect(dist.cardinality == steps, rank, f"OFF: cardinality {dist.cardinality}, expected {steps}")
+    steps = max(-(-len(pieces_of(w)) // counts[w]) for w in range(size))
+    card = 3 if size == 1 else dv.data.UNKNOWN_CARDINALITY  # each worker reads its own data
+    expect(dist.cardinality == card, rank, f"OFF: cardinality {dist.cardinality}, expected {card}")
     k = -1
     for k, element in enumerate(dist):
         parts = s.experimental_local_results(element)
@@ -207,7 +213,11 @@ def check_auto_shard_policies(s, rank: int, size: int, counts) -> int:
         sums = s.run(lambda e: np.float64(e.sum()), args=(element,))
         want_sum = sum(float(p.astype(np.float64).sum()) for w in range(size) for p in local(w, k))
         expect_close(s.reduce("SUM", sums, axis=None), want_sum, rank, f"OFF step {k}: global sum")
-        checks += 2
+        # With equal replica counts, each step of the first two batches takes 10 rows in all.
+        rows = s.reduce("SUM", s.run(lambda e: np.int64(len(e)), args=(element,)), axis=None)
+        if len(set(counts)) == 1 and k < 2 * size:
+            expect(int(rows) == 10, rank, f"OFF step {k}: {int(rows)} rows over the workers, expected 10")
+        checks += 3
     expect(k + 1 == steps, rank, f"OFF: {k + 1} steps, expected {steps}")
     checks += 2
     if size > 1:
