@@ -717,9 +717,10 @@ class Dataset:
     def with_options(self, options: Options) -> Dataset:
         """This dataset with ``options`` (a ``distvals.data.Options``) merged into the
         ones it has: an option ``options`` sets replaces the one set before, an unset one
-        changes nothing. Every dataset made from the result carries them. Only
-        ``experimental_distribute.auto_shard_policy`` changes what distvals does (see
-        ``AutoShardPolicy``)."""
+        changes nothing. Every dataset made from the result carries them. Of the
+        options, ``experimental_distribute.auto_shard_policy`` (see ``AutoShardPolicy``)
+        and the two that turn off the fused map-and-batch failure change what distvals
+        does (see ``distvals.data_options``)."""
         if not isinstance(options, Options):
             raise TypeError(
                 f"with_options: options must be distvals.data.Options, got {type(options).__name__} "

@@ -21,8 +21,8 @@ sizes cycling through the split of the global batch over ``num_replicas_in_sync`
 replicas, each worker starting at its first replica's, so that each step takes one
 global batch's rows across the workers); the worker's replicas take consecutive pieces,
 as they take elements from ``dataset_fn``'s dataset (with equal replica counts a batch
-lasts as many steps as there are workers). ``FILE`` (distvals' datasets read no files to divide) and ``HINT``
-are refused; ``AUTO`` and ``DATA`` are the rule above.
+lasts as many steps as there are workers). ``FILE`` (distvals' datasets read no files
+to divide) and ``HINT`` are refused; ``AUTO`` and ``DATA`` are the rule above.
 
 The workers agree on every element
 ----------------------------------
