@@ -211,11 +211,7 @@ class LocalExtended(CrossReplicaExtended):
         self._make_group = make_group
         self._execution = self._choose_execution(execution, what)
         self._coll: Collectives = self._make_collectives()
-        self._quick = self._quick_group()
-        self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
-        # A quick path that is not one engine group (MultiWorkerMirroredStrategy's): its
-        # run(ins, op, outs), given the requests' arrays by the native checks.
-        self._quick_runner = getattr(self._quick, "run_arrays", None)
+        self._make_quick_paths()
         self._contexts = tuple(
             context.ReplicaContext(container_strategy, r, _num_replicas=self._n) for r in range(self._n)
         )
@@ -258,6 +254,16 @@ class LocalExtended(CrossReplicaExtended):
 
         group = self._new_group() if self._make_group and n > 1 else None
         return HostCollectives(group, n)
+
+    def _make_quick_paths(self) -> None:
+        """The quick path of a step's ``ctx.all_reduce(op, x)`` (``_quick``, see
+        ``_quick_group``) and how ``_resolve`` reaches it: the engine group itself
+        (``_native_quick``), or a quick path that is not one engine group
+        (MultiWorkerMirroredStrategy's), whose ``run_arrays(ins, op, outs)`` gets the
+        requests' arrays from the native checks (``_quick_runner``)."""
+        self._quick = self._quick_group()
+        self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
+        self._quick_runner = getattr(self._quick, "run_arrays", None)
 
     def _quick_group(self) -> Any:
         """The host engine's group when one all-reduce of one numpy array per replica
@@ -490,11 +496,7 @@ class LocalExtended(CrossReplicaExtended):
         self._fork = fork_generation()
         old = self._coll
         self._coll = self._make_collectives()
-        self._quick = self._quick_group()
-        self._native_quick = self._quick if isinstance(self._quick, _core.Group) else None
-        # A quick path that is not one engine group (MultiWorkerMirroredStrategy's): its
-        # run(ins, op, outs), given the requests' arrays by the native checks.
-        self._quick_runner = getattr(self._quick, "run_arrays", None)
+        self._make_quick_paths()
         self._quick_tree = self._quick_tree_ok()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
