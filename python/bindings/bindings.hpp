@@ -95,6 +95,19 @@ distvals::buffer_view view_of(const py::array& a, distvals::dtype t);
 /// host pool (see pool.cpp). Needs the GIL.
 py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
 
+/// Results below this many bytes are plain numpy arrays (numpy's own small-block cache
+/// is cheaper than the pool's lock); larger ones come from the host pool, so that
+/// repeated steps reuse pages that are already mapped. The Python paths use the same.
+inline constexpr std::size_t pool_min_bytes = 4096;
+
+/// A new uninitialized result array: pooled_array from pool_min_bytes up, else numpy's.
+py::array result_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
+
+/// A C-contiguous, writable array of `descr` in `shape` over `data`, which `base` (an
+/// array) owns; made by numpy's constructor directly (a result leaf that is a view of
+/// its pack is made once per leaf and replica every step). Needs the GIL.
+py::object view_array(PyObject* descr, const std::vector<py::ssize_t>& shape, void* data, const py::handle& base);
+
 // The algorithm of a strategy's all-reduce of `type` with `op`: the one asked for, except
 // that sums, means and products of float16 and bfloat16 always go direct, which combines
 // every replica's element in float32 and rounds once. Ring and tree round each partial

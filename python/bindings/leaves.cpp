@@ -59,7 +59,14 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
   out.in.reserve(static_cast<std::size_t>(n));
   out.view.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    py::object x = rows[static_cast<std::size_t>(r)][i];
+    const py::sequence& row = rows[static_cast<std::size_t>(r)];
+    py::object x;
+    if (PyList_CheckExact(row.ptr())) {
+      if (static_cast<Py_ssize_t>(i) >= PyList_GET_SIZE(row.ptr())) return false;
+      x = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(row.ptr(), static_cast<Py_ssize_t>(i)));
+    } else {
+      x = row[i];
+    }
     if (!py::isinstance<py::array>(x)) return false;
     py::array a = py::reinterpret_borrow<py::array>(x);
     if (!engine_readable(a.ptr())) {
@@ -154,7 +161,7 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
   for (pack& k : packs) {
     if (k.leaves.empty()) continue;
     const py::dtype dt = to_numpy(k.type);
-    for (int r = 0; r < n; ++r) k.buf.push_back(pooled_array(dt, {static_cast<py::ssize_t>(k.count)}, k.count));
+    for (int r = 0; r < n; ++r) k.buf.push_back(result_array(dt, {static_cast<py::ssize_t>(k.count)}, k.count));
   }
   std::vector<std::vector<py::array>> outs(static_cast<std::size_t>(n));
   for (leaf& l : leaves) {
@@ -219,8 +226,10 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
         continue;
       }
       const py::array& buf = packs[static_cast<std::size_t>(l.pack)].buf[static_cast<std::size_t>(r)];
-      const auto* base = static_cast<const char*>(buf.data()) + l.offset * distvals::dtype_size(l.type);
-      row.append(py::array(l.in[static_cast<std::size_t>(r)].dtype(), l.shape, {}, base, buf));
+      auto* base = static_cast<char*>(const_cast<void*>(buf.data())) + l.offset * distvals::dtype_size(l.type);
+      // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
+      PyObject* descr = reinterpret_cast<PyObject*>(py::detail::array_proxy(l.in[static_cast<std::size_t>(r)].ptr())->descr);
+      row.append(view_array(descr, l.shape, base, buf));
     }
     result.append(std::move(row));
   }

@@ -23,11 +23,6 @@ using distvals::call_desc;
 using distvals::collective;
 using distvals::group;
 
-// Outputs below this many bytes are plain numpy arrays (numpy's own small-block cache is
-// cheaper than the pool's lock); larger ones come from the host pool, so that repeated
-// steps reuse pages that are already mapped. The same threshold as the Python paths'.
-constexpr std::size_t pool_min_bytes = 4096;
-
 // The engine op of a ReduceOp member, looked up once per member (members live as long as
 // the interpreter, so their address identifies them).
 bool engine_op(const py::handle& op, distvals::reduce_op& out) {
@@ -111,13 +106,12 @@ bool prepare_quick(int n, const py::list& requests, const py::handle& marker, qu
   const py::array& a0 = q.ins[0];
   const std::vector<py::ssize_t> shape(a0.shape(), a0.shape() + a0.ndim());
   q.count = static_cast<std::size_t>(a0.size());
-  const bool pooled = q.count * distvals::dtype_size(q.type) >= pool_min_bytes;
   q.outs = py::list(static_cast<std::size_t>(n));
   q.out_views.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
     const py::dtype dt = q.ins[static_cast<std::size_t>(r)].dtype();
-    py::array o = pooled ? pooled_array(dt, shape, q.count) : py::array(dt, shape);
+    py::array o = result_array(dt, shape, q.count);
     q.out_views.push_back(view_of(o, q.type));
     q.outs[static_cast<std::size_t>(r)] = std::move(o);
   }

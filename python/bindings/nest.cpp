@@ -63,7 +63,17 @@ py::list own_keys(PyObject* d) {
 py::list ordered_keys(PyObject* d) {
   // list(d) is the dict's own order (a subclass's too: an OrderedDict after move_to_end).
   py::list keys = own_keys(d);
-  if (PyList_GET_SIZE(keys.ptr()) < 2) return keys;
+  const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
+  if (n < 2) return keys;
+  // The commonest dict of a step has str keys written in order: checking that costs a
+  // comparison per key, sorting a copy several times that (and a dict is walked several
+  // times a step). str's < is PyUnicode_Compare's order, as list.sort uses it.
+  bool in_order = true;
+  for (Py_ssize_t i = 0; i < n && in_order; ++i) {
+    PyObject* k = PyList_GET_ITEM(keys.ptr(), i);
+    in_order = PyUnicode_CheckExact(k) && (i == 0 || PyUnicode_Compare(PyList_GET_ITEM(keys.ptr(), i - 1), k) < 0);
+  }
+  if (in_order) return keys;
   py::list sorted = py::reinterpret_steal<py::list>(PyList_GetSlice(keys.ptr(), 0, PyList_GET_SIZE(keys.ptr())));
   check(sorted.ptr() != nullptr);
   if (PyList_Sort(sorted.ptr()) == 0) return sorted;
@@ -89,9 +99,57 @@ py::object item_of(PyObject* d, PyObject* k) {
   return py::reinterpret_steal<py::object>(v);
 }
 
+// ---- flat dicts ------------------------------------------------------------------------------
+
+// The commonest structure of a step is a flat dict of arrays with str keys (a model's
+// gradients by name). For such a dict, when its keys also come in sorted order, nest's
+// order is the dict's own, and the walks below go straight through it (PyDict_Next)
+// instead of listing, sorting and looking up its keys. Nothing here runs Python code, so
+// the dict cannot change under the walk.
+
+// Whether `d` is an exact dict whose keys are exact str in ascending order and whose
+// values are all leaves; its size in `size`.
+bool flat_in_order(PyObject* d, Py_ssize_t& size) {
+  if (!PyDict_CheckExact(d)) return false;
+  Py_ssize_t pos = 0;
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  PyObject* last = nullptr;
+  while (PyDict_Next(d, &pos, &key, &value)) {
+    if (!PyUnicode_CheckExact(key) || is_container(value)) return false;
+    if (last != nullptr && PyUnicode_Compare(last, key) >= 0) return false;
+    last = key;
+  }
+  size = PyDict_GET_SIZE(d);
+  return true;
+}
+
+// Whether two flat, in-order dicts (flat_in_order) have the same keys.
+bool same_flat_keys(PyObject* a, PyObject* b) {
+  if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b)) return false;
+  Py_ssize_t pa = 0;
+  Py_ssize_t pb = 0;
+  PyObject* ka = nullptr;
+  PyObject* kb = nullptr;
+  PyObject* v = nullptr;
+  while (PyDict_Next(a, &pa, &ka, &v)) {
+    if (!PyDict_Next(b, &pb, &kb, &v)) return false;
+    if (ka != kb && PyUnicode_Compare(ka, kb) != 0) return false;
+  }
+  return true;
+}
+
 // ---- flatten -------------------------------------------------------------------------------
 
 void flatten_into(PyObject* x, PyObject* out) {
+  Py_ssize_t size = 0;
+  if (flat_in_order(x, size)) {
+    Py_ssize_t pos = 0;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    while (PyDict_Next(x, &pos, &key, &value)) check(PyList_Append(out, value) == 0);
+    return;
+  }
   if (PyList_Check(x) || PyTuple_Check(x)) {
     recursion_guard guard(" in nest.flatten");
     // Sizes are read again each time: a key's comparison (Python code) may change a list.
@@ -132,6 +190,16 @@ struct leaf_source {
   PyObject* seq;  // a list or tuple
   Py_ssize_t next = 0;
 };
+
+// Whether two lists hold the very same objects in the same order.
+bool equal_identities(const py::list& a, const py::list& b) {
+  const Py_ssize_t n = PyList_GET_SIZE(a.ptr());
+  if (n != PyList_GET_SIZE(b.ptr())) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyList_GET_ITEM(a.ptr(), i) != PyList_GET_ITEM(b.ptr(), i)) return false;
+  }
+  return true;
+}
 
 bool is_namedtuple(PyObject* x) {
   return PyTuple_Check(x) && !PyTuple_CheckExact(x) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(x)), "_fields");
@@ -192,12 +260,36 @@ py::object pack(PyObject* x, leaf_source& src) {
     }
     return rebuild(x, std::move(items));
   }
+  Py_ssize_t size = 0;
+  if (flat_in_order(x, size)) {
+    // A flat dict in nest's order: its keys take the next `size` leaves as they come.
+    if (PySequence_Fast_GET_SIZE(src.seq) - src.next < size) {
+      throw py::value_error("pack_sequence_as: fewer leaves than the structure holds");
+    }
+    py::dict out;
+    Py_ssize_t pos = 0;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    while (PyDict_Next(x, &pos, &key, &value)) {
+      check(PyDict_SetItem(out.ptr(), key, PySequence_Fast_GET_ITEM(src.seq, src.next++)) == 0);
+    }
+    return std::move(out);
+  }
   if (PyDict_Check(x)) {
     recursion_guard guard(" in nest.pack_sequence_as");
     // Leaves come in sorted key order; the result keeps the dict's own type and order
     // (taken before any Python code runs: a key's comparison may change the dict).
     py::list own = own_keys(x);
     py::list keys = ordered_keys(x);
+    if (PyDict_CheckExact(x) && equal_identities(own, keys)) {
+      // Its own order is nest's: the result is filled as the leaves come.
+      py::dict out;
+      for (py::handle k : keys) {
+        py::object item = item_of(x, k.ptr());
+        check(PyDict_SetItem(out.ptr(), k.ptr(), pack(item.ptr(), src).ptr()) == 0);
+      }
+      return std::move(out);
+    }
     py::dict values;
     for (py::handle k : keys) {
       py::object item = item_of(x, k.ptr());
@@ -260,8 +352,8 @@ bool equal_keys(const py::list& a, const py::list& b) {
 // order. Equal key sets are not enough: keys that cannot be sorted keep each dict's own
 // order, and keys without a total order (sets) may sort differently from different
 // insertion orders; either way leaves would pair by position with another key's.
-bool same_key_order(PyObject* a, PyObject* b) {
-  py::list ka = own_keys(a);
+// `ka`: a's own keys (own_keys(a)).
+bool same_key_order(PyObject* a, PyObject* b, const py::list& ka) {
   py::list kb = own_keys(b);
   if (PyList_GET_SIZE(ka.ptr()) != PyList_GET_SIZE(kb.ptr())) return false;
   // The common case: the same keys inserted in the same order give the same order
@@ -279,10 +371,13 @@ bool same(PyObject* a, PyObject* b) {
   if (!an && !bn) return true;
   if (an != bn) return false;
   if (!same_kind(a, b)) return false;
+  Py_ssize_t na = 0;
+  Py_ssize_t nb = 0;
+  if (flat_in_order(a, na) && flat_in_order(b, nb)) return same_flat_keys(a, b);
   recursion_guard guard(" in nest.structure_mismatch");
   if (PyDict_Check(a)) {
-    if (!same_key_order(a, b)) return false;
     py::list keys = own_keys(a);
+    if (!same_key_order(a, b, keys)) return false;
     for (py::handle k : keys) {
       py::object x = item_of(a, k.ptr());
       py::object y = item_of(b, k.ptr());

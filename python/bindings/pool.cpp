@@ -173,6 +173,23 @@ py::array pooled_array(const py::dtype& dt, const std::vector<py::ssize_t>& shap
   return py::array(dt, shape, {}, data, owner);
 }
 
+py::array result_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count) {
+  if (count * static_cast<std::size_t>(dt.itemsize()) >= pool_min_bytes) return pooled_array(dt, shape, count);
+  return py::array(dt, shape);
+}
+
+py::object view_array(PyObject* descr, const std::vector<py::ssize_t>& shape, void* data, const py::handle& base) {
+  const auto& api = py::detail::npy_api::get();
+  Py_INCREF(descr);  // the constructor takes a reference, even when it fails
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, static_cast<int>(shape.size()),
+                                          const_cast<Py_intptr_t*>(shape.data()), nullptr, data,
+                                          py::detail::npy_api::NPY_ARRAY_WRITEABLE_, nullptr);
+  if (a == nullptr) throw py::error_already_set();
+  py::object out = py::reinterpret_steal<py::object>(a);
+  if (api.PyArray_SetBaseObject_(a, base.inc_ref().ptr()) != 0) throw py::error_already_set();
+  return out;
+}
+
 void register_pool(py::module_& m) {
   m.def("pooled_empty", &pooled_empty, py::arg("shape"), py::arg("dtype"),
         "An uninitialized C-contiguous array whose memory comes from (and returns to) the "

@@ -37,6 +37,10 @@ class DistributedValues:
 
     # Variables are handed to replicas whole, not as their parts.
     _select_whole = False
+    # Every step makes one per leaf of its results: without an instance dict, making one
+    # is an allocation and a slot store. (Subclasses without __slots__, the variables,
+    # have their dict as usual.)
+    __slots__ = ("__weakref__", "_values")
 
     def __init__(self, values: Sequence[Any]) -> None:
         if type(self) is DistributedValues:
@@ -221,6 +225,8 @@ class PerReplica(DistributedValues):
     ``strategy.run``.
     """
 
+    __slots__ = ()
+
     def _cross_replica_part(self) -> NoReturn:
         raise TypeError(
             f"a PerReplica holds {len(self._values)} different per-replica values and cannot be "
@@ -236,6 +242,8 @@ class Mirrored(DistributedValues):
     It behaves as its value: operators and attributes go to the current replica's part
     inside ``strategy.run`` and to the first part outside.
     """
+
+    __slots__ = ()
 
     def _cross_replica_part(self) -> Any:
         return self._values[0]
