@@ -212,6 +212,79 @@ def test_merge_call_missing_in_one_replica_is_an_error(s2, caller):
     assert s2.run(lambda: 5) == 5
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_merge_call_hands_each_replica_its_part_of_a_distributed_result_with_any_count(execution, n):
+    # With one replica too: its part, never the PerReplica (code using .shape on it
+    # worked with two replicas and failed with one).
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)], execution=execution)
+
+    def fn():
+        ctx = dv.get_replica_context()
+        out = ctx.merge_call(
+            lambda st: st.experimental_distribute_values_from_function(
+                lambda c: np.array([1.0, 2.0]) * (c.replica_id_in_sync_group + 1)
+            )
+        )
+        assert isinstance(out, np.ndarray), type(out)
+        return out * 10
+
+    got = s.experimental_local_results(s.run(fn))
+    assert [g.tolist() for g in got] == [[10.0 * (r + 1), 20.0 * (r + 1)] for r in range(n)]
+    s.close()
+
+
+def test_merge_fn_runs_on_the_callers_thread(s3):
+    # As TensorFlow's merge_fn runs on its main thread: thread-local state is the
+    # caller's, whichever replica arrived last (with threads, the last one resolved).
+    caller = threading.current_thread()
+    seen = []
+
+    def fn():
+        ctx = dv.get_replica_context()
+        time.sleep(0.01 * (2 - ctx.replica_id_in_sync_group))  # replica 0 arrives last...
+        ctx.merge_call(lambda st: seen.append(threading.current_thread()))
+        time.sleep(0.01 * ctx.replica_id_in_sync_group)  # ...then first
+        ctx.merge_call(lambda st: seen.append(threading.current_thread()))
+
+    for _ in range(3):
+        s3.run(fn)
+    assert seen == [caller] * 6
+
+
+def test_merge_fn_may_wait_for_another_thread_that_calls_the_strategy(s2):
+    # merge_fn runs without the strategy's lock held: a thread it waits for may reduce.
+    import concurrent.futures
+
+    got = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+
+        def merge_fn(st, x):
+            return pool.submit(lambda: st.reduce("SUM", x, axis=None)).result(timeout=10)
+
+        def fn():
+            ctx = dv.get_replica_context()
+            got.append(float(ctx.merge_call(merge_fn, args=(np.float64(ctx.replica_id_in_sync_group + 1),))))
+
+        s2.run(fn)
+    assert got == [3.0, 3.0]
+
+
+def test_an_empty_list_from_merge_fn_is_each_replicas_own(s3):
+    sizes = []
+
+    def fn():
+        ctx = dv.get_replica_context()
+        acc = ctx.merge_call(lambda st: [])
+        box = ctx.merge_call(lambda st: {})
+        acc.append(ctx.replica_id_in_sync_group)
+        box[ctx.replica_id_in_sync_group] = 1
+        ctx.all_reduce("SUM", np.float32(1))  # every replica has appended by now
+        sizes.append((len(acc), len(box)))
+
+    s3.run(fn)
+    assert sizes == [(1, 1)] * 3
+
+
 def test_merge_call_bad_args(s2):
     with pytest.raises(ValueError, match="args must be a list or tuple"):
         dv.get_replica_context().merge_call(lambda s: None, args=5)

@@ -314,6 +314,47 @@ def test_run_options(s2):
         s2.run(lambda: 1, options={"x": 1})
 
 
+def test_update_non_slot_calls_fn_once_per_device_with_its_part(s3):
+    # As TensorFlow: call i in the update context of copy i, with part i of distributed
+    # arguments; regrouped as a Mirrored, or a tuple without group.
+    e = s3.extended
+    with s3.scope():
+        v = dv.Variable(1.0)
+    calls = []
+    devices = e.non_slot_devices([v])
+    out = e.update_non_slot(devices, lambda: calls.append(1) or v.assign_add(1.0, read_value=False))
+    assert len(calls) == 3
+    assert [float(c) for c in v.values] == [2.0, 2.0, 2.0]  # each copy once, not three times
+    pr = s3.run(lambda: np.float64(dv.get_replica_context().replica_id_in_sync_group + 1))
+    out = e.update_non_slot(devices, lambda a, b=0.0: a * 10 + b, args=(pr,), kwargs={"b": pr})
+    assert isinstance(out, dv.Mirrored) and [float(x) for x in out.values] == [11.0, 22.0, 33.0]
+    out = e.update_non_slot(devices, lambda a: a * 2, args=(np.float64(2.0),), group=False)
+    assert isinstance(out, tuple) and [float(x) for x in out] == [4.0, 4.0, 4.0]
+    with pytest.raises(ValueError, match="colocate_with must name 1 to 3 devices"):
+        e.update_non_slot(devices * 2, lambda: None)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_reduce_to_and_broadcast_to_take_a_numpy_scalar_as_destinations(execution, n):
+    # numpy 2 gives numpy scalars a .device ("cpu"), as arrays: a host value, not a device name.
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)], execution=execution)
+    x = np.float32(1.5)
+    assert float(s.extended.reduce_to("MEAN", x, x)) == 1.5
+    assert float(s.extended.broadcast_to(x, x)) == 1.5
+    s.close()
+
+
+def test_broadcast_to_refuses_a_structure(s2):
+    with s2.scope():
+        v = dv.Variable([1.0, 2.0])
+    with pytest.raises(TypeError, match="broadcast_to: the value is a list of several values, not one array"):
+        s2.extended.broadcast_to([np.float32(1), {"a": np.float32(2)}], v)
+    with pytest.raises(TypeError, match="broadcast_to: the value is a dict"):
+        s2.extended.broadcast_to({"a": np.float32(2)}, v)
+    out = s2.extended.broadcast_to([1.0, 2.0], v)  # a list of numbers is one array
+    assert [x.tolist() for x in out.values] == [[1.0, 2.0]] * 2
+
+
 def test_strategy_extended_is_the_documented_base(s2):
     e = s2.extended
     assert isinstance(e, dv.StrategyExtended)

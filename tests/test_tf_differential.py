@@ -1279,6 +1279,35 @@ def extended_update_in_cross_replica_context(api):
 
 
 @program()
+def update_non_slot_calls_fn_once_per_device(api):
+    # Call i in the update context of copy i, with part i of a distributed argument.
+    s = api.strategy(3)
+    with s.scope():
+        v = api.Variable(1.0)
+    calls = []
+    devices = s.extended.non_slot_devices([v])
+    s.extended.update_non_slot(devices, lambda: calls.append(1) or v.assign_add(1.0))
+    parts = s.run(lambda: api.const(1.0) * (api.rid() + 1.0))
+    grouped = s.extended.update_non_slot(devices, lambda a: a * 10.0, args=(parts,))
+    ungrouped = s.extended.update_non_slot(devices, lambda a: a * 2.0, args=(api.const(2.0),), group=False)
+    return len(calls), v.values, s.experimental_local_results(grouped), ungrouped
+
+
+@program()
+def merge_call_with_one_replica_returns_its_part(api):
+    s = api.strategy(1)
+
+    def fn():
+        ctx = api.dist.get_replica_context()
+        out = ctx.merge_call(
+            lambda st: st.experimental_distribute_values_from_function(lambda c: api.const([1.0, 2.0]))
+        )
+        return out * 2.0
+
+    return s.run(fn)
+
+
+@program()
 def extended_update_fn_updates_a_slot_and_the_variable_itself(api):
     # An optimizer's pattern: fn updates a slot variable and the variable (not the copy it
     # is handed); each copy is updated once, with its own replica's gradient.

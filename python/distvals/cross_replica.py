@@ -391,6 +391,7 @@ class CrossReplicaExtended(StrategyExtended):
             raise ValueError("broadcast_to: the value is a PerReplica; reduce it first (reduce_to)")
         dests = self._destinations(destinations, "broadcast_to")
         value = _unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else _unwrap_part(tensor)
+        _refuse_structure(value, "broadcast_to")
         if len(dests) == 1:
             return self._put(value, dests[0], copy=False) if self._on_gpu else value
         if dests == list(self._devices):
@@ -419,6 +420,26 @@ def _reduced_alone(op: ReduceOp, x: Any) -> Any:
     if work == a.dtype or a.dtype.kind not in "iub":
         return x
     return kinds.restore(np.asarray(a, dtype=work), x)
+
+
+def _refuse_structure(value: Any, what: str) -> None:
+    """TypeError when ``value`` is a structure rather than one array-like value (a list
+    of numbers is one; a list holding a dict or arrays of other shapes is not): made into
+    one array, it would become an array of Python objects."""
+    if isinstance(value, dict):
+        bad = True
+    elif isinstance(value, (list, tuple)):
+        try:
+            bad = np.asarray(value).dtype.hasobject
+        except ValueError:  # ragged
+            bad = True
+    else:
+        return
+    if bad:
+        raise TypeError(
+            f"{what}: the value is a {type(value).__name__} of several values, not one array; "
+            f"call {what} on each of its arrays"
+        )
 
 
 def _unwrap_part(x: Any) -> Any:

@@ -95,7 +95,7 @@ class StrategyExtended:
             items = [destinations]
         elif isinstance(destinations, (list, tuple)):
             items = list(destinations)
-        elif isinstance(destinations, np.ndarray):
+        elif isinstance(destinations, (np.ndarray, np.generic)):
             # A host array lives on the host (numpy 2's array-API `.device` is "cpu").
             items = ["CPU:0"]
         else:
@@ -247,11 +247,36 @@ class StrategyExtended:
         kwargs: Optional[Dict[str, Any]] = None,
         group: bool = True,
     ) -> Any:
-        """Runs ``fn(*args, **kwargs)`` once in cross-replica context (state that is not
-        a variable's slot, such as an optimizer's step counter)."""
+        """Runs ``fn`` once per device of ``colocate_with`` (state that is not a variable's
+        slot, such as an optimizer's step counter, kept on each of those devices), as
+        TensorFlow does: call ``i`` in an update context for copy ``i`` (distributed
+        variables read and update their copy ``i``), with the ``i``-th part of distributed
+        arguments. Returns the results regrouped as a Mirrored (as is, when every call
+        returned the same object), or their tuple when ``group`` is False."""
         self._require_cross_replica("extended.update_non_slot")
-        with context.CrossReplica(self._container):
-            return fn(*args, **(kwargs or {}))
+        devices = self._destinations(colocate_with, "extended.update_non_slot")
+        if not devices or len(devices) > self._n:
+            raise ValueError(
+                f"extended.update_non_slot: colocate_with must name 1 to {self._n} devices (see "
+                f"non_slot_devices), got {len(devices)}"
+            )
+        if kwargs is None:
+            kwargs = {}
+        args = tuple(args)
+        split_args = contains_distributed(args, self._n, "extended.update_non_slot")
+        split_kwargs = contains_distributed(kwargs, self._n, "extended.update_non_slot")
+        results = []
+        for i in range(len(devices)):
+            with context.UpdateCopy(self._container, i):
+                results.append(
+                    fn(
+                        *(select_replica(i, args) if split_args else args),
+                        **(select_replica(i, kwargs) if split_kwargs else kwargs),
+                    )
+                )
+        if not group:
+            return tuple(results)
+        return regroup(results, wrap=Mirrored, what="extended.update_non_slot")
 
     def read_var(self, var: Any) -> Any:
         """The value of ``var`` in cross-replica context (aggregated for SyncOnRead)."""

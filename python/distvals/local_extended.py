@@ -551,6 +551,10 @@ class LocalExtended(CrossReplicaExtended):
         n = len(requests)
         try:
             check_calls(requests)
+            if requests[0].kind == "merge_call":
+                # Not under the lock: merge_fn is the user's code, whose collectives take
+                # it themselves, and which may wait for another thread that makes one.
+                return self._resolve_merge(requests)
             with self._lock:
                 return _RESOLVERS[requests[0].kind](self, requests)
         except BaseException as e:
@@ -706,8 +710,9 @@ class LocalExtended(CrossReplicaExtended):
         if self._n == 1:
             # Its arrays read-only as with several replicas (see _resolve_merge), so that
             # a step behaves the same with any number of replicas.
+            # And its own part of a distributed value that merge_fn returns.
             with context.CrossReplica(strategy):
-                return _read_only_arrays(merge_fn(strategy, *args, **kwargs))
+                return select_replica(0, _read_only_arrays(merge_fn(strategy, *args, **kwargs)))
         return self._meet(ctx, Request("merge_call", (), (merge_fn, args, kwargs)))
 
     # ---- resolvers: every replica has made the same call ------------------------------------------

@@ -57,8 +57,14 @@ _GRACE = 0.2
 _current = threading.local()
 
 
+def _is_merge(request: Any) -> bool:
+    return getattr(request, "kind", None) == "merge_call"
+
+
 class _Meeting:
-    """Where the replicas of one step meet; the last to arrive resolves.
+    """Where the replicas of one step meet; the last to arrive resolves, except a
+    merge_call, which replica 0 resolves: merge_fn runs on the caller's thread (as
+    TensorFlow's runs on its main thread), never on whichever replica thread came last.
 
     Built on plain locks used only in ``with`` blocks (and a per-replica wake-up lock
     waited on in slices) rather than on ``threading.Condition``, whose Python code can be
@@ -71,6 +77,7 @@ class _Meeting:
         "failed",
         "finished",
         "generation",
+        "handoff",
         "mu",
         "n",
         "outcomes",
@@ -91,17 +98,24 @@ class _Meeting:
         self.count = 0
         self.generation = 0
         self.outcomes: Optional[List[Any]] = None
+        # A merge_call's requests, when every replica has arrived but replica 0 (which
+        # resolves it) was not the last.
+        self.handoff: Optional[List[Any]] = None
         self.failed: Optional[Tuple[int, str]] = None
         self.finished = [False] * n
         self.resolve = resolve
 
     def _wake_all(self) -> None:
-        for lock in self.wake:
-            if lock.locked():
-                try:
-                    lock.release()
-                except RuntimeError:  # released meanwhile
-                    pass
+        for r in range(self.n):
+            self._wake(r)
+
+    def _wake(self, replica: int) -> None:
+        lock = self.wake[replica]
+        if lock.locked():
+            try:
+                lock.release()
+            except RuntimeError:  # released meanwhile
+                pass
 
     def abort(self, replica: int, why: str) -> None:
         with self.mu:
@@ -139,6 +153,7 @@ class _Meeting:
         if request.timeout is not None and request.timeout < timeout:
             timeout = request.timeout
             deadline = min(deadline, _monotonic() + timeout)
+        handed = False
         with self.mu:
             self._check(replica, request)
             generation = self.generation
@@ -147,19 +162,14 @@ class _Meeting:
             last = self.count == self.n
             if last:
                 requests: List[Any] = list(self.requests)
+                if replica != 0 and _is_merge(requests[0]):
+                    self.handoff = requests
+                    last = False
+                    handed = True
         if last:
-            # The last to arrive resolves, holding no lock (resolve may take long).
-            try:
-                outcomes = self.resolve(requests)
-            except BaseException as e:  # noqa: BLE001 - every waiting replica must hear of it
-                outcomes = [Raise(e)] * self.n
-            with self.mu:
-                self.outcomes = outcomes
-                self.requests = [None] * self.n
-                self.count = 0
-                self.generation += 1
-            self._wake_all()
-            return self._mine(replica)
+            return self._resolve_as(replica, requests)
+        if handed:
+            self._wake(0)
         wake = self.wake[replica]
         while True:
             try:
@@ -171,6 +181,7 @@ class _Meeting:
                     if self.generation == generation and self.requests[replica] is request:
                         self.requests[replica] = None
                         self.count -= 1
+                        self.handoff = None
                 raise
             with self.mu:
                 if self.generation != generation:
@@ -180,7 +191,16 @@ class _Meeting:
                 except BaseException:
                     self.requests[replica] = None
                     self.count -= 1
+                    self.handoff = None
                     raise
+                handoff = self.handoff if replica == 0 else None
+                if handoff is not None:
+                    self.handoff = None
+            if handoff is not None:
+                return self._resolve_as(replica, handoff)
+            with self.mu:
+                if self.generation != generation:
+                    return self._mine(replica)
                 if _monotonic() >= deadline:
                     missing = [r for r in range(self.n) if self.requests[r] is None]
                     self.requests[replica] = None
@@ -193,6 +213,21 @@ class _Meeting:
                     raise CollectiveTimeoutError(
                         f"replica {replica}: {request.describe()} timed out after {timeout:g} s: {why}"
                     )
+
+    def _resolve_as(self, replica: int, requests: List[Any]) -> Any:
+        """Resolves the meeting of ``requests`` on this thread, holding no lock (resolve
+        may take long), wakes the others, and returns ``replica``'s outcome."""
+        try:
+            outcomes = self.resolve(requests)
+        except BaseException as e:  # noqa: BLE001 - every waiting replica must hear of it
+            outcomes = [Raise(e)] * self.n
+        with self.mu:
+            self.outcomes = outcomes
+            self.requests = [None] * self.n
+            self.count = 0
+            self.generation += 1
+        self._wake_all()
+        return self._mine(replica)
 
     def _mine(self, replica: int) -> Any:
         o = self.outcomes[replica]  # type: ignore[index]

@@ -267,7 +267,9 @@ def select_replica(replica: int, structure: Any) -> Any:
     if not isinstance(structure, (list, tuple, dict)):
         return structure
     if not structure:
-        return structure
+        # An empty list or dict can still be changed: each replica gets one of its own,
+        # as a non-empty one is rebuilt for each (an empty tuple is immutable).
+        return structure if isinstance(structure, tuple) else nest.pack_sequence_as(structure, [])
     # flatten gives leaves only, so each needs one look, not a walk of its own.
     return nest.pack_sequence_as(structure, [_part(replica, x) for x in nest.flatten(structure)])
 
