@@ -1113,6 +1113,57 @@ def test_a_strategy_works_in_a_forked_child(execution):
     s.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@forks_while_threads_allocate
+def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(execution):
+    """A thread of the parent that is inside a variable's update, or inside next() of a
+    distributed iterator, when the process forks does not exist in the child: the child
+    must still update the variable and read the iterator (the locks that thread held
+    stayed held in the child, forever)."""
+    s = mirrored(2, timeout=5.0, execution=execution)
+    with s.scope():
+        mv = dv.Variable(np.zeros(2))
+    pv = dv.Variable(np.zeros(2))
+    dist_it = iter(s.experimental_distribute_dataset(dv.data.Dataset.range(100).batch(4)))
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def hold(lock):
+        # What a thread caught half-way through an update or a next() holds.
+        with lock:
+            entered.release()
+            release.wait(30)
+
+    locks = [pv._lock, mv.values[1]._lock, dist_it._lock]
+    threads = [threading.Thread(target=hold, args=(lock,), daemon=True) for lock in locks]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert entered.acquire(timeout=10)
+
+    def child():
+        t0 = time.monotonic()
+        pv.assign_add(np.full(2, 5.0))
+        assert pv.numpy().tolist() == [5.0, 5.0]
+        mv.values[1].assign_add(np.ones(2))  # a copy's own update, as a replica's thread makes it
+        assert mv.values[1].numpy().tolist() == [1.0, 1.0]
+        got = [np.asarray(x).tolist() for x in s.experimental_local_results(next(dist_it))]
+        assert got == [[0, 1], [2, 3]]
+        assert time.monotonic() - t0 < 5
+
+    try:
+        with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
+            code = _fork_with_deadline(child, 30.0)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(10)
+    assert code == 0
+    pv.assign_add(np.ones(2))  # the parent's variable and its lock are untouched
+    assert pv.numpy().tolist() == [1.0, 1.0]
+    s.close()
+
+
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no setitimer")
 @pytest.mark.timeout(240, method="thread")  # SIGALRM is this test's own
 # An interrupt may also land in a garbage-collector callback, which Python reports as

@@ -159,6 +159,22 @@ def test_copy_and_pickle_keep_the_container():
     assert isinstance(p, dv.PerReplica) and p.values == (1, 2)
 
 
+@pytest.mark.parametrize("sync", ["ON_WRITE", "ON_READ"])
+def test_a_shallow_copy_of_a_distributed_variable_shares_its_copies(s2, sync):
+    # As TensorFlow's copy.copy: the same per-replica copies (their values live in a
+    # slot of DistributedValues, which the variable's state must carry too).
+    with s2.scope():
+        v = dv.Variable(
+            np.arange(3.0),
+            synchronization=getattr(dv.VariableSynchronization, sync),
+            aggregation=dv.VariableAggregation.SUM,
+        )
+    c = copy.copy(v)
+    assert type(c) is type(v) and c.values == v.values
+    c.assign(np.full(3, 2.0))  # (ON_READ SUM: half in each copy)
+    assert np.asarray(v).tolist() == np.asarray(c).tolist() == [2.0] * 3
+
+
 def test_mirrored_missing_attribute():
     m = dv.Mirrored((np.arange(3), np.arange(3)))
     with pytest.raises(AttributeError):

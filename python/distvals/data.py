@@ -50,6 +50,7 @@ from .data_options import (
     ThreadingOptions,
     fuses_map_and_batch,
 )
+from .fork_locks import renewed_after_fork
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
 __all__ = [
@@ -920,11 +921,11 @@ class _Shared:
     element (a whole batch, a whole shuffle draw), one thread at a time, as tf.data's
     iterators do. (Reentrant: a map function may iterate its own dataset.)"""
 
-    __slots__ = ("_it", "_lock")
+    __slots__ = ("__weakref__", "_it", "_lock")
 
     def __init__(self, it: Iterator[Any]) -> None:
         self._it = it
-        self._lock = threading.RLock()
+        self._lock = renewed_after_fork(self, threading.RLock)
 
     def __iter__(self) -> Iterator[Any]:
         return self

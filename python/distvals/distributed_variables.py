@@ -8,7 +8,7 @@ family, count_up_to) follows the same rules in replica and cross-replica context
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -59,6 +59,19 @@ class DistributedVariable(DistributedValues, Variable):
         self._constraint = None
         self._initial = copies[0]._initial
         self._shape_rule = copies[0]._shape_rule
+
+    # The copies live in DistributedValues' slot, not in the __dict__ that Variable's
+    # state methods carry: copies and pickles take them along too.
+    def __getstate__(self) -> Dict[str, Any]:
+        state = Variable.__getstate__(self)
+        state["_values"] = self._values
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state)
+        values = state.pop("_values")
+        Variable.__setstate__(self, state)
+        self._values = values
 
     @property
     def distribute_strategy(self) -> Any:

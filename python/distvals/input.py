@@ -25,12 +25,12 @@ hold (bool, strings, ...) stay on the host.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from . import devices, nest, specs
+from .fork_locks import renewed_after_fork
 from .input_contexts import InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode, check_options
 from .optional import Optional as _Optional
@@ -266,7 +266,7 @@ class DistributedIterator:
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec  # asked only when wanted: it may read the dataset
         # Threads may share one iterator: each takes whole elements, one at a time.
-        self._lock = threading.Lock()
+        self._lock = renewed_after_fork(self)
 
     def __iter__(self) -> DistributedIterator:
         return self
@@ -440,7 +440,7 @@ class _FromFunctionIterator(DistributedIterator):
         self._places = _gpu_places(strategy, self._n, options)
         self._spec_fn = element_spec
         # Threads may share one iterator: each takes one step's elements, together.
-        self._lock = threading.Lock()
+        self._lock = renewed_after_fork(self)
         # The elements a step took before one failed: the next step's first ones (only
         # the failing element is skipped, never one that was read).
         self._held: List[Any] = []

@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
 
@@ -51,6 +50,7 @@ import numpy as np
 from . import context, devices, kinds, sparse
 from ._convert import refuse_masked
 from .errors import OutOfRangeError
+from .fork_locks import renewed_after_fork
 from .values import DistributedValues
 
 if TYPE_CHECKING:
@@ -422,8 +422,9 @@ class Variable(metaclass=_VariableMeta):
             self._shape_rule = shape_rule
             # Replica threads may update one variable at once (a plain variable, or a
             # copy of a distributed one): each read-modify-write is made whole under it,
-            # as TensorFlow's updates hold the variable's lock.
-            self._lock = threading.Lock()
+            # as TensorFlow's updates hold the variable's lock. (A forked child gets a
+            # new one: a parent's thread may have held it at the fork.)
+            self._lock = renewed_after_fork(self)
 
     # ---- reading ------------------------------------------------------------------------
     def _read(self) -> Any:
@@ -551,7 +552,7 @@ class Variable(metaclass=_VariableMeta):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock = renewed_after_fork(self)
 
     # ---- updating -----------------------------------------------------------------------
     def _coerce(self, value: Any, what: str) -> Any:

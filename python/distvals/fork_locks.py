@@ -1,0 +1,44 @@
+"""Locks that a forked child gets anew.
+
+A thread of the parent that holds a lock when the process forks does not exist in the
+child, so the child's copy of that lock stays held: the first update of a variable (or
+``next`` of an iterator) that a parent's thread was making at the fork would wait on it
+forever. Objects that keep their lock in ``_lock`` register here; in a forked child each
+gets a new lock of the same kind before anything else runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any, Callable, Dict, Tuple
+
+__all__ = ["renewed_after_fork"]
+
+# id(owner) -> (a weak reference to it, what makes its lock). Keyed by id: variables
+# cannot be hashed. An entry goes when its owner does (before its id can be reused).
+_OWNERS: Dict[int, Tuple[weakref.ReferenceType[Any], Callable[[], Any]]] = {}
+
+
+def renewed_after_fork(owner: Any, make: Callable[[], Any] = threading.Lock) -> Any:
+    """A new lock from ``make``, for ``owner._lock``; in a forked child ``owner._lock`` is
+    replaced by a new one from ``make``."""
+    key = id(owner)
+
+    def gone(_: Any, key: int = key) -> None:
+        _OWNERS.pop(key, None)
+
+    _OWNERS[key] = (weakref.ref(owner, gone), make)
+    return make()
+
+
+def _after_fork_in_child() -> None:
+    for ref, make in list(_OWNERS.values()):
+        owner = ref()
+        if owner is not None:
+            owner._lock = make()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
