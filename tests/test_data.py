@@ -150,25 +150,12 @@ def test_shards_of_one_shuffled_order_partition_it_and_a_batch_before_shard_is_o
 
 
 def test_shard_a_failed_element_counts_as_none_and_bad_arguments_are_refused():
-    def f(v):
-        if int(v) == 4:
-            raise ValueError("element 4")
-        return v * 10
-
-    def run(ds):
-        it, seq = iter(ds), []
-        while True:
-            try:
-                seq.append(int(next(it)))
-            except StopIteration:
-                return seq
-            except ValueError:
-                seq.append("failed")
+    f = _fails_at({4})
 
     # The failed element 4 gives its position to element 5 (as tf.data, whose results
     # these are; one passed over while skipping also takes back the skipped ones).
-    assert run(Dataset.range(9).map(f).shard(3, 1)) == [10, "failed", 50, 80]
-    assert run(Dataset.range(9).map(f).shard(3, 2)) == [20, "failed", 70]
+    assert _drain(iter(Dataset.range(9).map(f).shard(3, 1))) == [10, "error", 50, 80]
+    assert _drain(iter(Dataset.range(9).map(f).shard(3, 2))) == [20, "error", 70]
     ds = Dataset.range(5)
     for args, err, text in [
         ((0, 0), ValueError, "num_shards must be at least 1"),
@@ -857,20 +844,10 @@ def test_every_dataset_made_from_one_with_options_carries_them_and_its_elements_
 
 
 def test_with_options_between_a_map_and_a_batch_unfuses_them_as_in_tf_data():
-    def f(v):
-        if int(v) == 2:
-            raise ValueError("element 2")
-        return v * 10
+    f = _fails_at({2})
 
     def outcomes(ds):
-        it, seq = iter(ds), []
-        while True:
-            try:
-                seq.append(next(it).tolist())
-            except StopIteration:
-                return seq
-            except ValueError:
-                seq.append("error")
+        return _drain(iter(ds))
 
     mapped = Dataset.range(8).map(f)
     # Right after its map a batch fails whole; after with_options, the failed element alone.

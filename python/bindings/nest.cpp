@@ -58,11 +58,10 @@ py::list own_keys(PyObject* d) {
   return py::reinterpret_steal<py::list>(keys);
 }
 
-// The keys of dict `d` in nest's order: sorted when they can be, else as `d` iterates
-// them (keys of mixed types: still deterministic).
-py::list ordered_keys(PyObject* d) {
-  // list(d) is the dict's own order (a subclass's too: an OrderedDict after move_to_end).
-  py::list keys = own_keys(d);
+// A dict's own keys `keys` in nest's order: sorted when they can be, else as the dict
+// iterates them (keys of mixed types: still deterministic). `keys` itself when they are
+// in that order already, else a sorted copy.
+py::list ordered(py::list keys) {
   const Py_ssize_t n = PyList_GET_SIZE(keys.ptr());
   if (n < 2) return keys;
   // The commonest dict of a step has str keys written in order: checking that costs a
@@ -82,6 +81,12 @@ py::list ordered_keys(PyObject* d) {
   if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
   PyErr_Clear();
   return keys;
+}
+
+// The keys of dict `d` in nest's order.
+py::list ordered_keys(PyObject* d) {
+  // list(d) is the dict's own order (a subclass's too: an OrderedDict after move_to_end).
+  return ordered(own_keys(d));
 }
 
 // d[k], a new reference.
@@ -191,16 +196,6 @@ struct leaf_source {
   Py_ssize_t next = 0;
 };
 
-// Whether two lists hold the very same objects in the same order.
-bool equal_identities(const py::list& a, const py::list& b) {
-  const Py_ssize_t n = PyList_GET_SIZE(a.ptr());
-  if (n != PyList_GET_SIZE(b.ptr())) return false;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (PyList_GET_ITEM(a.ptr(), i) != PyList_GET_ITEM(b.ptr(), i)) return false;
-  }
-  return true;
-}
-
 bool is_namedtuple(PyObject* x) {
   return PyTuple_Check(x) && !PyTuple_CheckExact(x) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(x)), "_fields");
 }
@@ -280,8 +275,8 @@ py::object pack(PyObject* x, leaf_source& src) {
     // Leaves come in sorted key order; the result keeps the dict's own type and order
     // (taken before any Python code runs: a key's comparison may change the dict).
     py::list own = own_keys(x);
-    py::list keys = ordered_keys(x);
-    if (PyDict_CheckExact(x) && equal_identities(own, keys)) {
+    py::list keys = ordered(own);
+    if (PyDict_CheckExact(x) && keys.ptr() == own.ptr()) {
       // Its own order is nest's: the result is filled as the leaves come.
       py::dict out;
       for (py::handle k : keys) {
@@ -359,7 +354,7 @@ bool same_key_order(PyObject* a, PyObject* b, const py::list& ka) {
   // The common case: the same keys inserted in the same order give the same order
   // whichever way nest orders them.
   if (equal_keys(ka, kb)) return true;
-  return equal_keys(ordered_keys(a), ordered_keys(b));
+  return equal_keys(ordered(ka), ordered(kb));
 }
 
 // True when `a` and `b` have the same nesting (distvals.nest.structure_mismatch is None):

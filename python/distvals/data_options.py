@@ -207,7 +207,8 @@ class AutotuneOptions(_OptionGroup):
 
 class OptimizationOptions(_OptionGroup):
     """tf.data.experimental.OptimizationOptions (accepted; distvals' pipelines are not
-    rewritten)."""
+    rewritten, but ``map_and_batch_fusion = False`` and ``apply_default_optimizations =
+    False`` turn off the fused map-and-batch failure, as in tf.data)."""
 
     _FIELDS: ClassVar[Dict[str, Tuple[type, Any]]] = dict.fromkeys(
         (

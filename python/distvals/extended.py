@@ -208,28 +208,50 @@ class StrategyExtended:
             copies = (var,)
         else:
             raise TypeError(f"extended.update: var must be a variable, got {type(var).__name__}")
-        n = len(copies)
-        args = tuple(args)
+        return self._call_per_copy(
+            len(copies),
+            len(copies),
+            lambda i, a, k: fn(copies[i], *a, **k),
+            tuple(args),
+            kwargs,
+            group,
+            "extended.update",
+            isinstance(var, DistributedVariable),
+        )
+
+    def _call_per_copy(
+        self,
+        count: int,
+        parts: int,
+        call: Callable[[int, Tuple[Any, ...], Dict[str, Any]], Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        group: bool,
+        what: str,
+        in_update_copy: bool = True,
+    ) -> Any:
+        """``call(i, args_i, kwargs_i)`` for copies ``i`` < ``count``, with part ``i`` of
+        distributed arguments (which must have ``parts`` parts), in copy ``i``'s update context (where the strategy's
+        distributed variables, an optimizer's slots say, read and update their copy ``i``
+        only) or, without ``in_update_copy``, in cross-replica context; the results
+        regrouped as a Mirrored (as is, when every call returned the same object), or their
+        tuple without ``group``."""
         # Arguments without a per-replica value are the same for every copy: no walk.
-        split_args = contains_distributed(args, n, "extended.update")
-        split_kwargs = contains_distributed(kwargs, n, "extended.update")
+        split_args = contains_distributed(args, parts, what)
+        split_kwargs = contains_distributed(kwargs, parts, what)
         results = []
-        # For a distributed variable, fn runs on copy i in an update context: there the
-        # strategy's distributed variables (var itself, an optimizer's slots) read and
-        # update their copy i only.
-        distributed = isinstance(var, DistributedVariable)
-        for i, c in enumerate(copies):
-            with context.UpdateCopy(self._container, i) if distributed else context.CrossReplica(self._container):
+        for i in range(count):
+            with context.UpdateCopy(self._container, i) if in_update_copy else context.CrossReplica(self._container):
                 results.append(
-                    fn(
-                        c,
-                        *(select_replica(i, args) if split_args else args),
-                        **(select_replica(i, kwargs) if split_kwargs else kwargs),
+                    call(
+                        i,
+                        select_replica(i, args) if split_args else args,
+                        select_replica(i, kwargs) if split_kwargs else kwargs,
                     )
                 )
         if not group:
             return tuple(results)
-        return regroup(results, wrap=Mirrored, what="extended.update")
+        return regroup(results, wrap=Mirrored, what=what)
 
     def colocate_vars_with(self, colocate_with_variable: Any) -> Any:
         """A context manager placing new variables with ``colocate_with_variable``: every
@@ -254,29 +276,21 @@ class StrategyExtended:
         arguments. Returns the results regrouped as a Mirrored (as is, when every call
         returned the same object), or their tuple when ``group`` is False."""
         self._require_cross_replica("extended.update_non_slot")
-        devices = self._destinations(colocate_with, "extended.update_non_slot")
-        if not devices or len(devices) > self._n:
+        devices = self._destinations(colocate_with, "extended.update_non_slot")  # never empty
+        if len(devices) > self._n:
             raise ValueError(
                 f"extended.update_non_slot: colocate_with must name 1 to {self._n} devices (see "
                 f"non_slot_devices), got {len(devices)}"
             )
-        if kwargs is None:
-            kwargs = {}
-        args = tuple(args)
-        split_args = contains_distributed(args, self._n, "extended.update_non_slot")
-        split_kwargs = contains_distributed(kwargs, self._n, "extended.update_non_slot")
-        results = []
-        for i in range(len(devices)):
-            with context.UpdateCopy(self._container, i):
-                results.append(
-                    fn(
-                        *(select_replica(i, args) if split_args else args),
-                        **(select_replica(i, kwargs) if split_kwargs else kwargs),
-                    )
-                )
-        if not group:
-            return tuple(results)
-        return regroup(results, wrap=Mirrored, what="extended.update_non_slot")
+        return self._call_per_copy(
+            len(devices),
+            self._n,
+            lambda i, a, k: fn(*a, **k),
+            tuple(args),
+            kwargs or {},
+            group,
+            "extended.update_non_slot",
+        )
 
     def read_var(self, var: Any) -> Any:
         """The value of ``var`` in cross-replica context (aggregated for SyncOnRead)."""
