@@ -210,6 +210,35 @@ def test_regroup_makes_the_same_per_replica_leaves_as_a_plain_walk(s, n, always_
     assert nest._same(out, s)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("always_wrap", [False, True])
+def test_regroup_of_flat_dicts_by_name_keeps_replica_0s_keys_and_wraps_each_column(n, always_wrap):
+    # Flat dicts with str keys in sorted order (the gradients a step returns by name) are
+    # regrouped in one walk; keys written in another order, or a nested value, take the
+    # general walk. Both give replica 0's dict, key by key, over every replica's leaves.
+    import numpy as np
+
+    from distvals import _core
+    from distvals.values import Mirrored, PerReplica
+
+    shared = object()
+    for keys in (["a", "b", "c"], ["c", "a", "b"]):
+        per = [
+            {k: (shared if k == "b" else np.bool_(r % 2) if k == "c" else f"{k}{r}") for k in keys} for r in range(n)
+        ]
+        for cls in (PerReplica, Mirrored):  # each class's own slot
+            out = _core.nest_regroup(per, cls, always_wrap)
+            assert type(out) is dict and list(out) == keys
+            for k in keys:
+                column = tuple(p[k] for p in per)
+                if k == "b" and not always_wrap:
+                    assert out[k] is shared
+                elif n == 1 and not always_wrap and k != "c":
+                    assert out[k] is column[0]  # one replica's own leaf (a numpy bool is wrapped)
+                else:
+                    assert type(out[k]) is cls and out[k].values == column, (k, cls)
+
+
 def test_regroup_names_the_replicas_whose_nestings_differ():
     from distvals.values import regroup
 

@@ -177,10 +177,15 @@ def test_every_replica_gets_each_leafs_float64_reference(n, op, dtype):
     assert out is not None and len(out) == n
     # The four small leaves travel as one pack, the large one on its own.
     assert sorted(count for _, count in trace) == [12 + 5 + 1 + 2, 20000]
+    # Each replica's result comes packed as its structure: a dict of a list of a tuple.
+    for r in range(n):
+        assert nest.structure_mismatch(out[r], structures[r]) is None
+        assert type(out[r]) is dict and list(out[r]) == list(structures[r]), r
+        assert type(out[r]["layers"]) is list and type(out[r]["layers"][1]) is tuple, r
     for i in range(len(before[0])):
         want = reference([b[i] for b in before], op)
         for r in range(n):
-            got = out[r][i]
+            got = nest.flatten(out[r])[i]
             assert got.shape == before[r][i].shape and got.dtype == before[r][i].dtype, (r, i)
             assert not np.shares_memory(got, nest.flatten(structures[r])[i]), (r, i)
             np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tolerance(dtype), err_msg=f"{r} {i}")
@@ -234,7 +239,7 @@ def test_leaves_that_are_views_of_other_arrays_are_read_as_they_are():
     for i in range(5):
         want = reference([nest.flatten(s)[i] for s in structures], "max")
         for r in range(n):
-            np.testing.assert_array_equal(out[r][i], want, err_msg=f"{r} {i}")
+            np.testing.assert_array_equal(nest.flatten(out[r])[i], want, err_msg=f"{r} {i}")
 
 
 def test_leaf_arrays_are_the_leaves_only_when_all_are_plain_arrays_of_those_dtypes():
@@ -277,3 +282,34 @@ def test_inline_steps_reduce_structures_in_the_meeting_and_name_what_differs(mon
     out = strategy.run(step)  # and the next step works
     assert calls[-1] is True
     np.testing.assert_allclose(out["b"].values[1], reference([tree(r)["b"] for r in range(3)], op.lower()), rtol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_structures_the_meeting_declines_come_back_packed_as_each_replicas_own(monkeypatch):
+    # Integer MEAN (computed in float64) is the general path's; each replica still gets its
+    # result as its own structure: a dict in its own key order, or an OrderedDict.
+    import collections
+
+    strategy = dv.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], execution="inline")
+    calls = meeting_calls(monkeypatch, "_quick_all_reduce_tree")
+
+    def value(r):
+        x, y = np.arange(4, dtype=np.int32) * (r + 1), np.full((2, 2), 10 * r + 1, np.int64)
+        return [{"y": (y,), "x": x}, collections.OrderedDict(x=x, y=(y,)), {"x": x, "y": (y,)}][r]
+
+    seen = {}
+
+    def step():
+        r = dv.get_replica_context().replica_id_in_sync_group
+        seen[r] = dv.get_replica_context().all_reduce("MEAN", value(r))
+
+    strategy.run(step)
+    assert calls == [False]
+    mean_x = np.mean([np.arange(4, dtype=np.float64) * (r + 1) for r in range(3)], axis=0)
+    mean_y = np.full((2, 2), np.mean([10.0 * r + 1 for r in range(3)]))
+    for r in range(3):
+        got = seen[r]
+        assert type(got) is type(value(r)) and list(got) == list(value(r)), r
+        assert type(got["y"]) is tuple, r
+        np.testing.assert_allclose(got["x"], mean_x, rtol=1e-12, err_msg=str(r))
+        np.testing.assert_allclose(got["y"][0], mean_y, rtol=1e-12, err_msg=str(r))

@@ -103,10 +103,10 @@ inline constexpr std::size_t pool_min_bytes = 4096;
 /// A new uninitialized result array: pooled_array from pool_min_bytes up, else numpy's.
 py::array result_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape, std::size_t count);
 
-/// A C-contiguous, writable array of `descr` in `shape` over `data`, which `base` (an
-/// array) owns; made by numpy's constructor directly (a result leaf that is a view of
-/// its pack is made once per leaf and replica every step). Needs the GIL.
-py::object view_array(PyObject* descr, const std::vector<py::ssize_t>& shape, void* data, const py::handle& base);
+/// A C-contiguous, writable array of `descr` in `shape` (`ndim` sizes) over `data`,
+/// which `base` (an array) owns; made by numpy's constructor directly (a result leaf that
+/// is a view of its pack is made once per leaf and replica every step). Needs the GIL.
+py::object view_array(PyObject* descr, int ndim, const py::ssize_t* shape, void* data, const py::handle& base);
 
 // The algorithm of a strategy's all-reduce of `type` with `op`: the one asked for, except
 // that sums, means and products of float16 and bfloat16 always go direct, which combines
@@ -131,6 +131,8 @@ py::object all_reduce_rows(distvals::group& g, const std::vector<py::sequence>& 
 
 /// True when the two structures have the same nesting (see nest.cpp).
 bool nest_same(PyObject* a, PyObject* b);
+/// `structure` with its leaves replaced, in nest's order, by those of `flat` (see nest.cpp).
+py::object nest_pack(const py::handle& structure, const py::handle& flat);
 
 /// The named parameters of a function taking *args and **kwargs, in order, with their
 /// defaults (an empty object: required).

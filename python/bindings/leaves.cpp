@@ -23,15 +23,30 @@ using distvals::call_desc;
 using distvals::collective;
 using distvals::group;
 
-// One leaf index across the replicas: the arrays, their views, and where its result goes.
+// One leaf index across the replicas: its dtype, size and shape, and where its result
+// goes. Its replicas' arrays and views are in the plan's flat vectors, at i * n + r: a
+// structure's leaves are planned every step, and a vector per leaf and replica would cost
+// an allocation each.
 struct leaf {
-  std::vector<py::array> in;  // one per replica, C-contiguous
-  std::vector<buffer_view> view;
   distvals::dtype type = distvals::dtype::float32;
   std::size_t count = 0;
-  std::vector<py::ssize_t> shape;
+  std::size_t dims = 0;    // where its shape starts in plan::dims
+  int ndim = 0;
   int pack = -1;           // index of its pack, or -1: reduced on its own
   std::size_t offset = 0;  // elements before it in its pack
+};
+
+// Every leaf of every replica, checked.
+struct plan {
+  int n = 0;
+  std::vector<leaf> leaves;
+  std::vector<py::array> in;  // leaf i of replica r at i * n + r, C-contiguous; held while the engine reads
+  std::vector<buffer_view> view;
+  std::vector<py::ssize_t> dims;  // the leaves' shapes, one after another
+  std::vector<py::ssize_t> shape(const leaf& l) const {
+    const auto* d = dims.data() + l.dims;
+    return {d, d + l.ndim};
+  }
 };
 
 // Small leaves of one dtype reduced as one flat buffer per replica.
@@ -52,12 +67,12 @@ struct open_batch {
   open_batch& operator=(const open_batch&) = delete;
 };
 
-// The checked leaf `i` of every replica; None (nothing planned) when its dtype is not
-// one the engine reduces as it is, or an integer MEAN (which runs in float32 or float64).
-bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::reduce_op op, leaf& out) {
-  const int n = static_cast<int>(rows.size());
-  out.in.reserve(static_cast<std::size_t>(n));
-  out.view.reserve(static_cast<std::size_t>(n));
+// Checks leaf `i` of every replica into the plan; false (nothing planned) when its dtype
+// is not one the engine reduces as it is, or an integer MEAN (which runs in float32 or
+// float64).
+bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::reduce_op op, plan& p) {
+  const int n = p.n;
+  leaf& out = p.leaves[i];
   for (int r = 0; r < n; ++r) {
     const py::sequence& row = rows[static_cast<std::size_t>(r)];
     py::object x;
@@ -86,7 +101,9 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
     if (r == 0) {
       if (op == distvals::reduce_op::mean && integral(t)) return false;
       out.type = t;
-      out.shape.assign(a.shape(), a.shape() + a.ndim());
+      out.dims = p.dims.size();
+      out.ndim = static_cast<int>(a.ndim());
+      p.dims.insert(p.dims.end(), a.shape(), a.shape() + a.ndim());
       out.count = static_cast<std::size_t>(a.size());
     } else {
       if (t != out.type) {
@@ -94,15 +111,14 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
                              " has dtype " + distvals::dtype_name(t) + ", replica 0's has " +
                              distvals::dtype_name(out.type));
       }
-      if (static_cast<std::size_t>(a.ndim()) != out.shape.size() ||
-          !std::equal(out.shape.begin(), out.shape.end(), a.shape())) {
+      if (a.ndim() != out.ndim || !std::equal(a.shape(), a.shape() + a.ndim(), p.dims.data() + out.dims)) {
         throw py::value_error("all_reduce: leaf " + std::to_string(i) + " of replica " + std::to_string(r) +
                               " has shape " + shape_str(a) + ", replica 0's has shape " +
-                              shape_str(out.in[0]));
+                              shape_str(p.in[i * static_cast<std::size_t>(n)]));
       }
     }
-    out.view.push_back(view_of(a, t));
-    out.in.push_back(std::move(a));
+    p.view.push_back(view_of(a, t));
+    p.in.push_back(std::move(a));
   }
   return true;
 }
@@ -150,12 +166,18 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
                            distvals::algorithm algo, std::size_t fuse_bytes, std::size_t bytes_per_pack,
                            const py::object& trace) {
   const int n = g.size();
+  const auto un = static_cast<std::size_t>(n);
   const std::size_t count = py::len(rows[0]);
   // 1. Check every leaf before any data moves.
-  std::vector<leaf> leaves(count);
+  plan p;
+  p.n = n;
+  p.leaves.resize(count);
+  p.in.reserve(count * un);
+  p.view.reserve(count * un);
   for (std::size_t i = 0; i < count; ++i) {
-    if (!take_leaf(rows, i, op, leaves[i])) return py::none();
+    if (!take_leaf(rows, i, op, p)) return py::none();
   }
+  std::vector<leaf>& leaves = p.leaves;
   // 2. Plan the packs and make every output (with the GIL: numpy arrays).
   std::vector<pack> packs = plan_packs(leaves, count > 1 ? fuse_bytes : 0, bytes_per_pack);
   for (pack& k : packs) {
@@ -163,47 +185,45 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
     const py::dtype dt = to_numpy(k.type);
     for (int r = 0; r < n; ++r) k.buf.push_back(result_array(dt, {static_cast<py::ssize_t>(k.count)}, k.count));
   }
-  std::vector<std::vector<py::array>> outs(static_cast<std::size_t>(n));
-  for (leaf& l : leaves) {
+  // The results of the leaves reduced on their own, leaf by leaf: out[d * n + r].
+  std::vector<py::array> outs;
+  for (std::size_t i = 0; i < count; ++i) {
+    const leaf& l = leaves[i];
     if (l.pack >= 0) continue;
     // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
-    for (int r = 0; r < n; ++r) {
-      const auto ri = static_cast<std::size_t>(r);
-      outs[ri].push_back(pooled_array(l.in[ri].dtype(), l.shape, l.count));
-    }
+    for (std::size_t r = 0; r < un; ++r) outs.push_back(pooled_array(p.in[i * un + r].dtype(), p.shape(l), l.count));
   }
   // 3. Without the GIL: fill the packs, then one engine call per pack and per large
   // leaf, the workers lingering between them.
   run_single(g, [&]() {
     open_batch keep(g);
+    std::vector<buffer_view> in(un);
+    std::vector<buffer_view> out(un);
     for (pack& k : packs) {
       if (k.leaves.empty()) continue;
       const std::size_t size = distvals::dtype_size(k.type);
-      std::vector<buffer_view> bufs;
-      bufs.reserve(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        auto* dst = static_cast<char*>(k.buf[static_cast<std::size_t>(r)].mutable_data());
+      for (std::size_t r = 0; r < un; ++r) {
+        auto* dst = static_cast<char*>(k.buf[r].mutable_data());
         for (int i : k.leaves) {
           const leaf& l = leaves[static_cast<std::size_t>(i)];
-          std::memcpy(dst + l.offset * size, l.view[static_cast<std::size_t>(r)].data, l.count * size);
+          std::memcpy(dst + l.offset * size, p.view[static_cast<std::size_t>(i) * un + r].data, l.count * size);
         }
-        bufs.push_back(buffer_view{dst, k.count, k.type});
+        out[r] = buffer_view{dst, k.count, k.type};
       }
       if (k.count == 0) continue;
-      g.run(call_desc{collective::all_reduce, k.type, op, strategy_algorithm(algo, k.type, op), k.count, 0}, bufs, bufs);
+      g.run(call_desc{collective::all_reduce, k.type, op, strategy_algorithm(algo, k.type, op), k.count, 0}, out, out);
     }
     std::size_t direct = 0;
-    for (const leaf& l : leaves) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const leaf& l = leaves[i];
       if (l.pack >= 0) continue;
-      std::vector<buffer_view> out;
-      out.reserve(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) {
-        const auto& a = outs[static_cast<std::size_t>(r)][direct];
-        out.push_back(buffer_view{const_cast<void*>(a.data()), l.count, l.type});
+      for (std::size_t r = 0; r < un; ++r) {
+        in[r] = p.view[i * un + r];
+        out[r] = buffer_view{outs[direct * un + r].mutable_data(), l.count, l.type};
       }
       ++direct;
       if (l.count == 0) continue;  // nothing to reduce: the empty output is the result
-      g.run(call_desc{collective::all_reduce, l.type, op, strategy_algorithm(algo, l.type, op), l.count, 0}, l.view, out);
+      g.run(call_desc{collective::all_reduce, l.type, op, strategy_algorithm(algo, l.type, op), l.count, 0}, in, out);
     }
   });
   if (!trace.is_none()) {
@@ -216,22 +236,25 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
     }
   }
   // 4. The results, leaf by leaf: a packed leaf's is a view of its pack.
-  py::list result;
-  for (int r = 0; r < n; ++r) {
-    py::list row;
+  py::list result(n);
+  for (std::size_t r = 0; r < un; ++r) {
+    py::list row(static_cast<py::ssize_t>(count));
     std::size_t direct = 0;
-    for (const leaf& l : leaves) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const leaf& l = leaves[i];
+      py::object x;
       if (l.pack < 0) {
-        row.append(outs[static_cast<std::size_t>(r)][direct++]);
-        continue;
+        x = outs[direct++ * un + r];
+      } else {
+        const py::array& buf = packs[static_cast<std::size_t>(l.pack)].buf[r];
+        auto* base = static_cast<char*>(const_cast<void*>(buf.data())) + l.offset * distvals::dtype_size(l.type);
+        // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
+        PyObject* descr = reinterpret_cast<PyObject*>(py::detail::array_proxy(p.in[i * un + r].ptr())->descr);
+        x = view_array(descr, l.ndim, p.dims.data() + l.dims, base, buf);
       }
-      const py::array& buf = packs[static_cast<std::size_t>(l.pack)].buf[static_cast<std::size_t>(r)];
-      auto* base = static_cast<char*>(const_cast<void*>(buf.data())) + l.offset * distvals::dtype_size(l.type);
-      // Each result in its replica's own spelling of the dtype (np.longlong stays longlong).
-      PyObject* descr = reinterpret_cast<PyObject*>(py::detail::array_proxy(l.in[static_cast<std::size_t>(r)].ptr())->descr);
-      row.append(view_array(descr, l.shape, base, buf));
+      PyList_SET_ITEM(row.ptr(), static_cast<Py_ssize_t>(i), x.release().ptr());
     }
-    result.append(std::move(row));
+    PyList_SET_ITEM(result.ptr(), static_cast<Py_ssize_t>(r), row.release().ptr());
   }
   return std::move(result);
 }

@@ -146,10 +146,10 @@ py::object quick_all_reduce_with(const py::object& run, int n, const py::list& r
 // The meeting where every replica all-reduces a structure of numpy arrays: requests[r]
 // is (marker, op, structure, leaves) with `leaves` the structure's leaves. One call into
 // the engine for all leaves of all replicas (all_reduce_rows); each replica's outcome is
-// its list of result leaves. None, before any data moves, when the requests are not all
-// of that form with the same op and nesting, or some leaf is not one the engine reduces
-// as it is, or the replicas' leaves differ in dtype or shape: the general path then
-// reduces it or names what differs.
+// its result, packed as its own structure. None, before any data moves, when the
+// requests are not all of that form with the same op and nesting, or some leaf is not one
+// the engine reduces as it is, or the replicas' leaves differ in dtype or shape: the
+// general path then reduces it or names what differs.
 py::object quick_all_reduce_tree(group& g, const py::list& requests, const py::handle& marker,
                                  const std::string& algo_name, std::size_t fuse_bytes, std::size_t bytes_per_pack,
                                  const py::object& trace) {
@@ -180,13 +180,22 @@ py::object quick_all_reduce_tree(group& g, const py::list& requests, const py::h
   }
   distvals::reduce_op op;
   if (!engine_op(py::handle(PyTuple_GET_ITEM(q0, 1)), op)) return py::none();
+  py::object out;
   try {
-    return all_reduce_rows(g, rows, op, distvals::parse_algorithm(algo_name), fuse_bytes, bytes_per_pack, trace);
+    out = all_reduce_rows(g, rows, op, distvals::parse_algorithm(algo_name), fuse_bytes, bytes_per_pack, trace);
   } catch (const py::type_error&) {
     return py::none();  // leaves of different dtypes: named by the general path
   } catch (const py::value_error&) {
     return py::none();  // or of different shapes
   }
+  if (out.is_none()) return out;
+  // Each replica's results packed as its own structure (a dict keeps its key order).
+  for (int r = 0; r < n; ++r) {
+    PyObject* row = PyList_GET_ITEM(out.ptr(), r);
+    py::object packed = nest_pack(py::handle(PyTuple_GET_ITEM(held[static_cast<std::size_t>(r)].ptr(), 2)), py::handle(row));
+    PyList_SetItem(out.ptr(), r, packed.release().ptr());  // in range: cannot fail
+  }
+  return out;
 }
 
 }  // namespace
@@ -206,8 +215,8 @@ void register_meeting(py::module_& m) {
   m.def("quick_all_reduce_tree", &quick_all_reduce_tree, py::arg("group"), py::arg("requests"), py::arg("marker"),
         py::arg("algorithm"), py::arg("fuse_bytes"), py::arg("bytes_per_pack"), py::arg("trace") = py::none(),
         "The meeting where every replica all-reduces a structure of numpy arrays: requests[r] is "
-        "(marker, op, structure, leaves). Returns each replica's list of result leaves, or None, before any "
-        "data moves, when the requests differ in form, op, nesting, leaf dtypes or shapes. "
+        "(marker, op, structure, leaves). Returns each replica's result, packed as its structure, or "
+        "None, before any data moves, when the requests differ in form, op, nesting, leaf dtypes or shapes. "
         "trace: as all_reduce_leaves'.");
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <structmember.h>
+
 #include "bindings.hpp"
 
 namespace distvals_py {
@@ -261,14 +263,17 @@ py::object pack(PyObject* x, leaf_source& src) {
     if (PySequence_Fast_GET_SIZE(src.seq) - src.next < size) {
       throw py::value_error("pack_sequence_as: fewer leaves than the structure holds");
     }
-    py::dict out;
+    // A copy has its keys already in place (one copy of the table, no resizes as
+    // inserting them one by one into a new dict costs); each value is then replaced.
+    py::object out = py::reinterpret_steal<py::object>(PyDict_Copy(x));
+    check(out.ptr() != nullptr);
     Py_ssize_t pos = 0;
     PyObject* key = nullptr;
     PyObject* value = nullptr;
     while (PyDict_Next(x, &pos, &key, &value)) {
       check(PyDict_SetItem(out.ptr(), key, PySequence_Fast_GET_ITEM(src.seq, src.next++)) == 0);
     }
-    return std::move(out);
+    return out;
   }
   if (PyDict_Check(x)) {
     recursion_guard guard(" in nest.pack_sequence_as");
@@ -405,18 +410,123 @@ PyObject* g_numpy_bool = nullptr;
 // replica's own np.any(x) would be taken for one shared value.
 bool shared_by_identity(PyObject* leaf) { return reinterpret_cast<PyObject*>(Py_TYPE(leaf)) != g_numpy_bool; }
 
+PyObject* values_name() {
+  static PyObject* name = PyUnicode_InternFromString("_values");
+  return name;
+}
+
+// Where instances of `type` keep their `_values` slot (DistributedValues' __slots__), or
+// -1 when it is not a plain writable object slot: a regroup makes a value per leaf and
+// setting the slot through the attribute protocol costs a lookup and a descriptor call
+// each time. The last type asked about is held, so that its address cannot be reused by
+// another class while it is cached.
+Py_ssize_t values_slot(PyTypeObject* type) {
+  static PyObject* last = nullptr;
+  static Py_ssize_t last_offset = -1;
+  if (reinterpret_cast<PyObject*>(type) == last) return last_offset;
+  Py_ssize_t offset = -1;
+  PyObject* d = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), values_name());
+  if (d == nullptr) {
+    PyErr_Clear();
+  } else {
+    if (Py_TYPE(d) == &PyMemberDescr_Type) {
+      const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+      if (m->type == T_OBJECT_EX && (m->flags & READONLY) == 0) offset = m->offset;
+    }
+    Py_DECREF(d);
+  }
+  Py_INCREF(type);
+  Py_XSETREF(last, reinterpret_cast<PyObject*>(type));
+  last_offset = offset;
+  return offset;
+}
+
+// The leaf of the regrouped structure for one column of leaves (x[r]: replica r's): the
+// leaf itself when it is the very same object on every replica (unless `always_wrap`),
+// else a new `type` instance over the column, made without its constructor.
+PyObject* column_leaf(PyObject* const* x, Py_ssize_t n, PyTypeObject* type, bool always_wrap) {
+  bool whole = !always_wrap && shared_by_identity(x[0]);
+  for (Py_ssize_t r = 1; r < n && whole; ++r) whole = x[r] == x[0];
+  if (whole) {
+    Py_INCREF(x[0]);
+    return x[0];
+  }
+  py::tuple column(n);
+  for (Py_ssize_t r = 0; r < n; ++r) {
+    Py_INCREF(x[r]);
+    PyTuple_SET_ITEM(column.ptr(), r, x[r]);
+  }
+  static PyObject* no_args = PyTuple_New(0);  // kept for the process
+  PyObject* made = type->tp_new(type, no_args, nullptr);
+  check(made != nullptr);
+  py::object obj = py::reinterpret_steal<py::object>(made);
+  const Py_ssize_t offset = values_slot(type);
+  if (offset > 0) {
+    // The slot, freshly made and so empty, takes the column straight.
+    auto** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset);
+    Py_XSETREF(*slot, column.release().ptr());
+  } else {
+    check(PyObject_SetAttr(obj.ptr(), values_name(), column.ptr()) == 0);
+  }
+  return obj.release().ptr();
+}
+
+// regroup of flat, in-order dicts (flat_in_order) with the same keys (the gradients a
+// step returns by name): one walk through all of them side by side, building the result
+// dict as it goes, instead of listing each replica's leaves and packing them again. The
+// objects it makes may start the garbage collector, whose finalizers run Python code: each
+// key and column is held before anything is made, and the keys are compared as they come.
+py::object regroup_flat_dicts(const std::vector<py::object>& vs, PyTypeObject* type, bool always_wrap) {
+  const auto n = static_cast<Py_ssize_t>(vs.size());
+  std::vector<Py_ssize_t> pos(vs.size(), 0);
+  std::vector<PyObject*> column(vs.size(), nullptr);
+  std::vector<py::object> held(vs.size());
+  // Replica 0's dict copied, then each value replaced (see pack).
+  py::object out = py::reinterpret_steal<py::object>(PyDict_Copy(vs[0].ptr()));
+  check(out.ptr() != nullptr);
+  PyObject* key = nullptr;
+  PyObject* other_key = nullptr;
+  while (PyDict_Next(vs[0].ptr(), &pos[0], &key, &column[0])) {
+    py::object k = py::reinterpret_borrow<py::object>(key);
+    held[0] = py::reinterpret_borrow<py::object>(column[0]);
+    for (Py_ssize_t r = 1; r < n; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      // Checked equal before the walk (same_flat_keys): only a finalizer can change them.
+      if (!PyDict_Next(vs[ri].ptr(), &pos[ri], &other_key, &column[ri]) ||
+          (other_key != key && PyUnicode_Compare(other_key, key) != 0)) {
+        throw py::value_error("nest_regroup: a structure changed while it was being walked");
+      }
+      held[ri] = py::reinterpret_borrow<py::object>(column[ri]);
+    }
+    py::object leaf = py::reinterpret_steal<py::object>(column_leaf(column.data(), n, type, always_wrap));
+    check(PyDict_SetItem(out.ptr(), k.ptr(), leaf.ptr()) == 0);
+  }
+  return out;
+}
+
 py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool always_wrap) {
   if (!PyType_Check(cls.ptr())) throw py::type_error("nest_regroup: cls must be a class");
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   if (type->tp_new == nullptr) throw py::type_error("nest_regroup: cls cannot make instances");
   const auto n = static_cast<Py_ssize_t>(py::len(per_replica));
   if (n < 1) throw py::value_error("nest_regroup: no replicas");
-  py::object v0 = per_replica[0];
+  std::vector<py::object> vs;
+  vs.reserve(static_cast<std::size_t>(n));
+  for (Py_ssize_t r = 0; r < n; ++r) vs.push_back(per_replica[static_cast<std::size_t>(r)]);
+  PyObject* v0 = vs[0].ptr();
+  // The commonest result of a step, a flat dict of arrays by name: one walk.
+  Py_ssize_t size = 0;
+  bool flat = flat_in_order(v0, size);
+  for (Py_ssize_t r = 1; r < n && flat; ++r) {
+    PyObject* v = vs[static_cast<std::size_t>(r)].ptr();
+    flat = flat_in_order(v, size) && same_flat_keys(v0, v);
+  }
+  if (flat) return regroup_flat_dicts(vs, type, always_wrap);
   std::vector<py::list> flats;
   flats.reserve(static_cast<std::size_t>(n));
   for (Py_ssize_t r = 0; r < n; ++r) {
-    py::object v = per_replica[static_cast<std::size_t>(r)];
-    if (r > 0 && !same(v0.ptr(), v.ptr())) return py::none();
+    PyObject* v = vs[static_cast<std::size_t>(r)].ptr();
+    if (r > 0 && !same(v0, v)) return py::none();
     flats.push_back(flatten(v));
   }
   const Py_ssize_t count = PyList_GET_SIZE(flats[0].ptr());
@@ -427,30 +537,12 @@ py::object regroup(const py::sequence& per_replica, const py::handle& cls, bool 
     }
   }
   py::list leaves(count);
-  static PyObject* values_name = PyUnicode_InternFromString("_values");
-  py::tuple no_args(0);
+  std::vector<PyObject*> column(static_cast<std::size_t>(n), nullptr);
   for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* c0 = PyList_GET_ITEM(flats[0].ptr(), i);
-    bool whole = !always_wrap && shared_by_identity(c0);
-    for (Py_ssize_t r = 1; r < n && whole; ++r) whole = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i) == c0;
-    if (whole) {
-      Py_INCREF(c0);
-      PyList_SET_ITEM(leaves.ptr(), i, c0);
-      continue;
-    }
-    py::tuple column(n);
-    for (Py_ssize_t r = 0; r < n; ++r) {
-      PyObject* x = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i);
-      Py_INCREF(x);
-      PyTuple_SET_ITEM(column.ptr(), r, x);
-    }
-    PyObject* made = type->tp_new(type, no_args.ptr(), nullptr);
-    check(made != nullptr);
-    py::object obj = py::reinterpret_steal<py::object>(made);
-    check(PyObject_SetAttr(obj.ptr(), values_name, column.ptr()) == 0);
-    PyList_SET_ITEM(leaves.ptr(), i, obj.release().ptr());
+    for (Py_ssize_t r = 0; r < n; ++r) column[static_cast<std::size_t>(r)] = PyList_GET_ITEM(flats[static_cast<std::size_t>(r)].ptr(), i);
+    PyList_SET_ITEM(leaves.ptr(), i, column_leaf(column.data(), n, type, always_wrap));
   }
-  return pack_sequence_as(v0, leaves);
+  return pack_sequence_as(vs[0], leaves);
 }
 
 // The leaves of `structure` when every one is a numpy array (exactly, no subclass) whose
@@ -470,6 +562,8 @@ py::object leaf_arrays(const py::handle& structure, std::uint64_t type_nums) {
 }  // namespace
 
 bool nest_same(PyObject* a, PyObject* b) { return same(a, b); }
+
+py::object nest_pack(const py::handle& structure, const py::handle& flat) { return pack_sequence_as(structure, flat); }
 
 void register_nest(py::module_& m) {
   g_numpy_bool = py::object(py::module_::import("numpy").attr("bool_")).release().ptr();  // kept for the process

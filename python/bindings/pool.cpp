@@ -178,11 +178,10 @@ py::array result_array(const py::dtype& dt, const std::vector<py::ssize_t>& shap
   return py::array(dt, shape);
 }
 
-py::object view_array(PyObject* descr, const std::vector<py::ssize_t>& shape, void* data, const py::handle& base) {
+py::object view_array(PyObject* descr, int ndim, const py::ssize_t* shape, void* data, const py::handle& base) {
   const auto& api = py::detail::npy_api::get();
   Py_INCREF(descr);  // the constructor takes a reference, even when it fails
-  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, static_cast<int>(shape.size()),
-                                          const_cast<Py_intptr_t*>(shape.data()), nullptr, data,
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, ndim, const_cast<Py_intptr_t*>(shape), nullptr, data,
                                           py::detail::npy_api::NPY_ARRAY_WRITEABLE_, nullptr);
   if (a == nullptr) throw py::error_already_set();
   py::object out = py::reinterpret_steal<py::object>(a);

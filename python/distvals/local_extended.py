@@ -48,6 +48,7 @@ from .replicas import (
     Raise,
     Request,
     StepTimeout,
+    TreeExtra,
     as_request,
     fork_generation,
     names,
@@ -640,8 +641,7 @@ class LocalExtended(CrossReplicaExtended):
                 sched = _getcurrent().parent
                 if sched is not self._runner._parent:
                     raise self._runner.refused(ctx._replica_id, "all_reduce")
-                out = sched.switch((QUICK_TREE, op, value, quick_leaves))
-                return nest.pack_sequence_as(value, out)
+                return sched.switch((QUICK_TREE, op, value, quick_leaves))
         timeout = None if options is None else options.timeout_seconds
         single = not nest.is_nested(value)
         leaves = [value] if single else nest.flatten(value)
@@ -739,7 +739,14 @@ class LocalExtended(CrossReplicaExtended):
             check_structures(requests, "all_reduce")
         check_leaves(q0.value, leaves, "all_reduce")
         algorithm, bytes_per_pack = self._options_of(q0)
-        return self._all_reduce_leaves(op, leaves, algorithm, bytes_per_pack, q0.value)
+        out = self._all_reduce_leaves(op, leaves, algorithm, bytes_per_pack, q0.value)
+        if any(type(q.extra) is TreeExtra for q in requests):
+            # Requests of the quick tree path that it could not take: each outcome
+            # packed as its replica's structure, as that path gives it.
+            return [
+                nest.pack_sequence_as(q.value, o) if type(q.extra) is TreeExtra else o for q, o in zip(requests, out)
+            ]
+        return out
 
     def _all_reduce_leaves(
         self, op: ReduceOp, leaves: List[List[Any]], algorithm: str, bytes_per_pack: int, value: Any = None

@@ -37,6 +37,7 @@ __all__ = [
     "Request",
     "Resolve",
     "StepTimeout",
+    "TreeExtra",
     "as_request",
     "foreign_greenlet_error",
     "fork_generation",
@@ -85,9 +86,16 @@ class Request:
 QUICK_ALL_REDUCE = object()
 QUICK = ("quick",)  # the ``extra`` of a Request made from the quick form
 # (QUICK_TREE, op, structure, leaves): an all-reduce of a list, tuple or dict of numpy
-# arrays without options, its leaves already flattened; its outcome is the list of
-# result leaves, as the general path's.
+# arrays without options, its leaves already flattened; its outcome is the replica's
+# result, packed as its structure (the general path's is a list of result leaves).
 QUICK_TREE = object()
+
+
+class TreeExtra(tuple):  # type: ignore[type-arg]
+    """The ``extra`` (leaves, options) of a Request made from the quick tree form: the
+    general path packs its outcome as the request's structure, as the quick path does."""
+
+    __slots__ = ()
 
 
 def as_request(m: Any) -> Request:
@@ -96,7 +104,7 @@ def as_request(m: Any) -> Request:
         if m[0] is QUICK_ALL_REDUCE:
             return Request("all_reduce", (m[1],), m[2], QUICK)
         if m[0] is QUICK_TREE:
-            return Request("all_reduce", (m[1],), m[2], (m[3], None))
+            return Request("all_reduce", (m[1],), m[2], TreeExtra((m[3], None)))
     return m  # type: ignore[no-any-return]
 
 
