@@ -69,6 +69,10 @@ class SimulatedCuda:
                 if getattr(self, "ptr", 0):
                     backend._free(self.ptr)
 
+            def __reduce__(self) -> Any:
+                # As the real one (a native object): a copy would free the memory twice.
+                raise TypeError("cannot pickle 'DeviceBuffer' object")
+
         class Group(_SimulatedGroup):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(backend, *args, **kwargs)

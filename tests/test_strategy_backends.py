@@ -556,6 +556,50 @@ def test_mirrored_variable_updates_in_replica_context(env, n):
 
 
 @pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("sync", ["ON_WRITE", "ON_READ"])
+def test_a_deep_copy_of_a_distributed_variable_is_independent_on_the_same_strategy(env, n, sync):
+    # As TensorFlow: copy.deepcopy keeps the strategy, places and policy and copies each
+    # copy's value (GPU ones into new device memory); updates of either do not show in
+    # the other. A shallow copy shares the copies.
+    import copy
+
+    s = env.strategy(n)
+    init = np.arange(6, dtype=np.float32).reshape(2, 3) + 1
+    with s.scope():
+        v = dv.Variable(init, aggregation=SUM, synchronization=getattr(dv.VariableSynchronization, sync), name="w")
+    deltas = distinct_values(n, (2, 3), np.float32, seed=5)
+    if sync == "ON_READ":  # copies that differ: each must be copied as it is
+        s.run(lambda d: v.assign_add(d), args=(distribute(s, deltas),))
+    before = [host_of(c).copy() for c in v.values]
+    d = copy.deepcopy(v)
+    assert type(d) is type(v) and d.distribute_strategy is s and d.name == v.name
+    assert d.aggregation == v.aggregation and d.synchronization == v.synchronization
+    assert copy.copy(v).values == v.values
+    for r in range(n):
+        assert d.values[r] is not v.values[r]
+        assert_on(d.values[r].value(), env.place(r), f"deep copy {r}")
+        np.testing.assert_array_equal(host_of(d.values[r]), before[r], err_msg=f"copy {r}")
+    if env.on_gpu:
+        assert not {ptr_of(c.value()) for c in d.values} & {ptr_of(c.value()) for c in v.values}
+    # Updates of the original (in replica context) leave the deep copy as it was ...
+    s.run(lambda x: v.assign_add(x), args=(distribute(s, deltas),))
+    for r in range(n):
+        np.testing.assert_array_equal(host_of(d.values[r]), before[r], err_msg=f"copy {r} after v's update")
+    # ... and the other way round.
+    with s.scope():
+        d.assign(np.zeros((2, 3), np.float32))
+    for r in range(n):
+        assert not np.array_equal(host_of(v.values[r]), np.zeros((2, 3))), r
+    # The same variable twice in one deepcopy is one new variable; inside another
+    # strategy's scope it is an error.
+    pair = copy.deepcopy([v, v])
+    assert pair[0] is pair[1] and pair[0] is not v
+    other = env.strategy(1)
+    with other.scope(), pytest.raises(RuntimeError, match="copy.deepcopy of variable 'w:0'"):
+        copy.deepcopy(v)
+
+
+@pytest.mark.parametrize("n", NS)
 def test_mirrored_variable_updates_in_cross_replica_context(env, n):
     s = env.strategy(n)
     with s.scope():

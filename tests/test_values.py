@@ -175,6 +175,17 @@ def test_a_shallow_copy_of_a_distributed_variable_shares_its_copies(s2, sync):
     assert np.asarray(v).tolist() == np.asarray(c).tolist() == [2.0] * 3
 
 
+def test_copy_of_a_variable_is_the_variable_and_a_deep_copy_is_its_own():
+    # As TensorFlow: a shallow copy that an update would leave behind is never wanted.
+    v = dv.Variable(np.arange(3.0), name="plain")
+    assert copy.copy(v) is v
+    d = copy.deepcopy(v)
+    assert d is not v and d.name == v.name and d.dtype == v.dtype
+    v.assign_add(np.ones(3))
+    d.assign(np.full(3, 7.0))
+    assert np.asarray(v).tolist() == [1.0, 2.0, 3.0] and np.asarray(d).tolist() == [7.0] * 3
+
+
 def test_mirrored_missing_attribute():
     m = dv.Mirrored((np.arange(3), np.arange(3)))
     with pytest.raises(AttributeError):

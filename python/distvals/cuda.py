@@ -283,6 +283,11 @@ class DeviceArray:
             _require_backend().copy_device(out._ptr, self._ptr, self.nbytes, self._device)
         return out
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> DeviceArray:
+        """copy(): new device memory with the same data (copying the fields would give
+        two arrays over one allocation)."""
+        return self.copy()
+
     # ---- interchange ------------------------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]:

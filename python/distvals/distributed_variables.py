@@ -8,6 +8,7 @@ family, count_up_to) follows the same rules in replica and cross-replica context
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -72,6 +73,29 @@ class DistributedVariable(DistributedValues, Variable):
         values = state.pop("_values")
         Variable.__setstate__(self, state)
         self._values = values
+
+    def __copy__(self) -> DistributedVariable:
+        """A new distributed variable over the same copies (as TensorFlow's copy.copy):
+        an update through either shows in both."""
+        new = type(self).__new__(type(self))
+        new.__setstate__(self.__getstate__())
+        return new
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> DistributedVariable:
+        """An independent variable of the same strategy, aggregation and synchronization
+        whose copies start with this one's values, as TensorFlow's deepcopy: the strategy
+        is not copied, and deep-copying inside another strategy's scope is an error."""
+        current = context.get_strategy()
+        if context.has_strategy() and current is not self._strategy:
+            raise RuntimeError(
+                f"copy.deepcopy of variable '{self.name}': it belongs to {self._strategy!r}, and "
+                f"{current!r} is in force; deep-copy it inside its own strategy's scope or outside any"
+            )
+        memo.setdefault(id(self._strategy), self._strategy)
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return new
 
     @property
     def distribute_strategy(self) -> Any:

@@ -544,7 +544,13 @@ class Variable(metaclass=_VariableMeta):
         """TensorFlow's older name of ``ref``."""
         return self.ref()
 
-    # Copies and pickles get a lock of their own (a lock cannot be pickled or shared).
+    def __copy__(self) -> Variable:
+        """The variable itself, as TensorFlow's copy.copy of a variable (a shallow copy
+        that updates would leave behind is never what a caller wants); copy.deepcopy
+        makes an independent variable."""
+        return self
+
+    # Deep copies and pickles get a lock of their own (a lock cannot be pickled or shared).
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_lock", None)
