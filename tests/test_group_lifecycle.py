@@ -76,3 +76,34 @@ def test_memory_is_stable_over_many_groups_and_calls():
     gc.collect()
     grown = rss_bytes() - before
     assert grown < 4 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 3000 groups"
+
+
+def test_pickling_a_group_or_what_holds_one_is_a_type_error_at_every_protocol():
+    # Protocols 0 and 1 reached the native constructor through copyreg, which aborted the
+    # process; in a child, so that a regression fails this test instead of killing the run.
+    import subprocess
+    import sys
+
+    program = """
+import copy, pickle, numpy as np, distvals as dv
+s = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+with s.scope():
+    v = dv.Variable(np.ones(2))
+for what in (dv.ReplicaGroup(2)._group, dv.ReplicaGroup(2), v, s):
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        try:
+            pickle.dumps(what, protocol)
+        except TypeError as e:
+            assert "cannot pickle" in str(e), e
+        else:
+            raise AssertionError(f"{type(what).__name__} pickled at protocol {protocol}")
+    try:
+        copy.copy(dv.ReplicaGroup(2)._group)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a native group was copied")
+print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", done.stdout + done.stderr

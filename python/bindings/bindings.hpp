@@ -122,6 +122,17 @@ inline distvals::algorithm strategy_algorithm(distvals::algorithm a, distvals::d
   return half && rounds && partials ? distvals::algorithm::direct : a;
 }
 
+/// Makes instances of `cls`, which own native resources (threads, device memory), refuse
+/// pickling and copying with a TypeError at every protocol: protocols 0 and 1 would
+/// otherwise reach pybind11's constructor through copyreg, which aborts the process.
+template <class Class>
+void refuse_pickling(Class& cls) {
+  cls.def("__reduce_ex__", [](const py::object& self, const py::object&) -> py::object {
+    throw py::type_error("cannot pickle '" + std::string(py::str(py::type::of(self).attr("__name__"))) +
+                         "' object: it owns native resources");
+  });
+}
+
 /// The all-reduce of many leaves in one call (see leaves.cpp): rows[r][i] is leaf i of
 /// replica r, every row as long. Returns a list per replica of its result leaves, or None
 /// (nothing touched) when a leaf is not one the engine reduces as it is.

@@ -273,7 +273,9 @@ void register_cuda(py::module_& parent) {
   m.def("pointer_device", [](std::uintptr_t p) { return cuda::pointer_device(reinterpret_cast<void*>(p)); },
         py::arg("ptr"), "The CUDA device holding `ptr`, or -1 for host or unknown memory.");
 
-  py::class_<cuda::device_buffer>(m, "DeviceBuffer", "Owning device memory (cudaMalloc).")
+  py::class_<cuda::device_buffer> buffer_class(m, "DeviceBuffer", "Owning device memory (cudaMalloc).");
+  refuse_pickling(buffer_class);
+  buffer_class
       .def(py::init<std::size_t, int>(), py::arg("nbytes"), py::arg("gpu"))
       .def_property_readonly("ptr", [](const cuda::device_buffer& b) { return reinterpret_cast<std::uintptr_t>(b.data()); })
       .def_property_readonly("nbytes", &cuda::device_buffer::size)
@@ -331,7 +333,9 @@ void register_cuda(py::module_& parent) {
   m.def("from_dlpack", &from_dlpack, py::arg("capsule"),
         "Consumes a DLPack capsule: dict(ptr, shape, strides, dtype=(code, bits, lanes), device=(type, id), keeper).");
 
-  py::class_<cuda::group>(m, "Group", "N replicas on CUDA devices (the engine's group of GPU replicas).")
+  py::class_<cuda::group> group_class(m, "Group", "N replicas on CUDA devices (the engine's group of GPU replicas).");
+  refuse_pickling(group_class);
+  group_class
       .def(py::init([](const std::vector<std::string>& devices, int logical_per_gpu, const py::object& timeout,
                        std::size_t chunk_bytes, bool peer_access) {
              cuda::group_options o;

@@ -342,7 +342,9 @@ void register_group(py::module_& m) {
       "replica_reduce_scatter", {"replica", "array", "op", "timeout_seconds"},
       {py::object(), py::object(), py::str("sum"), py::none()}};
 
-  py::class_<group>(m, "Group", "N local replicas that run collectives together (the C++ engine).")
+  py::class_<group> group_class(m, "Group", "N local replicas that run collectives together (the C++ engine).");
+  refuse_pickling(group_class);
+  group_class
       .def(py::init([](const py::object& devices, const py::object& timeout_seconds, int threads,
                        std::size_t chunk_bytes, int spin_us) {
              distvals::group_options o;

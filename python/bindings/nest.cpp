@@ -486,6 +486,7 @@ py::object regroup_flat_dicts(const std::vector<py::object>& vs, PyTypeObject* t
   check(out.ptr() != nullptr);
   PyObject* key = nullptr;
   PyObject* other_key = nullptr;
+  Py_ssize_t walked = 0;
   while (PyDict_Next(vs[0].ptr(), &pos[0], &key, &column[0])) {
     py::object k = py::reinterpret_borrow<py::object>(key);
     held[0] = py::reinterpret_borrow<py::object>(column[0]);
@@ -500,7 +501,15 @@ py::object regroup_flat_dicts(const std::vector<py::object>& vs, PyTypeObject* t
     }
     py::object leaf = py::reinterpret_steal<py::object>(column_leaf(column.data(), n, type, always_wrap));
     check(PyDict_SetItem(out.ptr(), k.ptr(), leaf.ptr()) == 0);
+    ++walked;
   }
+  // Every key of every dict walked, and the copy holding no key left unwalked (a key a
+  // finalizer removed or added meanwhile would keep replica 0's own leaf there).
+  bool whole = walked == PyDict_GET_SIZE(out.ptr());
+  for (std::size_t r = 0; r < vs.size() && whole; ++r) {
+    whole = PyDict_GET_SIZE(vs[r].ptr()) == walked && (r == 0 || !PyDict_Next(vs[r].ptr(), &pos[r], &other_key, &column[r]));
+  }
+  if (!whole) throw py::value_error("nest_regroup: a structure changed while it was being walked");
   return out;
 }
 

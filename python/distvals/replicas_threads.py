@@ -193,15 +193,12 @@ class _Meeting:
                     self.count -= 1
                     self.handoff = None
                     raise
+                # A hand-off and the deadline are read under one lock: a last replica that
+                # hands the meeting over just as the deadline passes is not left waiting.
                 handoff = self.handoff if replica == 0 else None
                 if handoff is not None:
                     self.handoff = None
-            if handoff is not None:
-                return self._resolve_as(replica, handoff)
-            with self.mu:
-                if self.generation != generation:
-                    return self._mine(replica)
-                if _monotonic() >= deadline:
+                elif _monotonic() >= deadline:
                     missing = [r for r in range(self.n) if self.requests[r] is None]
                     self.requests[replica] = None
                     self.count -= 1
@@ -213,6 +210,8 @@ class _Meeting:
                     raise CollectiveTimeoutError(
                         f"replica {replica}: {request.describe()} timed out after {timeout:g} s: {why}"
                     )
+            if handoff is not None:
+                return self._resolve_as(replica, handoff)
 
     def _resolve_as(self, replica: int, requests: List[Any]) -> Any:
         """Resolves the meeting of ``requests`` on this thread, holding no lock (resolve
