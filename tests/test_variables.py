@@ -189,6 +189,30 @@ def test_sum_with_the_same_plain_value_is_an_error(s2):
     assert copies(m) == [2.0, 2.0]
 
 
+def test_sum_with_a_per_replica_the_function_captured_uses_each_replicas_part(s3):
+    # A PerReplica is not one plain value: captured by the replica function instead of
+    # passed as an argument, each replica still contributes its own part.
+    with s3.scope():
+        v = dv.Variable(np.zeros(2), aggregation=SUM)
+    parts = s3.run(lambda: np.array([rid() + 1.0, 10.0 * (rid() + 1)]))
+    s3.run(lambda: v.assign_add(parts))
+    want = np.sum([[r + 1.0, 10.0 * (r + 1)] for r in range(3)], axis=0)
+    for c in v.values:
+        np.testing.assert_array_equal(np.asarray(c), want)
+
+
+@pytest.mark.parametrize("op", ["+=", "-=", "*=", "/=", "//=", "%=", "**=", "@="])
+def test_an_in_place_operator_on_a_variable_is_an_error_not_a_rebinding(s2, op):
+    # v += x would rebind v to a new array and leave the variable as it was.
+    with s2.scope():
+        mirrored = dv.Variable(np.ones(2), aggregation=MEAN)
+    for v in (dv.Variable(np.ones(2)), mirrored):
+        w = v
+        with pytest.raises(RuntimeError, match=r"variable .*= value: variable 'Variable:0' would stay as it is"):
+            exec(f"w {op} np.ones(2)")
+        assert w is v and np.asarray(v).tolist() == [1.0, 1.0]
+
+
 def test_read_value_false_returns_none(s2):
     with s2.scope():
         v = dv.Variable(1.0, aggregation=MEAN)

@@ -310,9 +310,10 @@ class MirroredVariable(DistributedVariable, Mirrored):
         if agg is not VariableAggregation.ONLY_FIRST_REPLICA:
             op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         # The resolver refuses a SUM update that got the very same plain object on every
-        # replica: it would count it once per replica. A sync-on-read variable is not one:
-        # each replica passes its own copy's value.
-        original = local if isinstance(value, SyncOnReadVariable) else value
+        # replica: it would count it once per replica. A sync-on-read variable is not one,
+        # nor a PerReplica (one captured by the replica function, say): each replica
+        # passes its own copy's value, its own part.
+        original = local if isinstance(value, (SyncOnReadVariable, PerReplica)) else value
         self._strategy.extended._replica_update_all_reduce(ctx, self, kind, op, local, original)
         return self if read_value else None
 

@@ -727,6 +727,39 @@ class Variable(metaclass=_VariableMeta):
             kwargs["out"] = tuple(_unwrap(x) for x in kwargs["out"])
         return getattr(ufunc, method)(*inputs, **kwargs)
 
+    # ``v += x`` would rebind the name to a new array and leave the variable as it was
+    # (what a torch user expects to update a parameter in place): an error, as
+    # TensorFlow's for its variables.
+    def _in_place(self, op: str, method: str) -> Any:
+        raise RuntimeError(
+            f"variable {op} value: variable '{self.name}' would stay as it is and the name would be rebound to "
+            f"a new array; use variable.{method}(value) to update it, or out = variable {op[0]} value for a new array"
+        )
+
+    def __iadd__(self, o: Any) -> Any:
+        return self._in_place("+=", "assign_add")
+
+    def __isub__(self, o: Any) -> Any:
+        return self._in_place("-=", "assign_sub")
+
+    def __imul__(self, o: Any) -> Any:
+        return self._in_place("*=", "assign")
+
+    def __itruediv__(self, o: Any) -> Any:
+        return self._in_place("/=", "assign")
+
+    def __ifloordiv__(self, o: Any) -> Any:
+        return self._in_place("//=", "assign")
+
+    def __imod__(self, o: Any) -> Any:
+        return self._in_place("%=", "assign")
+
+    def __ipow__(self, o: Any) -> Any:
+        return self._in_place("**=", "assign")
+
+    def __imatmul__(self, o: Any) -> Any:
+        return self._in_place("@=", "assign")
+
     def __add__(self, o: Any) -> Any:
         return self.read_value() + _unwrap(o)
 
