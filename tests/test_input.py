@@ -211,6 +211,32 @@ def test_distribute_datasets_from_function(s2):
         s2.distribute_datasets_from_function(lambda ctx: 3)
 
 
+@pytest.mark.parametrize("kind", ["distribute_dataset", "from_function"])
+@pytest.mark.parametrize("take", ["next", "get_next", "get_next_as_optional"])
+def test_next_inside_run_is_an_error_and_takes_nothing(s3, kind, take):
+    # As TensorFlow: inside run each replica would take a whole global batch of the shared
+    # iterator and keep only its own part, losing the others' without a word.
+    if kind == "distribute_dataset":
+        dist = s3.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(np.arange(12.0)).batch(3))
+    else:
+        dist = s3.distribute_datasets_from_function(
+            lambda ctx: dv.data.Dataset.from_tensor_slices(np.arange(12.0)).batch(1)
+        )
+    it = iter(dist)
+    calls = {
+        "next": next,
+        "get_next": lambda i: i.get_next(),
+        "get_next_as_optional": lambda i: i.get_next_as_optional(),
+    }
+    with pytest.raises(ValueError, match=r"must be called outside the replica function"):
+        s3.run(lambda i: calls[take](i), args=(it,))
+    with pytest.raises(ValueError, match=r"must be called outside the replica function"):
+        s3.run(lambda: next(iter(dist)))
+    # Nothing was taken: the next batch is still the first, one element per replica.
+    first = next(it)
+    assert [np.asarray(v).tolist() for v in first.values] == [[0.0], [1.0], [2.0]]
+
+
 def test_from_function_skips_only_a_failing_element_and_drops_no_last_elements(s3):
     # Element 4 raises in the middle of a step's three: the step fails, and the next one
     # begins with the two elements it had read; nothing else is lost or repeated.

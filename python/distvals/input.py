@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import devices, nest, specs
+from . import context, devices, nest, specs
 from .fork_locks import renewed_after_fork
 from .input_contexts import InputContext, ValueContext
 from .input_options import InputOptions, InputReplicationMode, check_options
@@ -221,6 +221,18 @@ class _Source:
 _UNSET = object()
 
 
+def refuse_in_run() -> None:
+    """ValueError when called inside ``strategy.run``, as TensorFlow's: there every
+    replica would take a whole global batch of the shared iterator and keep only its own
+    part, and the other parts would be lost without a word."""
+    if context.current_run_context() is not None:
+        raise ValueError(
+            "next(iterator) (or get_next, get_next_as_optional) of a distributed iterator must be called "
+            "outside the replica function, e.g. strategy.run(replica_fn, args=(next(iterator),)): inside it, "
+            "each replica would take a whole global batch and keep only its own part of it"
+        )
+
+
 class _Unknown(Exception):
     """The first element of a one-shot iterator whose pass has begun is gone."""
 
@@ -272,6 +284,7 @@ class DistributedIterator:
         return self
 
     def __next__(self) -> Any:
+        refuse_in_run()
         with self._lock:
             element = next(self._iterator)
         n = self._n
@@ -487,6 +500,7 @@ class _FromFunctionIterator(DistributedIterator):
         return filler
 
     def __next__(self) -> Any:
+        refuse_in_run()
         with self._lock:
             raw = self._take()
         if not raw:

@@ -95,6 +95,7 @@ from .input import (
     _iterable,
     _per_replica_spec,
     _Source,
+    refuse_in_run,
     split_batch_sizes,
     to_numpy,
 )
@@ -332,6 +333,7 @@ class _AgreedNext:
         self._agree_lock = threading.Lock()
 
     def __next__(self) -> Any:
+        refuse_in_run()
         with self._agree_lock:
             return self._agreed_next()
 
