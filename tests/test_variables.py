@@ -208,8 +208,9 @@ def test_an_in_place_operator_on_a_variable_is_an_error_not_a_rebinding(s2, op):
         mirrored = dv.Variable(np.ones(2), aggregation=MEAN)
     for v in (dv.Variable(np.ones(2)), mirrored):
         w = v
-        with pytest.raises(RuntimeError, match=r"variable .*= value: variable 'Variable:0' would stay as it is"):
+        with pytest.raises(RuntimeError, match=r"variable .*= value: variable 'Variable:0' would stay as it is") as e:
             exec(f"w {op} np.ones(2)")
+        assert f"out = variable {op[:-1]} value" in str(e.value)
         assert w is v and np.asarray(v).tolist() == [1.0, 1.0]
 
 

@@ -733,7 +733,7 @@ class Variable(metaclass=_VariableMeta):
     def _in_place(self, op: str, method: str) -> Any:
         raise RuntimeError(
             f"variable {op} value: variable '{self.name}' would stay as it is and the name would be rebound to "
-            f"a new array; use variable.{method}(value) to update it, or out = variable {op[0]} value for a new array"
+            f"a new array; use variable.{method}(value) to update it, or out = variable {op[:-1]} value for a new array"
         )
 
     def __iadd__(self, o: Any) -> Any:
