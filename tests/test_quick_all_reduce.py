@@ -313,3 +313,4 @@ def test_structures_the_meeting_declines_come_back_packed_as_each_replicas_own(m
         assert type(got["y"]) is tuple, r
         np.testing.assert_allclose(got["x"], mean_x, rtol=1e-12, err_msg=str(r))
         np.testing.assert_allclose(got["y"][0], mean_y, rtol=1e-12, err_msg=str(r))
+    strategy.close()

@@ -185,7 +185,8 @@ py::object all_reduce_rows(group& g, const std::vector<py::sequence>& rows, dist
     const py::dtype dt = to_numpy(k.type);
     for (int r = 0; r < n; ++r) k.buf.push_back(result_array(dt, {static_cast<py::ssize_t>(k.count)}, k.count));
   }
-  // The results of the leaves reduced on their own, leaf by leaf: out[d * n + r].
+  // The results of the leaves reduced on their own, leaf by leaf: outs[d * n + r] for
+  // the d-th such leaf.
   std::vector<py::array> outs;
   for (std::size_t i = 0; i < count; ++i) {
     const leaf& l = leaves[i];

@@ -231,11 +231,11 @@ class StrategyExtended:
         in_update_copy: bool = True,
     ) -> Any:
         """``call(i, args_i, kwargs_i)`` for copies ``i`` < ``count``, with part ``i`` of
-        distributed arguments (which must have ``parts`` parts), in copy ``i``'s update context (where the strategy's
-        distributed variables, an optimizer's slots say, read and update their copy ``i``
-        only) or, without ``in_update_copy``, in cross-replica context; the results
-        regrouped as a Mirrored (as is, when every call returned the same object), or their
-        tuple without ``group``."""
+        distributed arguments (which must have ``parts`` parts), in copy ``i``'s update
+        context (where the strategy's distributed variables, an optimizer's slots say, read
+        and update their copy ``i`` only) or, without ``in_update_copy``, in cross-replica
+        context; the results regrouped as a Mirrored (as is, when every call returned the
+        same object), or their tuple without ``group``."""
         # Arguments without a per-replica value are the same for every copy: no walk.
         split_args = contains_distributed(args, parts, what)
         split_kwargs = contains_distributed(kwargs, parts, what)
