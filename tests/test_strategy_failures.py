@@ -1447,7 +1447,13 @@ def test_a_collective_from_a_greenlet_inside_a_replica(execution):
     def fn():
         ctx = dv.get_replica_context()
         x = vals[ctx.replica_id_in_sync_group]
-        return greenlet.greenlet(lambda: ctx.all_reduce("SUM", x)).switch()
+        caller = greenlet.getcurrent()
+        # The greenlet hands its result back by switching, not by returning: greenlet
+        # (3.5.6) may deliver to the parent of a greenlet that returns the GreenletExit
+        # message of another greenlet of its thread that lost its last reference on
+        # another thread in the meantime (seen here once in a few runs under
+        # AddressSanitizer; see test_inline_steps_stay_right_when_greenlets_die_on_another_thread).
+        return greenlet.greenlet(lambda: caller.switch(ctx.all_reduce("SUM", x))).switch()
 
     try:
         if execution == "inline":
@@ -1461,6 +1467,45 @@ def test_a_collective_from_a_greenlet_inside_a_replica(execution):
         assert_usable(s)
     finally:
         s.close()
+
+
+def test_inline_steps_stay_right_when_greenlets_die_on_another_thread():
+    # A strategy's replica greenlets whose last reference goes on another thread are
+    # killed later, on their own thread, at its next greenlet call (greenlet's rule); a
+    # greenlet that returns may then hand its parent the GreenletExit's message instead
+    # of its value (a greenlet defect). Inline replicas switch explicitly and never
+    # return a value: the steps of another strategy on that thread keep their results.
+    vals = [np.arange(3.0) + 10 * r for r in range(2)]
+    b = mirrored(2, execution="inline")
+    try:
+        for _ in range(20):
+            a = mirrored(2, execution="inline")
+            a.run(lambda: dv.get_replica_context().all_reduce("SUM", np.ones(2)))
+            box = [a]
+            del a
+            ready = threading.Event()
+
+            def drop():
+                ready.wait()
+                box.clear()  # the last reference, on this thread: the greenlets are queued
+                gc.collect()
+
+            th = threading.Thread(target=drop)
+            th.start()
+
+            def fn():
+                ctx = dv.get_replica_context()
+                if ctx.replica_id_in_sync_group == 0:
+                    ready.set()
+                    th.join()
+                return ctx.all_reduce("SUM", vals[ctx.replica_id_in_sync_group])
+
+            out = b.run(fn)
+            for r in range(2):
+                assert isinstance(out.values[r], np.ndarray)
+                np.testing.assert_array_equal(out.values[r], vals[0] + vals[1])
+    finally:
+        b.close()
 
 
 def test_a_replica_thread_of_a_timed_out_step_changes_no_variable_afterwards():
