@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 import threading
 
 import numpy as np
@@ -884,3 +885,175 @@ def test_one_process_strategies_divide_nothing_whatever_the_policy(policy):
         assert got == plain == [[[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0], [6.0, 7.0]], [[8.0], [9.0]]]
     finally:
         s.close()
+
+
+# ---- filter, zip, concatenate, enumerate, unbatch, cache, flat_map, reduce, padded_batch ----
+
+
+def test_filter_and_take_while_need_a_bool_scalar_and_name_what_they_got():
+    ds = Dataset.range(4)
+    assert [int(x) for x in ds.filter(lambda x: x % 2 == 1)] == [1, 3]
+    assert [int(x) for x in ds.filter(lambda x: True)] == [0, 1, 2, 3]
+    for bad, text in ((lambda x: x, "int64 of shape ()"), (lambda x: np.array([True, False]), "bool of shape (2,)")):
+        with pytest.raises(ValueError, match=r"filter: the predicate must return a bool scalar.*" + re.escape(text)):
+            next(iter(ds.filter(bad)))
+    with pytest.raises(ValueError, match="take_while: the predicate"):
+        next(iter(ds.take_while(lambda x: 1)))
+    with pytest.raises(TypeError, match="predicate must be callable"):
+        ds.filter(3)
+
+
+def test_a_filter_whose_predicate_raises_stop_iteration_fails_that_element_only():
+    def keep(x):
+        if int(x) == 1:
+            raise StopIteration
+        return True
+
+    it = iter(Dataset.range(3).filter(keep))
+    assert int(next(it)) == 0
+    with pytest.raises(RuntimeError, match="filter: the function raised StopIteration"):
+        next(it)
+    assert int(next(it)) == 2
+
+
+def test_zip_packs_each_datasets_element_as_the_datasets_are_nested():
+    a = Dataset.range(3)
+    b = Dataset.from_tensor_slices(np.arange(10.0, 15.0))
+    out = list(Dataset.zip(Point(a, {"b": b, "c": (a,)})))
+    assert len(out) == 3
+    for i, e in enumerate(out):
+        assert isinstance(e, Point) and set(e.y) == {"b", "c"} and isinstance(e.y["c"], tuple)
+        assert int(e.x) == i and float(e.y["b"]) == 10.0 + i and int(e.y["c"][0]) == i
+    with pytest.raises(TypeError, match="give the datasets as positional arguments or as datasets="):
+        Dataset.zip(a, datasets=(a, b))
+    with pytest.raises(ValueError, match="zip: no datasets given"):
+        Dataset.zip(())
+
+
+def test_enumerate_counts_from_start_as_int64():
+    out = list(Dataset.from_tensor_slices(np.array([7, 8], np.int16)).enumerate(start=-2))
+    assert [(int(i), int(x)) for i, x in out] == [(-2, 7), (-1, 8)]
+    assert out[0][0].dtype == np.int64 and out[0][1].dtype == np.int16
+
+
+def test_concatenate_refuses_what_is_not_a_dataset_and_elements_that_differ():
+    a = Dataset.range(2)
+    with pytest.raises(TypeError, match="concatenate: dataset must be a distvals.data.Dataset, got list"):
+        a.concatenate([1, 2])
+    with pytest.raises(TypeError, match="incompatible dataset elements"):
+        a.concatenate(Dataset.range(2).map(lambda x: x.astype(np.int32)))
+    both = a.concatenate(Dataset.range(5, 7))
+    assert [int(x) for x in both] == [0, 1, 5, 6] and len(both) == 4
+
+
+def test_unbatch_gives_rows_of_their_own_and_names_components_of_different_sizes():
+    batches = [np.arange(6.0).reshape(3, 2)]
+    rows = list(Dataset.from_generator(lambda: iter(batches)).unbatch())
+    assert [r.tolist() for r in rows] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    rows[0][:] = -1
+    assert rows[1].tolist() == [2.0, 3.0] and batches[0][0].tolist() == [0.0, 1.0]
+    assert all(r.base is None for r in rows)  # not views that keep the whole batch alive
+
+    def uneven():
+        yield np.arange(2), np.arange(3)
+        yield np.arange(1), np.arange(1)
+
+    it = iter(Dataset.from_generator(uneven).unbatch())
+    with pytest.raises(ValueError, match="component 0 has 2, component 1 has 3"):
+        next(it)
+    a, b = next(it)  # the pass goes on with the next element
+    assert int(a) == 0 and int(b) == 0
+
+
+def test_cache_gives_copies_and_keeps_the_first_whole_pass():
+    calls = []
+
+    def gen():
+        calls.append(1)
+        for i in range(3):
+            yield np.full(2, float(i))
+
+    ds = Dataset.from_generator(gen).cache()
+    first = list(ds)
+    first[0][:] = 99.0  # the caller's own: the cache is not changed
+    again = list(ds)
+    assert [x.tolist() for x in again] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    again[1][:] = 99.0
+    assert [x.tolist() for x in ds][1] == [1.0, 1.0]
+    assert len(calls) == 1
+
+
+def test_cache_of_array_slices_keeps_the_first_passs_order_and_batches_by_slicing():
+    x = np.arange(20.0).reshape(10, 2)
+    ds = Dataset.from_tensor_slices(x).shuffle(10, seed=3).cache()
+    assert ds._rows is not None  # batch still cuts whole arrays
+    first = np.concatenate(list(ds.batch(4)))
+    second = np.concatenate(list(ds.batch(4)))
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(np.sort(first[:, 0]), x[:, 0])  # every row once
+    assert not np.array_equal(first, x)  # shuffled (seed 3 does not give the identity)
+
+
+def test_cache_takes_only_a_str_filename():
+    with pytest.raises(TypeError, match="cache: filename must be a str"):
+        Dataset.range(2).cache(3)
+
+
+def test_flat_map_needs_a_dataset_from_its_function():
+    it = iter(Dataset.range(3).flat_map(lambda x: Dataset.range(x) if int(x) != 1 else [1]))
+    with pytest.raises(TypeError, match="flat_map: map_func must return a distvals.data.Dataset, got list"):
+        next(it)
+    assert [int(v) for v in it] == [0, 1]
+
+
+def test_reduce_keeps_the_initial_states_structure_and_dtypes():
+    ds = Dataset.range(4)
+    total, count = ds.reduce((np.int64(0), np.int64(0)), lambda s, x: (s[0] + x, s[1] + 1))
+    assert (int(total), int(count)) == (6, 4) and total.dtype == np.int64
+    with pytest.raises(TypeError, match=r"reduce: reduce_func returned a state of structure \(\*, \*\); the initial"):
+        ds.reduce(np.int64(0), lambda s, x: (s, x))
+    with pytest.raises(TypeError, match=r"dtypes \['float64'\]; the initial state's are \['int64'\]"):
+        ds.reduce(np.int64(0), lambda s, x: s + x * 0.5)
+
+
+def test_padded_batch_checks_its_shapes_and_values():
+    words = Dataset.from_generator(
+        lambda: (np.arange(n, dtype=np.int8) for n in (2, 1)), output_signature=dv.TensorSpec((None,), np.int8)
+    )
+    out = list(words.padded_batch(2, padded_shapes=(3,), padding_values=-1))
+    assert out[0].dtype == np.int8 and out[0].tolist() == [[0, 1, -1], [0, -1, -1]]
+    with pytest.raises(
+        TypeError, match=r"padding value 300 of component 0 cannot be a int8: Python integer 300 out of bounds"
+    ):
+        words.padded_batch(2, padding_values=300)
+    with pytest.raises(TypeError, match=r"padding value 1.5 of component 0 is not exactly a int8"):
+        words.padded_batch(2, padding_values=1.5)
+    with pytest.raises(TypeError, match="padding value of component 0 has dtype int64; the component's is int8"):
+        words.padded_batch(2, padding_values=np.int64(1))
+    with pytest.raises(ValueError, match=r"padded shape \(2, 2\) of component 0 has rank 2"):
+        words.padded_batch(2, padded_shapes=[2, 2])
+    pairs = Dataset.zip((words, Dataset.range(2)))
+    with pytest.raises(ValueError, match="padded_shapes must nest like the elements"):
+        pairs.padded_batch(2, padded_shapes=[3])
+    # Without a spec (a generator with none) the checks come with the batch.
+    loose = Dataset.from_generator(lambda: iter([np.zeros(2), np.zeros((1, 1))]))
+    with pytest.raises(ValueError, match=r"component 0 has elements of different ranks \[1, 2\]"):
+        next(iter(loose.padded_batch(2)))
+
+
+def test_zipped_features_and_labels_split_over_replicas_in_both_modes():
+    x = np.arange(24.0, dtype=np.float32).reshape(8, 3)
+    y = np.arange(8, dtype=np.int64) * 10
+    ds = Dataset.zip((Dataset.from_tensor_slices(x), Dataset.from_tensor_slices(y))).batch(4)
+    for execution in ("inline", "threads"):
+        s = dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution)
+        try:
+            steps = list(s.experimental_distribute_dataset(ds))
+            assert len(steps) == 2
+            for k, (xs, ys) in enumerate(steps):
+                for r in range(2):
+                    rows = slice(4 * k + 2 * r, 4 * k + 2 * r + 2)
+                    np.testing.assert_array_equal(xs.values[r], x[rows])
+                    np.testing.assert_array_equal(ys.values[r], y[rows])
+        finally:
+            s.close()

@@ -162,7 +162,9 @@ class DistvalsApi:
 
 _DISTRIBUTED = {"PerReplica", "Mirrored", "MirroredVariable", "SyncOnReadVariable"}
 # TensorFlow's errors, as the Python exception a distvals user catches for the same thing.
-_TF_ERRORS = {"InvalidArgumentError": "ValueError", "OutOfRangeError": "OutOfRangeError"}
+# (TensorFlow's padded_batch reports an element larger than its padded shape as data loss;
+# distvals' is the ValueError of a bad element.)
+_TF_ERRORS = {"InvalidArgumentError": "ValueError", "OutOfRangeError": "OutOfRangeError", "DataLossError": "ValueError"}
 _BUILTIN_ERRORS = {"OutOfRangeError": "OutOfRangeError"}
 
 
@@ -645,6 +647,178 @@ def outcomes(ds, limit):
             continue
         seq.append(np.asarray(x).tolist())
     return seq
+
+
+def whole_pass(ds):
+    """A dataset's cardinality and every element of one pass, as plain lists."""
+    return int(ds.cardinality()), [np.asarray(x).tolist() if not isinstance(x, (tuple, dict)) else x for x in ds]
+
+
+@program()
+def filter_zip_concatenate_and_enumerate(api):
+    D = api.Dataset
+    a = D.range(10)
+    pairs = D.from_tensor_slices((np.arange(5, dtype=np.int32), np.arange(5, dtype=np.float32) / 2))
+    unknown = a.filter(lambda x: x % 3 == 0)
+    return [
+        whole_pass(a.filter(lambda x: x % 2 == 0)),
+        whole_pass(pairs.filter(lambda i, f: f > 0.7)),
+        a.filter(lambda x: x > 2).element_spec,
+        pairs.filter(lambda i, f: f > 0.7).batch(2).element_spec,
+        whole_pass(D.zip(a, pairs)),
+        whole_pass(D.zip({"n": a.take(3), "p": pairs})),
+        whole_pass(D.zip(datasets=(a.repeat(), a.take(2)))),
+        int(D.zip((unknown, a)).cardinality()),
+        int(D.zip((a.repeat(), a.repeat())).cardinality()),
+        D.zip((a, pairs)).element_spec,
+        whole_pass(a.take(2).concatenate(D.range(7, 9))),
+        [int(x.concatenate(y).cardinality()) for x in (a, unknown, a.repeat()) for y in (a, unknown, a.repeat())],
+        D.from_tensors(np.zeros(2)).concatenate(D.from_tensors(np.zeros(3))).element_spec,
+        whole_pass(pairs.enumerate(start=3)),
+        pairs.enumerate().element_spec,
+        whole_pass(a.filter(lambda x: x % 2 == 1).enumerate().batch(2)),
+    ]
+
+
+@program()
+def filter_zip_and_concatenate_errors(api):
+    D = api.Dataset
+    a = D.range(4)
+    out = []
+    for make in (
+        lambda: D.zip([a, a]),
+        lambda: D.zip((a, 3)),
+        lambda: a.concatenate(a.map(lambda x: x > 1)),
+        lambda: a.concatenate(D.zip((a, a))),
+        lambda: D.from_tensors({"a": 1}).concatenate(D.from_tensors({"b": 1})),
+        lambda: list(a.filter(lambda x: x)),
+        lambda: list(a.filter(lambda x: np.array([True, False]))),
+        lambda: len(a.repeat()),
+        lambda: len(a.filter(lambda x: x > 1)),
+        lambda: a.apply(lambda d: 3),
+    ):
+        try:
+            make()
+            out.append("ok")
+        except Exception as e:  # the kind of error is the result
+            out.append(error_kind(e))
+    return out + [len(a), len(a.batch(3)), bool(D.range(0))]
+
+
+@program()
+def an_exception_in_filter_fails_one_element_and_the_pass_goes_on(api):
+    f = failing_times_ten(api, 3)
+    D = api.Dataset
+    return [
+        outcomes(D.range(10).filter(lambda x: f(x) % 20 == 0), 12),
+        outcomes(D.range(6).map(f).filter(lambda x: x > 0), 12),
+        outcomes(D.zip((D.range(6).map(f), D.range(10))), 12),
+        outcomes(D.range(5).map(f).concatenate(D.range(2)), 12),
+        outcomes(D.range(6).take_while(lambda x: f(x) < 50), 12),
+    ]
+
+
+@program()
+def unbatch_take_while_flat_map_and_reduce(api):
+    D = api.Dataset
+    b = D.range(7).batch(3)
+    fixed = D.range(9).batch(3, drop_remainder=True)
+    pairs = D.zip((b, b.map(lambda x: x * 2)))
+    return [
+        whole_pass(b.unbatch()),
+        int(fixed.unbatch().cardinality()),
+        int(b.repeat().unbatch().cardinality()),
+        b.unbatch().element_spec,
+        pairs.unbatch().element_spec,
+        [np.asarray(x).tolist() for x in pairs.unbatch()],
+        whole_pass(fixed.unbatch().batch(2)),
+        whole_pass(D.range(10).take_while(lambda x: x < 4)),
+        whole_pass(D.range(4).flat_map(lambda x: D.range(x))),
+        whole_pass(D.range(3).flat_map(lambda x: D.from_tensors(x).repeat(2))),
+        D.range(5).reduce(np.int64(0), lambda s, x: s + x),
+        D.range(5).reduce((np.int64(0), np.int64(1)), lambda s, x: (s[0] + x, s[1] * 2)),
+        D.from_tensor_slices(np.arange(6.0, dtype=np.float32).reshape(3, 2)).reduce(
+            np.zeros(2, np.float32), lambda s, x: s + x
+        ),
+        whole_pass(D.range(3).apply(lambda d: d.map(lambda x: x * 2))),
+    ]
+
+
+@program()
+def unbatch_and_reduce_errors(api):
+    D = api.Dataset
+    out = []
+    for make in (
+        lambda: D.range(3).unbatch(),
+        lambda: D.range(5).reduce(0, lambda s, x: s + x),
+    ):
+        try:
+            make()
+            out.append("ok")
+        except Exception as e:  # the kind of error is the result
+            out.append(error_kind(e))
+    return out
+
+
+@program()
+def cache_keeps_the_first_whole_pass(api):
+    D = api.Dataset
+    calls = []
+
+    def gen():
+        calls.append(1)
+        yield from range(4)
+
+    g = D.from_generator(gen, output_signature=api.TensorSpec((), np.int64)).cache()
+    it = iter(g)
+    partial = [int(next(it)), int(next(it))]
+    first, second = [int(x) for x in g], [int(x) for x in g]
+    shuffled = D.range(8).shuffle(8, seed=1).cache()
+    sliced = D.from_tensor_slices(np.arange(6.0)).shuffle(6, seed=2).cache().batch(4)
+    return [
+        partial,
+        first,
+        second,
+        len(calls),
+        [int(x) for x in shuffled] == [int(x) for x in shuffled],
+        [np.asarray(x).tolist() for x in sliced] == [np.asarray(x).tolist() for x in sliced],
+        int(g.cardinality()),
+        int(D.range(5).cache().cardinality()),
+    ]
+
+
+@program()
+def padded_batch_pads_to_the_largest_or_the_given_shape(api):
+    D = api.Dataset
+
+    def gen():
+        for n in (1, 3, 2):
+            yield np.arange(n, dtype=np.int64) + 1, n
+
+    sig = (api.TensorSpec((None,), np.int64), api.TensorSpec((), np.int32))
+    ds = D.from_generator(gen, output_signature=sig)
+    words = D.from_generator(lambda: (np.arange(n, dtype=np.int64) for n in (1, 3, 2)), output_signature=sig[0])
+    return [
+        [np.asarray(x).tolist() for x in words.padded_batch(2)],
+        words.padded_batch(2).element_spec,
+        [np.asarray(x).tolist() for x in words.padded_batch(2, padded_shapes=[4], padding_values=np.int64(-1))],
+        words.padded_batch(2, padded_shapes=[4], drop_remainder=True).element_spec,
+        [[np.asarray(v).tolist() for v in x] for x in ds.padded_batch(3, padding_values=(np.int64(9), np.int32(0)))],
+        ds.padded_batch(2).element_spec,
+        [np.asarray(x).tolist() for x in D.range(5).padded_batch(2)],
+        int(D.range(5).padded_batch(2).cardinality()),
+        outcomes(words.padded_batch(1, padded_shapes=[2]), 5),
+    ]
+
+
+@program()
+def zipped_features_and_labels_distributed(api):
+    s = api.strategy(2)
+    D = api.Dataset
+    x = D.from_tensor_slices(np.arange(12, dtype=np.float32).reshape(6, 2))
+    y = D.from_tensor_slices(np.arange(6, dtype=np.int64)).filter(lambda v: v >= 0)
+    ds = D.zip((x, y)).batch(4)
+    return [s.experimental_local_results(b) for b in s.experimental_distribute_dataset(ds)]
 
 
 @program()

@@ -1,9 +1,11 @@
 """``distvals.data.Dataset``: a small input pipeline in the style of ``tf.data.Dataset``.
 
-Enough for examples and tests: ``from_tensor_slices``, ``from_tensors``, ``range``,
-``from_generator``, ``batch``, ``shuffle``, ``repeat``, ``take``, ``skip``, ``shard``,
-``map``, ``prefetch``, ``with_options`` (``distvals.data.Options``, see
-``distvals.data_options``), and ``element_spec`` / ``cardinality()`` as tf.data has them.
+The sources ``from_tensor_slices``, ``from_tensors``, ``range``, ``from_generator`` and
+``zip``; the transformations ``batch``, ``padded_batch``, ``unbatch``, ``shuffle``,
+``repeat``, ``take``, ``skip``, ``take_while``, ``shard``, ``map``, ``flat_map``,
+``filter``, ``concatenate``, ``enumerate``, ``cache``, ``apply``, ``prefetch`` and
+``with_options`` (``distvals.data.Options``, see ``distvals.data_options``); ``reduce``;
+and ``element_spec``, ``cardinality()`` and ``len()`` as tf.data has them.
 ``num_parallel_calls`` (``AUTOTUNE`` or a count) and ``deterministic`` are accepted
 where tf.data takes them; elements are still made one at a time, in order, on the
 thread that asks for them. Iteration yields numpy arrays
@@ -30,16 +32,44 @@ element.
 
 from __future__ import annotations
 
-import contextvars
 import itertools
-import threading
 import typing
 from typing import Any, Callable, Iterator, List
 
 import numpy as np
 
 from . import nest, specs
-from ._convert import as_numpy
+from .data_elements import (
+    bool_scalar,
+    conform,
+    convert_element,
+    convert_leaf,
+    copy_element,
+    flatten,
+    flatten_up_to,
+    is_structure,
+    merged_spec,
+    numpy_dtype,
+    pack,
+    pad_stack,
+    padding_value,
+    same_structure,
+    structure_text,
+)
+from .data_iterators import (
+    FUSE,
+    BatchIterator,
+    CacheIterator,
+    ChainIterator,
+    CountedIterator,
+    FilterIterator,
+    RepeatIterator,
+    ShardIterator,
+    Shared,
+    ShuffleIterator,
+    UnbatchIterator,
+    ZipIterator,
+)
 from .data_options import (
     AutoShardPolicy,
     AutotuneOptions,
@@ -50,7 +80,6 @@ from .data_options import (
     ThreadingOptions,
     fuses_map_and_batch,
 )
-from .fork_locks import renewed_after_fork
 from .optional import Optional as Optional  # tf.data.experimental.Optional's place
 
 __all__ = [
@@ -75,12 +104,8 @@ AUTOTUNE = -1
 INFINITE_CARDINALITY = -1
 UNKNOWN_CARDINALITY = -2
 
-_INT32 = np.iinfo(np.int32)
 # The options of a dataset that was given none.
 _NO_OPTIONS = Options()._freeze()
-# While a pass's iterators are made: whether its options keep tf.data's map-and-batch
-# fusion (they are the pipeline's, set on any of its datasets, as in tf.data).
-_FUSE = contextvars.ContextVar("distvals_data_fuse", default=True)
 
 
 def _first_good(it: Iterator[Any], failures: List[Exception]) -> Any:
@@ -120,79 +145,6 @@ class _Resumed:
         return next(self._rest)
 
 
-# As in tf.data, tuples (namedtuples too) and dicts are structures; a list is one
-# component, converted to an array.
-
-
-def _is_structure(x: Any) -> bool:
-    return isinstance(x, (tuple, dict))
-
-
-def _flatten(x: Any) -> List[Any]:
-    if isinstance(x, tuple):
-        return [leaf for item in x for leaf in _flatten(item)]
-    if isinstance(x, dict):
-        return [leaf for k in nest._sorted_keys(x) for leaf in _flatten(x[k])]
-    return [x]
-
-
-def _pack(template: Any, leaves: List[Any]) -> Any:
-    it = iter(leaves)
-
-    def build(t: Any) -> Any:
-        if isinstance(t, tuple):
-            items = [build(v) for v in t]
-            return type(t)(*items) if hasattr(type(t), "_fields") else type(t)(items)
-        if isinstance(t, dict):
-            values = {k: build(t[k]) for k in nest._sorted_keys(t)}
-            return type(t)((k, values[k]) for k in t)
-        return next(it)
-
-    return build(template)
-
-
-def _python_numbers(x: Any) -> bool:
-    """True for Python numbers and (nested) lists and tuples of only them."""
-    if isinstance(x, (list, tuple)):
-        return all(_python_numbers(v) for v in x)
-    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
-
-
-def convert_leaf(x: Any, what: str) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "dtype"):
-        # numpy scalars and tensors of other libraries keep their dtype. (A torch
-        # tensor's numpy view also stops resize_ from moving its memory under it.)
-        return as_numpy(x)
-    a = np.asarray(x)
-    if a.dtype == np.float64 and _python_numbers(x):
-        # Python floats become float32, as in TensorFlow; numpy float64 values in a list
-        # keep their dtype there too.
-        return a.astype(np.float32)
-    if (
-        a.dtype.kind == "i"
-        and a.dtype.itemsize > 4
-        and (a.size == 0 or (a.min() >= _INT32.min and a.max() <= _INT32.max))
-        and _python_numbers(x)
-    ):
-        # Python ints become int32 where they fit, as in TensorFlow; numpy int64 values
-        # in a list keep their dtype.
-        return a.astype(np.int32)
-    if a.dtype == object:
-        raise TypeError(f"{what}: cannot make an array of {x!r}; nested lists must be rectangular")
-    return a
-
-
-def _convert_element(x: Any, what: str, copy: bool = False) -> Any:
-    """An element (a leaf or a nested structure) with every leaf converted to an array
-    (with ``copy``, arrays of its own, never the caller's)."""
-    leaves = [convert_leaf(v, what) for v in _flatten(x)]
-    if copy:
-        leaves = [np.array(a, copy=True) if _shares(a, v) else a for a, v in zip(leaves, _flatten(x))]
-    return _pack(x, leaves) if _is_structure(x) else leaves[0]
-
-
 class _Rows:
     """What a dataset of array slices is: ``arrays`` (the leaves of ``template``) and,
     for each pass, a stream of row selections (``range``s, or index arrays once
@@ -213,7 +165,7 @@ class _Rows:
     # nor what a later epoch reads (as with tf.data, whose tensors cannot change).
     def element(self, i: int) -> Any:
         parts = [a[i, ...].copy() for a in self.arrays]
-        return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
+        return pack(self.template, parts) if is_structure(self.template) else parts[0]
 
     def batch(self, rows: Any) -> Any:
         """The element holding ``rows`` (a range of step 1: one copy of consecutive rows;
@@ -222,7 +174,7 @@ class _Rows:
             parts = [a[rows.start : rows.stop].copy() for a in self.arrays]
         else:
             parts = [a[rows] for a in self.arrays]
-        return _pack(self.template, parts) if _is_structure(self.template) else parts[0]
+        return pack(self.template, parts) if is_structure(self.template) else parts[0]
 
 
 def _cut(selections: Iterator[Any], start: int, stop: typing.Optional[int]) -> Iterator[Any]:
@@ -352,7 +304,7 @@ class Dataset:
     def from_tensor_slices(tensors: Any) -> Dataset:
         """One element per index along the first axis of every component of ``tensors``
         (an array-like or a nested structure of them, all with the same first size)."""
-        leaves = _flatten(tensors)
+        leaves = flatten(tensors)
         if not leaves:
             raise ValueError("from_tensor_slices: no components given")
         arrays = [convert_leaf(x, "from_tensor_slices") for x in leaves]
@@ -371,7 +323,7 @@ class Dataset:
                 )
         rows = _Rows(tensors, arrays, lambda: iter((range(size),)))
         leaf_specs = [specs.TensorSpec(a.shape[1:], a.dtype) for a in arrays]
-        spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
+        spec = pack(tensors, leaf_specs) if is_structure(tensors) else leaf_specs[0]
         return Dataset(
             _rows_maker(rows),
             batched=False,
@@ -386,13 +338,13 @@ class Dataset:
         """A dataset of one element, ``tensors``."""
         # A copy of the caller's arrays, and each pass hands out a copy of its own: a step
         # that edits its element changes neither the caller's arrays nor the next pass.
-        leaves = [np.array(convert_leaf(x, "from_tensors"), copy=True) for x in _flatten(tensors)]
+        leaves = [np.array(convert_leaf(x, "from_tensors"), copy=True) for x in flatten(tensors)]
         leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
-        spec = _pack(tensors, leaf_specs) if _is_structure(tensors) else leaf_specs[0]
+        spec = pack(tensors, leaf_specs) if is_structure(tensors) else leaf_specs[0]
 
         def one() -> Iterator[Any]:
             fresh = [a.copy() for a in leaves]
-            yield _pack(tensors, fresh) if _is_structure(tensors) else fresh[0]
+            yield pack(tensors, fresh) if is_structure(tensors) else fresh[0]
 
         return Dataset(one, description="TensorDataset(1 element)", spec=spec, cardinality=1)
 
@@ -400,7 +352,7 @@ class Dataset:
     def range(*args: int, output_type: Any = np.int64, name: typing.Optional[str] = None) -> Dataset:
         """Like Python's ``range``: elements are 0-d arrays of ``output_type`` (int64)."""
         r = range(*args)
-        dtype = _numpy_dtype(output_type)
+        dtype = numpy_dtype(output_type)
         return Dataset(
             lambda: (np.array(i, dtype=dtype) for i in r),
             batched=False,
@@ -435,17 +387,14 @@ class Dataset:
             spec = _signature_of(output_types, output_shapes)
         elif spec is None and output_shapes is not None:
             raise TypeError("from_generator: output_shapes needs output_types")
-        if spec is not None and any(type(leaf).__name__ == "TensorSpec" for leaf in _flatten(spec)):
+        if spec is not None and any(type(leaf).__name__ == "TensorSpec" for leaf in flatten(spec)):
             # TensorFlow's TensorSpecs (a signature written for tf.data) as ours.
-            spec = _pack(
+            spec = pack(
                 spec,
-                [
-                    leaf if isinstance(leaf, specs.TensorSpec) else specs.from_tensorflow(leaf)
-                    for leaf in _flatten(spec)
-                ],
+                [leaf if isinstance(leaf, specs.TensorSpec) else specs.from_tensorflow(leaf) for leaf in flatten(spec)],
             )
         if spec is not None:
-            for leaf in _flatten(spec):
+            for leaf in flatten(spec):
                 if not isinstance(leaf, specs.TensorSpec):
                     raise TypeError(
                         f"from_generator: output_signature must hold TensorSpec leaves, got {type(leaf).__name__}"
@@ -455,7 +404,7 @@ class Dataset:
         def convert(x: Any) -> Any:
             # Copies, as tf.data makes tensors of what a generator yields: a generator may
             # refill one buffer and yield it each time.
-            return _convert_element(x, "from_generator", copy=True) if spec is None else _conform(x, spec)
+            return convert_element(x, "from_generator", copy=True) if spec is None else conform(x, spec)
 
         def make() -> Iterator[Any]:
             return map(convert, iter(generator(*call_args)))
@@ -491,7 +440,7 @@ class Dataset:
             whole = self._mapped
 
             def make() -> Iterator[Any]:
-                return _BatchIterator(source._iterate(), batch_size, drop_remainder, whole)
+                return BatchIterator(source._iterate(), batch_size, drop_remainder, whole)
 
         spec = None if self._spec is None else specs.with_batch(self._spec, batch_size if drop_remainder else None)
         return Dataset(
@@ -541,7 +490,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, rows=rows)
 
         def make() -> Iterator[Any]:
-            return _ShuffleIterator(source._iterate(), buffer_size, generator)
+            return ShuffleIterator(source._iterate(), buffer_size, generator)
 
         return self._derived(make, description)
 
@@ -581,7 +530,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, finite=finite, cardinality=new_card, rows=rows)
 
         def make() -> Iterator[Any]:
-            return _RepeatIterator(source, passes())
+            return RepeatIterator(source, passes())
 
         return self._derived(make, description, finite=finite, cardinality=new_card)
 
@@ -602,7 +551,7 @@ class Dataset:
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), 0, count))
             return self._derived(_rows_maker(rows), description, finite=True, cardinality=new_card, rows=rows)
         return self._derived(
-            lambda: _CountedIterator(source._iterate(), count, 0), description, finite=True, cardinality=new_card
+            lambda: CountedIterator(source._iterate(), count, 0), description, finite=True, cardinality=new_card
         )
 
     def skip(self, count: int) -> Dataset:
@@ -619,7 +568,7 @@ class Dataset:
             src_rows = self._rows
             rows = src_rows.derive(lambda: _cut(src_rows.selections(), count, None))
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
-        return self._derived(lambda: _CountedIterator(source._iterate(), -1, count), description, cardinality=new_card)
+        return self._derived(lambda: CountedIterator(source._iterate(), -1, count), description, cardinality=new_card)
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Every ``num_shards``-th element, from element ``index`` on: this input
@@ -657,7 +606,7 @@ class Dataset:
             rows = src_rows.derive(selections)
             return self._derived(_rows_maker(rows), description, cardinality=new_card, rows=rows)
         return self._derived(
-            lambda: _ShardIterator(source._iterate(), num_shards, index), description, cardinality=new_card
+            lambda: ShardIterator(source._iterate(), num_shards, index), description, cardinality=new_card
         )
 
     def map(
@@ -685,7 +634,7 @@ class Dataset:
                 raise RuntimeError(f"map: the map function raised StopIteration: {e!r}") from e
             if type(y) is list:
                 y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
-            return _convert_element(y, "map")
+            return convert_element(y, "map")
 
         def make() -> Iterator[Any]:
             # The builtin map: an exception in fn reaches next() and leaves it usable.
@@ -702,6 +651,302 @@ class Dataset:
         )
         out._mapped = True
         return out
+
+    def filter(self, predicate: Callable[..., Any], name: typing.Optional[str] = None) -> Dataset:
+        """The elements for which ``predicate`` (called as ``map`` calls its function) returns
+        True; it must return a bool scalar. An exception in it fails that element's
+        ``next()``, and the pass goes on after it, as in tf.data. Its cardinality is
+        unknown, as tf.data's."""
+        keep = _predicate(predicate, "filter")
+        source = self
+        return self._derived(
+            lambda: FilterIterator(source._iterate(), keep), "FilterDataset", cardinality=UNKNOWN_CARDINALITY
+        )
+
+    def take_while(self, predicate: Callable[..., Any], name: typing.Optional[str] = None) -> Dataset:
+        """The elements up to (not including) the first for which ``predicate`` (called as
+        ``map`` calls its function, returning a bool scalar) returns False."""
+        keep = _predicate(predicate, "take_while")
+        source = self
+        return self._derived(
+            lambda: FilterIterator(source._iterate(), keep, until=True),
+            "TakeWhileDataset",
+            finite=True,
+            cardinality=UNKNOWN_CARDINALITY,
+        )
+
+    @staticmethod
+    def zip(*args: Any, datasets: Any = None, name: typing.Optional[str] = None) -> Dataset:
+        """Elements made of one element of each dataset, nested as the datasets are given:
+        ``zip(a, b)`` or ``zip((a, b))`` gives tuples, ``zip({"x": a, "y": b})`` dicts
+        (structures of tuples, namedtuples and dicts nest; a list is a ``TypeError``, as in
+        tf.data). It ends with the shortest dataset."""
+        if args and datasets is not None:
+            raise TypeError("zip: give the datasets as positional arguments or as datasets=, not both")
+        if datasets is None:
+            if not args:
+                raise TypeError("zip: no datasets given")
+            datasets = args[0] if len(args) == 1 else tuple(args)
+        parts = _datasets_in(datasets, "zip")
+        cards = [d._cardinality for d in parts]
+        if UNKNOWN_CARDINALITY in cards:
+            card = UNKNOWN_CARDINALITY
+        else:
+            known = [c for c in cards if c != INFINITE_CARDINALITY]
+            card = min(known) if known else INFINITE_CARDINALITY
+        specs_of = [d._spec for d in parts]
+        spec = None if any(sp is None for sp in specs_of) else _pack_datasets(datasets, specs_of)
+        batched = {d._batched for d in parts}
+
+        def pack_one(elements: List[Any]) -> Any:
+            return _pack_datasets(datasets, elements)
+
+        def make() -> Iterator[Any]:
+            return ZipIterator([d._iterate() for d in parts], pack_one)
+
+        return Dataset(
+            make,
+            batched=batched.pop() if len(batched) == 1 else None,
+            finite=any(d._finite for d in parts),
+            description=name or f"ZipDataset({len(parts)})",
+            spec=spec,
+            cardinality=card,
+            options=_merged_options(parts),
+        )
+
+    def concatenate(self, dataset: Dataset, name: typing.Optional[str] = None) -> Dataset:
+        """This dataset's elements, then ``dataset``'s. Their elements must have the same
+        structure and dtypes (else ``TypeError``, as in tf.data); a dimension that differs
+        between the two is None in ``element_spec``."""
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"concatenate: dataset must be a distvals.data.Dataset, got {type(dataset).__name__}")
+        first, second = self._known_spec(), dataset._known_spec()
+        spec = merged_spec(first, second, "concatenate") if first is not None and second is not None else None
+        a, b = self._cardinality, dataset._cardinality
+        if INFINITE_CARDINALITY in (a, b):
+            card = INFINITE_CARDINALITY
+        elif UNKNOWN_CARDINALITY in (a, b):
+            card = UNKNOWN_CARDINALITY
+        else:
+            card = a + b
+        source = self
+
+        def make() -> Iterator[Any]:
+            # The second pass starts when the first has ended.
+            return ChainIterator(d._iterate() for d in (source, dataset))
+
+        return Dataset(
+            make,
+            batched=self._batched if self._batched == dataset._batched else None,
+            finite=self._finite and dataset._finite,
+            description=name or "ConcatenateDataset",
+            spec=spec,
+            cardinality=card,
+            options=_merged_options([self, dataset]),
+        )
+
+    def enumerate(self, start: int = 0, name: typing.Optional[str] = None) -> Dataset:
+        """Pairs ``(i, element)``, ``i`` counting from ``start`` as an int64 0-d array."""
+        start = _count(start, "enumerate", "start")
+        counter = Dataset(
+            lambda: (np.array(i, dtype=np.int64) for i in itertools.count(start)),
+            batched=False,
+            finite=False,
+            spec=specs.TensorSpec((), np.int64),
+            cardinality=INFINITE_CARDINALITY,
+        )
+        return Dataset.zip((counter, self), name=name or "EnumerateDataset")
+
+    def unbatch(self, name: typing.Optional[str] = None) -> Dataset:
+        """The rows of every element (the slices along the first axis of its components,
+        which must all have that axis, of one size): the inverse of ``batch``."""
+        spec = self._spec
+        if spec is not None:
+            for i, leaf in enumerate(flatten(spec)):
+                if leaf.shape is not None and len(leaf.shape) == 0:
+                    raise ValueError(f"unbatch: component {i} is a scalar; every component needs an axis to unbatch")
+            spec = pack(spec, [_row_spec(leaf) for leaf in flatten(spec)]) if is_structure(spec) else _row_spec(spec)
+        card = self._cardinality
+        if card >= 0 and self._spec is not None:
+            # Batches of a known size (batch with drop_remainder) give that many rows each.
+            sizes = {leaf.shape[0] if leaf.shape else None for leaf in flatten(self._spec)}
+            size = sizes.pop() if len(sizes) == 1 else None
+            card = card * size if size is not None else UNKNOWN_CARDINALITY
+        elif card >= 0:
+            card = UNKNOWN_CARDINALITY
+        source = self
+        return self._derived(
+            lambda: UnbatchIterator(source._iterate()),
+            name or "UnbatchDataset",
+            batched=False,
+            spec=spec,
+            cardinality=card,
+        )
+
+    def cache(self, filename: str = "", name: typing.Optional[str] = None) -> Dataset:
+        """The elements of the first pass that reaches its end, given again by every later
+        pass (a pass cut short keeps nothing; a failed element is not kept). distvals keeps
+        the cache in memory: a ``filename`` is accepted, and nothing is written to it.
+        Every element handed out is a copy of its own."""
+        if not isinstance(filename, str):
+            raise TypeError(f"cache: filename must be a str, got {type(filename).__name__}")
+        description = name or "CacheDataset"
+        kept: List[Any] = []
+        done = False
+        if self._rows is not None:
+            # Slices of arrays: keep the first whole pass's row selections (a shuffled
+            # order stays that order, as tf.data's cache keeps its elements).
+            src_rows = self._rows
+
+            def selections() -> Iterator[Any]:
+                nonlocal done
+                if done:
+                    yield from kept
+                    return
+                seen = []
+                for sel in src_rows.selections():
+                    seen.append(sel)
+                    yield sel
+                if not done:
+                    kept[:], done = seen, True
+
+            rows = src_rows.derive(selections)
+            return self._derived(_rows_maker(rows), description, rows=rows)
+
+        def complete(elements: List[Any]) -> None:
+            nonlocal done
+            if not done:
+                kept[:], done = elements, True
+
+        source = self
+
+        def make() -> Iterator[Any]:
+            if done:
+                return (copy_element(x) for x in kept)
+            return CacheIterator(source._iterate(), complete)
+
+        return self._derived(make, description)
+
+    def flat_map(self, map_func: Callable[..., Any], name: typing.Optional[str] = None) -> Dataset:
+        """The elements of the datasets that ``map_func`` (called as ``map`` calls its
+        function) returns for each element, one dataset after another."""
+        if not callable(map_func):
+            raise TypeError(f"flat_map: map_func must be callable, got {type(map_func).__name__}")
+        source = self
+
+        def inner(x: Any) -> Iterator[Any]:
+            d = _call_with_element(map_func, x, "flat_map")
+            if not isinstance(d, Dataset):
+                raise TypeError(f"flat_map: map_func must return a distvals.data.Dataset, got {type(d).__name__}")
+            return d._iterate()
+
+        return Dataset(
+            lambda: ChainIterator(map(inner, source._iterate())),
+            description=name or "FlatMapDataset",
+            options=self._options,
+        )
+
+    def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
+        """``transformation_func(self)``, which must return a dataset."""
+        out = transformation_func(self)
+        if not isinstance(out, Dataset):
+            raise TypeError(f"apply: transformation_func must return a distvals.data.Dataset, got {type(out).__name__}")
+        return out
+
+    def reduce(
+        self, initial_state: Any, reduce_func: Callable[[Any, Any], Any], name: typing.Optional[str] = None
+    ) -> Any:
+        """``reduce_func(state, element)`` over the whole dataset from ``initial_state``; the
+        last state, as numpy arrays (nested like ``initial_state``). Every state must have
+        the structure and dtypes of the initial one (``TypeError`` naming the difference,
+        as in tf.data, where Python ints are int32 and floats float32)."""
+        if not callable(reduce_func):
+            raise TypeError(f"reduce: reduce_func must be callable, got {type(reduce_func).__name__}")
+        state = convert_element(_as_tuple(initial_state), "reduce")
+        kinds = [a.dtype for a in flatten(state)]
+        for x in self._pass():
+            new = convert_element(_as_tuple(reduce_func(state, x)), "reduce")
+            if not same_structure(new, state) or not same_structure(state, new):
+                raise TypeError(
+                    f"reduce: reduce_func returned a state of structure {structure_text(new)}; the initial "
+                    f"state's is {structure_text(state)}"
+                )
+            got = [a.dtype for a in flatten(new)]
+            if got != kinds:
+                raise TypeError(
+                    f"reduce: reduce_func returned a state of dtypes {[str(d) for d in got]}; the initial "
+                    f"state's are {[str(d) for d in kinds]}"
+                )
+            state = new
+        return state
+
+    def padded_batch(
+        self,
+        batch_size: int,
+        padded_shapes: Any = None,
+        padding_values: Any = None,
+        drop_remainder: bool = False,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """Like ``batch``, for elements whose components differ in shape: each component is
+        padded with its padding value (``padding_values``, nested like the elements, or one
+        value for all; by default 0, False or an empty string) up to its padded shape
+        (``padded_shapes``, nested like the elements, each a shape in which None or -1
+        means the largest in the batch; by default the largest in the batch in every
+        dimension). An element larger than its padded shape fails its batch."""
+        if _count(batch_size, "padded_batch", "batch_size") < 1:
+            raise ValueError(f"padded_batch: batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(drop_remainder, (bool, np.bool_)):
+            raise TypeError(f"padded_batch: drop_remainder must be a bool, got {drop_remainder!r}")
+        batch_size = int(batch_size)
+        spec = self._known_spec()
+        leaf_specs = None if spec is None else flatten(spec)
+        shapes = _padded_shapes(padded_shapes, spec)
+        dtypes = None if leaf_specs is None else [leaf.dtype for leaf in leaf_specs]
+        values = _padding_values(padding_values, spec, dtypes)
+        source = self
+
+        def combine(elements: List[Any]) -> Any:
+            leaves = flatten(elements[0])
+            n = len(leaves)
+            if (shapes is not None and len(shapes) != n) or len(values) not in (1, n):
+                raise ValueError(
+                    f"padded_batch: elements have {n} components; padded_shapes or padding_values has another number"
+                )
+            vals = [
+                padding_value(values[0] if len(values) == 1 else values[i], np.asarray(leaf).dtype, f"of component {i}")
+                if dtypes is None
+                else values[i if len(values) > 1 else 0]
+                for i, leaf in enumerate(leaves)
+            ]
+            return pad_stack(elements, shapes if shapes is not None else [None] * n, vals)
+
+        out_spec = None
+        if spec is not None:
+            batch_dim = batch_size if drop_remainder else None
+            out_leaves = [
+                specs.TensorSpec(
+                    None
+                    if leaf.shape is None
+                    else (batch_dim,)
+                    + tuple(
+                        (leaf.shape[d] if shapes is None or shapes[i][d] is None else shapes[i][d])
+                        for d in range(len(leaf.shape))
+                    ),
+                    leaf.dtype,
+                )
+                for i, leaf in enumerate(flatten(spec))
+            ]
+            out_spec = pack(spec, out_leaves) if is_structure(spec) else out_leaves[0]
+        return Dataset(
+            lambda: BatchIterator(source._iterate(), batch_size, bool(drop_remainder), False, combine),
+            batched=True,
+            finite=self._finite,
+            description=name or f"PaddedBatchDataset({batch_size})",
+            spec=out_spec,
+            cardinality=_card_batch(self._cardinality, batch_size, bool(drop_remainder)),
+            options=self._options,
+        )
 
     def prefetch(self, buffer_size: Any = AUTOTUNE, name: typing.Optional[str] = None) -> Dataset:
         """Accepted for compatibility (``buffer_size``: ``AUTOTUNE`` or a count of at
@@ -760,9 +1005,9 @@ class Dataset:
                 self._saved = _Resumed(failures, [], it)
                 raise
             self._saved = _Resumed(failures, [first], it)
-            leaves = [np.asarray(x) for x in _flatten(first)]
+            leaves = [np.asarray(x) for x in flatten(first)]
             leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
-            spec = _pack(first, leaf_specs) if _is_structure(first) else leaf_specs[0]
+            spec = pack(first, leaf_specs) if is_structure(first) else leaf_specs[0]
             self._spec = specs.unbatched(spec) if self._batched else spec
         return self._spec
 
@@ -772,18 +1017,40 @@ class Dataset:
         card: np.int64 = np.int64(self._cardinality)  # numpy's stubs make this Any
         return card
 
+    def _known_spec(self) -> Any:
+        """``element_spec`` when it can be had (None for an empty dataset whose spec is
+        unknown, or one whose first elements all fail)."""
+        if self._spec is not None:
+            return self._spec
+        try:
+            return self.element_spec
+        except Exception:  # noqa: BLE001 - the data tells later; the spec stays unknown
+            return None
+
+    def __len__(self) -> int:
+        """The number of elements; ``TypeError`` when it is infinite or unknown (as in
+        tf.data: see ``cardinality()``)."""
+        if self._cardinality == INFINITE_CARDINALITY:
+            raise TypeError("The dataset is infinite.")
+        if self._cardinality < 0:
+            raise TypeError("The dataset length is unknown.")
+        return self._cardinality
+
+    def __bool__(self) -> bool:
+        return True  # a dataset is true even when empty or of unknown length, as in tf.data
+
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return _Shared(self._pass())
+        return Shared(self._pass())
 
     def _pass(self) -> Iterator[Any]:
         """A pass of the whole pipeline this dataset ends: ``_iterate`` with this
         dataset's options in force while its iterators are made."""
-        token = _FUSE.set(fuses_map_and_batch(self._options))
+        token = FUSE.set(fuses_map_and_batch(self._options))
         try:
             return self._iterate()
         finally:
-            _FUSE.reset(token)
+            FUSE.reset(token)
 
     def _iterate(self) -> Iterator[Any]:
         """A pass's iterator without the lock of ``__iter__``'s: what the combinators
@@ -808,6 +1075,151 @@ def _count(value: Any, what: str, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what}: {name} must be an int, got {value!r}")
     return int(value)
+
+
+def _call_with_element(fn: Callable[..., Any], x: Any, what: str) -> Any:
+    """``fn`` called as ``map`` calls it (a tuple element as its arguments)."""
+    try:
+        return fn(*x) if type(x) is tuple else fn(x)
+    except StopIteration as e:
+        # Not the end of the data (the iterators would take it for that): an error of
+        # this element, as a generator turns it into one.
+        raise RuntimeError(f"{what}: the function raised StopIteration: {e!r}") from e
+
+
+def _predicate(predicate: Any, what: str) -> Callable[[Any], bool]:
+    if not callable(predicate):
+        raise TypeError(f"{what}: predicate must be callable, got {type(predicate).__name__}")
+
+    def keep(x: Any) -> bool:
+        return bool_scalar(_call_with_element(predicate, x, what), what)
+
+    return keep
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(x) if type(x) is list else x  # as map: a list a function returns is a tuple
+
+
+def _datasets_in(structure: Any, what: str) -> List[Dataset]:
+    """The datasets of a structure of them (tuples, namedtuples, dicts)."""
+    if isinstance(structure, list):
+        raise TypeError(f"{what}: datasets must be nested in tuples or dicts; a list is not supported, use a tuple")
+    leaves = flatten(structure)
+    for leaf in leaves:
+        if isinstance(leaf, list):
+            raise TypeError(f"{what}: datasets must be nested in tuples or dicts; a list is not supported, use a tuple")
+        if not isinstance(leaf, Dataset):
+            raise TypeError(
+                f"{what}: expected (a structure of) distvals.data.Dataset objects, got {type(leaf).__name__}"
+            )
+    if not leaves:
+        raise ValueError(f"{what}: no datasets given")
+    return leaves
+
+
+def _pack_datasets(structure: Any, parts: List[Any]) -> Any:
+    return pack(structure, parts) if is_structure(structure) else parts[0]
+
+
+def _merged_options(datasets: List[Dataset]) -> Options:
+    options = datasets[0]._options
+    for d in datasets[1:]:
+        if d._options is not _NO_OPTIONS:
+            options = options.merge(d._options)._freeze()
+    return options
+
+
+def _row_spec(leaf: Any) -> Any:
+    return specs.TensorSpec(None if leaf.shape is None else leaf.shape[1:], leaf.dtype)
+
+
+def _padded_shapes(padded_shapes: Any, spec: Any) -> Any:
+    """padded_batch's shapes, one per component (None where given none), each a tuple in
+    which None is the batch's largest."""
+    if padded_shapes is None:
+        return None
+
+    def one(shape: Any, i: int) -> Any:
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) and hasattr(shape, "as_list"):
+            shape = shape.as_list()  # a TensorShape
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(f"padded_batch: padded shape of component {i} must be a shape, got {shape!r}")
+        out: List[typing.Optional[int]] = []
+        for d in shape:
+            if d is None or (isinstance(d, (int, np.integer)) and d == -1):
+                out.append(None)
+            elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
+                out.append(int(d))
+            else:
+                raise ValueError(f"padded_batch: padded shape of component {i} has a bad size {d!r}")
+        return tuple(out)
+
+    # Nested like the elements where their spec is known; otherwise a shape is a list
+    # (or a tuple of sizes), and tuples of shapes and dicts are structures.
+    def is_shape(x: Any) -> bool:
+        return (
+            isinstance(x, list)
+            or hasattr(x, "as_list")
+            or (isinstance(x, tuple) and all(d is None or isinstance(d, (int, np.integer)) for d in x))
+        )
+
+    def leaves_of(x: Any) -> List[Any]:
+        if is_shape(x) or not isinstance(x, (tuple, dict)):
+            return [x]
+        if isinstance(x, tuple):
+            return [leaf for v in x for leaf in leaves_of(v)]
+        return [leaf for k in nest._sorted_keys(x) for leaf in leaves_of(x[k])]
+
+    if spec is not None and is_structure(spec):
+        if not same_structure(padded_shapes, spec):
+            raise ValueError(
+                f"padded_batch: padded_shapes must nest like the elements, {structure_text(spec)}; got {padded_shapes!r}"
+            )
+        given = flatten_up_to(spec, padded_shapes)
+    else:
+        given = [padded_shapes] if spec is not None else leaves_of(padded_shapes)
+    shapes = [one(x, i) for i, x in enumerate(given)]
+    if spec is not None:
+        leaf_specs = flatten(spec)
+        if len(shapes) != len(leaf_specs):
+            raise ValueError(
+                f"padded_batch: padded_shapes has {len(shapes)} shapes; the elements have {len(leaf_specs)} components"
+            )
+        for i, (shape, leaf) in enumerate(zip(shapes, leaf_specs)):
+            if leaf.shape is not None and len(shape) != len(leaf.shape):
+                raise ValueError(
+                    f"padded_batch: padded shape {shape} of component {i} has rank {len(shape)}; the component's "
+                    f"shape {leaf.shape} has rank {len(leaf.shape)}"
+                )
+    return shapes
+
+
+def _padding_values(padding_values: Any, spec: Any, dtypes: Any) -> List[Any]:
+    """padded_batch's padding values: per component (converted now when the dtypes are
+    known), or one for every component."""
+    if padding_values is None or not is_structure(padding_values):
+        values = [padding_values]
+    elif spec is not None and is_structure(spec):
+        if not same_structure(padding_values, spec):
+            raise ValueError(
+                f"padded_batch: padding_values must nest like the elements, {structure_text(spec)}; "
+                f"got {padding_values!r}"
+            )
+        values = flatten_up_to(spec, padding_values)
+    else:
+        values = flatten(padding_values)
+    if dtypes is None:
+        return values
+    if len(values) == 1:
+        values = values * len(dtypes)
+    if len(values) != len(dtypes):
+        raise ValueError(
+            f"padded_batch: padding_values has {len(values)} values; the elements have {len(dtypes)} components"
+        )
+    return [padding_value(v, dt, f"of component {i}") for i, (v, dt) in enumerate(zip(values, dtypes))]
 
 
 def _check_parallel(num_parallel_calls: Any, what: str) -> None:
@@ -837,293 +1249,9 @@ def _signature_of(types: Any, shapes: Any) -> Any:
             if sh is not None and (not isinstance(sh, dict) or set(sh) != set(t)):
                 raise ValueError(f"from_generator: output_shapes{path} does not match output_types{path}: {sh!r}")
             return type(t)((k, build(v, None if sh is None else sh[k], f"{path}[{k!r}]")) for k, v in t.items())
-        return specs.TensorSpec(sh, _numpy_dtype(t))
+        return specs.TensorSpec(sh, numpy_dtype(t))
 
     return build(types, shapes, "")
-
-
-def _numpy_dtype(t: Any) -> np.dtype:
-    # tf.DType objects say their numpy dtype; anything numpy understands is taken as is.
-    dtype: np.dtype = np.dtype(getattr(t, "as_numpy_dtype", t))
-    return dtype
-
-
-def _shares(a: np.ndarray, source: Any) -> bool:
-    """Whether array ``a``, converted from ``source``, may use ``source``'s memory (it is
-    ``source``, or a view of someone's buffer: a DLPack or buffer-protocol export)."""
-    return a is source or not a.flags.owndata
-
-
-def _conform(x: Any, spec: Any) -> Any:
-    """Generator element ``x`` in the structure, dtypes and shapes of ``spec``."""
-    if type(x) is list and type(spec) is tuple:
-        x = tuple(x)
-    leaf_specs = _flatten(spec)
-    if not _same_structure(x, spec):
-        raise TypeError(
-            f"from_generator: the generator yielded an element of structure {_structure_text(x)} where the "
-            f"output signature is {_structure_text(spec)}"
-        )
-    leaves = _flatten_up_to(spec, x)
-    out = []
-    for i, (v, sp) in enumerate(zip(leaves, leaf_specs)):
-        try:
-            # A copy: the generator may yield one buffer again and again.
-            a = np.array(v, dtype=sp.dtype, copy=True)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise TypeError(
-                f"from_generator: component {i} of an element cannot be converted to {sp.dtype}: {e}"
-            ) from None
-        if sp.shape is not None and (
-            a.ndim != len(sp.shape) or any(d is not None and d != n for d, n in zip(sp.shape, a.shape))
-        ):
-            raise ValueError(
-                f"from_generator: component {i} of an element has shape {a.shape}, which does not fit the "
-                f"output signature's {sp.shape}"
-            )
-        out.append(a)
-    return _pack(spec, out) if _is_structure(spec) else out[0]
-
-
-def _same_structure(x: Any, spec: Any) -> bool:
-    """Whether ``x`` nests like ``spec`` (tuples of the same length, dicts of the same
-    keys; a list is one component, as everywhere in this module). A leaf of ``spec``
-    takes any value, converted to an array (a tuple of numbers too, as tf.data does)."""
-    if isinstance(spec, tuple):
-        return isinstance(x, tuple) and len(x) == len(spec) and all(map(_same_structure, x, spec))
-    if isinstance(spec, dict):
-        return isinstance(x, dict) and set(x) == set(spec) and all(_same_structure(x[k], spec[k]) for k in spec)
-    return True
-
-
-def _flatten_up_to(spec: Any, x: Any) -> List[Any]:
-    """The leaves of ``x`` at the places of ``spec``'s leaves (``x`` nests like it)."""
-    if isinstance(spec, tuple):
-        return [leaf for s, v in zip(spec, x) for leaf in _flatten_up_to(s, v)]
-    if isinstance(spec, dict):
-        return [leaf for k in nest._sorted_keys(spec) for leaf in _flatten_up_to(spec[k], x[k])]
-    return [x]
-
-
-def _structure_text(x: Any) -> str:
-    if isinstance(x, tuple):
-        return "(" + ", ".join(_structure_text(v) for v in x) + ("," if len(x) == 1 else "") + ")"
-    if isinstance(x, dict):
-        return "{" + ", ".join(f"{k!r}: {_structure_text(x[k])}" for k in x) + "}"
-    return "*"
-
-
-# ---- iterators that outlive an exception ------------------------------------------------------
-
-
-class _Shared:
-    """A dataset's iterator, which threads may share: each next() takes one whole
-    element (a whole batch, a whole shuffle draw), one thread at a time, as tf.data's
-    iterators do. (Reentrant: a map function may iterate its own dataset.)"""
-
-    __slots__ = ("__weakref__", "_it", "_lock")
-
-    def __init__(self, it: Iterator[Any]) -> None:
-        self._it = it
-        self._lock = renewed_after_fork(self, threading.RLock)
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            return next(self._it)
-
-
-# A generator ends for good when an exception leaves it; these keep their place, so that
-# after a failed element (a map function's exception) the next() call goes on with the
-# next element, as tf.data's iterators do.
-
-
-class _BatchIterator:
-    """Batches of ``size`` elements stacked. An element that fails fails its batch, as in
-    tf.data: right after a map (``whole``, tf.data's fused map-and-batch) once all the
-    batch's elements are taken; otherwise at once, dropping the elements taken so far
-    and starting the next batch after the failed one."""
-
-    __slots__ = ("_drop", "_size", "_source", "_whole")
-
-    def __init__(self, source: Iterator[Any], size: int, drop_remainder: bool, whole: bool) -> None:
-        self._source = source
-        self._size = size
-        self._drop = drop_remainder
-        self._whole = whole and _FUSE.get()
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        chunk: List[Any] = []
-        failed: typing.Optional[Exception] = None
-        taken = 0
-        while taken < self._size:
-            try:
-                x = next(self._source)
-            except StopIteration:
-                break
-            except Exception as e:  # the batch fails whole (or at once), below
-                if not self._whole:
-                    raise
-                failed = failed or e
-                taken += 1
-                continue
-            chunk.append(x)
-            taken += 1
-        if failed is not None:
-            raise failed
-        if not chunk or (self._drop and taken < self._size):
-            raise StopIteration
-        return _stack(chunk)
-
-
-class _ShuffleIterator:
-    """The elements of ``source`` through a shuffle buffer of ``size``: each element is
-    drawn from the buffer once it is filled (the place the last one left is filled first,
-    so the order for a seed is the one ``Dataset.shuffle`` always gave, and an element
-    that fails comes out where tf.data gives its error)."""
-
-    __slots__ = ("_buf", "_ended", "_generator", "_hole", "_rng", "_size", "_source")
-
-    def __init__(self, source: Iterator[Any], size: int, generator: Callable[[], np.random.Generator]) -> None:
-        self._source = source
-        self._size = size
-        self._generator = generator
-        self._rng: typing.Optional[np.random.Generator] = None
-        self._buf: List[Any] = []
-        self._hole: typing.Optional[int] = None  # the place of the element given out last
-        self._ended = False
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        if self._rng is None:
-            self._rng = self._generator()  # at the pass's first element, as a generator would
-        buf = self._buf
-        # 1. Fill the buffer, the place the last element left first.
-        while not self._ended and (self._hole is not None or len(buf) < self._size):
-            try:
-                x = next(self._source)
-            except StopIteration:
-                self._ended = True
-                break
-            if self._hole is not None:
-                buf[self._hole] = x
-                self._hole = None
-            else:
-                buf.append(x)
-        if self._hole is not None:
-            # 2. The source has ended: the last element takes the empty place.
-            last = buf.pop()
-            if self._hole < len(buf):
-                buf[self._hole] = last
-            self._hole = None
-        if not buf:
-            raise StopIteration
-        # 3. One element drawn from the full buffer.
-        j = int(self._rng.integers(len(buf)))
-        self._hole = j
-        return buf[j]
-
-
-class _RepeatIterator:
-    """The passes of ``dataset``, one after another, while ``passes`` lasts; stops for
-    good after a pass that had no element (nor a failed one)."""
-
-    __slots__ = ("_dataset", "_fuse", "_it", "_passes", "_seen")
-
-    def __init__(self, dataset: Any, passes: Iterator[int]) -> None:
-        self._dataset = dataset
-        self._passes = passes
-        self._it: typing.Optional[Iterator[Any]] = None
-        self._seen = False
-        self._fuse = _FUSE.get()  # later passes are made as the first
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        while True:
-            if self._it is None:
-                next(self._passes)  # StopIteration: the last pass is done
-                token = _FUSE.set(self._fuse)
-                try:
-                    self._it = self._dataset._iterate()
-                finally:
-                    _FUSE.reset(token)
-                self._seen = False
-            try:
-                x = next(self._it)
-            except StopIteration:
-                self._it = None
-                if not self._seen:
-                    self._passes = iter(())  # an empty pass: every later one would be too
-                continue
-            except Exception:
-                self._seen = True
-                raise
-            self._seen = True
-            return x
-
-
-class _CountedIterator:
-    """``source`` without its first ``skip`` elements, then at most ``take`` of them (-1:
-    all). As in tf.data, a failed element counts as neither."""
-
-    __slots__ = ("_skip", "_source", "_take")
-
-    def __init__(self, source: Iterator[Any], take: int, skip: int) -> None:
-        self._source = source
-        self._take = take
-        self._skip = skip
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        while self._skip > 0:
-            next(self._source)
-            self._skip -= 1
-        if self._take == 0:
-            raise StopIteration
-        x = next(self._source)
-        if self._take > 0:
-            self._take -= 1
-        return x
-
-
-class _ShardIterator:
-    """Elements ``index``, ``index + num_shards``, ... of ``source``. A failed element
-    counts as none (as in tf.data): the next element takes its position."""
-
-    __slots__ = ("_index", "_num_shards", "_pos", "_source")
-
-    def __init__(self, source: Iterator[Any], num_shards: int, index: int) -> None:
-        self._source = source
-        self._num_shards = num_shards
-        self._index = index
-        self._pos = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        # Pass over the other shards' elements, then take this one's. An element that
-        # fails while they are passed over leaves the position where this call found
-        # it, as tf.data's shard does (so the elements passed over before it count as
-        # none either).
-        skip = (self._index - self._pos) % self._num_shards
-        for _ in range(skip):
-            next(self._source)
-        self._pos += skip
-        x = next(self._source)
-        self._pos += 1
-        return x
 
 
 def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:
@@ -1133,11 +1261,3 @@ def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:
                 yield rows.element(i)
 
     return make
-
-
-def _stack(elements: List[Any]) -> Any:
-    first = elements[0]
-    if not _is_structure(first):
-        return np.stack([np.asarray(e) for e in elements])
-    columns = zip(*(_flatten(e) for e in elements))
-    return _pack(first, [np.stack([np.asarray(v) for v in col]) for col in columns])

@@ -99,7 +99,7 @@ def _enum(value: Any, enum_type: Type[_E], what: str) -> _E:
 
 
 def _initial_array(initial_value: Any, dtype: Any, name: str) -> np.ndarray:
-    from .data import convert_leaf  # Python numbers convert as in TensorFlow
+    from .data_elements import convert_leaf  # Python numbers convert as in TensorFlow
 
     if callable(initial_value):
         initial_value = initial_value()
