@@ -1057,3 +1057,30 @@ def test_zipped_features_and_labels_split_over_replicas_in_both_modes():
                     np.testing.assert_array_equal(ys.values[r], y[rows])
         finally:
             s.close()
+
+
+def test_zip_of_array_slices_stays_slices_so_that_batches_cut_whole_arrays():
+    x = np.arange(30.0).reshape(10, 3)
+    y = {"label": np.arange(12, dtype=np.int64) * 7, "w": [0.5] * 12}  # longer: the zip has 10 rows
+    ds = Dataset.zip(Dataset.from_tensor_slices(x), Dataset.from_tensor_slices(y))
+    assert ds._rows is not None and len(ds) == 10
+    batches = list(ds.batch(4))
+    assert [b[0].shape[0] for b in batches] == [4, 4, 2]
+    for k, (xs, ys) in enumerate(batches):
+        rows = slice(4 * k, min(4 * k + 4, 10))
+        np.testing.assert_array_equal(xs, x[rows])
+        np.testing.assert_array_equal(ys["label"], y["label"][rows])
+        assert ys["w"].dtype == np.float32 and ys["w"].tolist() == [0.5] * len(ys["label"])
+    xs[:] = -1  # the caller's own copy
+    assert x[8, 0] == 24.0
+    # Shuffled after the zip, every row keeps its label.
+    shuffled = Dataset.zip((Dataset.from_tensor_slices(x), Dataset.from_tensor_slices(y))).shuffle(10, seed=4)
+    seen = []
+    for xs, ys in shuffled.batch(3):
+        np.testing.assert_array_equal(ys["label"], (xs[:, 0] // 3).astype(np.int64) * 7)
+        seen.extend(xs[:, 0].tolist())
+    assert sorted(seen) == x[:, 0].tolist() and seen != x[:, 0].tolist()
+    # Not from the first row of each (a skip): zipped element by element, same pairs.
+    late = Dataset.zip((Dataset.from_tensor_slices(x).skip(2), Dataset.from_tensor_slices(y)))
+    assert late._rows is None
+    assert [(float(a[0]), int(b["label"])) for a, b in late][:2] == [(6.0, 0), (9.0, 7)]

@@ -150,12 +150,21 @@ class _Rows:
     for each pass, a stream of row selections (``range``s, or index arrays once
     shuffled); elements are those rows in order."""
 
-    __slots__ = ("arrays", "selections", "template")
+    __slots__ = ("arrays", "selections", "template", "whole")
 
-    def __init__(self, template: Any, arrays: List[np.ndarray], selections: Callable[[], Iterator[Any]]) -> None:
+    def __init__(
+        self,
+        template: Any,
+        arrays: List[np.ndarray],
+        selections: Callable[[], Iterator[Any]],
+        whole: typing.Optional[int] = None,
+    ) -> None:
         self.template = template
         self.arrays = arrays
         self.selections = selections
+        # The number of rows when every pass is all of them in order (from_tensor_slices
+        # itself), else None: zip pairs such datasets row by row (see Dataset.zip).
+        self.whole = whole
 
     def derive(self, selections: Callable[[], Iterator[Any]]) -> _Rows:
         return _Rows(self.template, self.arrays, selections)
@@ -321,7 +330,7 @@ class Dataset:
                     f"from_tensor_slices: components need the same first dimension; component 0 "
                     f"has {size}, component {i} has {a.shape[0]}"
                 )
-        rows = _Rows(tensors, arrays, lambda: iter((range(size),)))
+        rows = _Rows(tensors, arrays, lambda: iter((range(size),)), whole=size)
         leaf_specs = [specs.TensorSpec(a.shape[1:], a.dtype) for a in arrays]
         spec = pack(tensors, leaf_specs) if is_structure(tensors) else leaf_specs[0]
         return Dataset(
@@ -698,11 +707,23 @@ class Dataset:
         spec = None if any(sp is None for sp in specs_of) else _pack_datasets(datasets, specs_of)
         batched = {d._batched for d in parts}
 
-        def pack_one(elements: List[Any]) -> Any:
-            return _pack_datasets(datasets, elements)
+        sliced = [d._rows for d in parts if d._rows is not None and d._rows.whole is not None]
+        rows = None
+        if len(sliced) == len(parts):
+            # Slices of arrays, each dataset all of its rows in order (features and labels
+            # sliced apart): the zip is slices of all their arrays, row i of each, so that
+            # shuffle and batch after it still cut whole arrays.
+            size = min(r.whole or 0 for r in sliced)
+            template = _pack_datasets(datasets, [r.template for r in sliced])
+            rows = _Rows(template, [a for r in sliced for a in r.arrays], lambda: iter((range(size),)), whole=size)
+            make = _rows_maker(rows)
+        else:
 
-        def make() -> Iterator[Any]:
-            return ZipIterator([d._iterate() for d in parts], pack_one)
+            def pack_one(elements: List[Any]) -> Any:
+                return _pack_datasets(datasets, elements)
+
+            def make() -> Iterator[Any]:
+                return ZipIterator([d._iterate() for d in parts], pack_one)
 
         return Dataset(
             make,
@@ -711,6 +732,7 @@ class Dataset:
             description=name or f"ZipDataset({len(parts)})",
             spec=spec,
             cardinality=card,
+            rows=rows,
             options=_merged_options(parts),
         )
 
