@@ -577,11 +577,17 @@ def test_stop_iteration_in_a_map_function_is_an_error_not_the_end():
     with pytest.raises(RuntimeError, match="map function raised StopIteration"):
         next(it)
     assert [np.asarray(b).tolist() for b in it] == [[6, 7]]
-    # Skipped elements that fail raise too, and do not count as skipped.
+    # Skipped elements that fail raise too, and start the skip over, as in tf.data:
+    # after element 4 fails, 5 more are skipped.
     it = iter(Dataset.range(8).map(f).skip(5))
     with pytest.raises(RuntimeError, match="map function raised StopIteration"):
         next(it)
-    assert [int(x) for x in it] == [6, 7]
+    assert [int(x) for x in it] == []
+    it = iter(Dataset.range(12).map(f).skip(2))
+    assert [int(next(it)) for _ in range(2)] == [2, 3]
+    with pytest.raises(RuntimeError, match="map function raised StopIteration"):
+        next(it)  # not while skipping: the next element follows it
+    assert int(next(it)) == 5
 
 
 def test_element_spec_skips_elements_that_fail():

@@ -715,6 +715,12 @@ def an_exception_in_filter_fails_one_element_and_the_pass_goes_on(api):
         outcomes(D.zip((D.range(6).map(f), D.range(10))), 12),
         outcomes(D.range(5).map(f).concatenate(D.range(2)), 12),
         outcomes(D.range(6).take_while(lambda x: f(x) < 50), 12),
+        # A failure while skipping starts the skip over; a zip whose first source ends
+        # reads no further source (its failure never comes out).
+        outcomes(D.range(10).map(f).skip(4), 12),
+        outcomes(D.range(10).map(f).skip(2), 12),
+        outcomes(D.zip((D.range(3), D.range(6).map(f))), 12),
+        outcomes(D.zip((D.range(6).map(f), D.range(3))), 12),
     ]
 
 
@@ -808,6 +814,10 @@ def padded_batch_pads_to_the_largest_or_the_given_shape(api):
         [np.asarray(x).tolist() for x in D.range(5).padded_batch(2)],
         int(D.range(5).padded_batch(2).cardinality()),
         outcomes(words.padded_batch(1, padded_shapes=[2]), 5),
+        # After a map whose first element has 1 value: padded to each batch's largest.
+        words.map(lambda x: x + 1).padded_batch(2).element_spec,
+        [np.asarray(x).tolist() for x in words.map(lambda x: x + 1).padded_batch(2)],
+        D.from_tensors(np.zeros(2)).map(lambda x: x + 1).concatenate(D.from_tensors(np.zeros(3))).element_spec,
     ]
 
 

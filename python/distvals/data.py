@@ -282,6 +282,9 @@ class Dataset:
         self._rows = rows
         # Made by map: a batch right after it fails whole (tf.data fuses the two).
         self._mapped = False
+        # Whether element_spec was read from a first element (whose sizes need not be
+        # the others').
+        self._spec_read = False
         # The pass element_spec read its first element from, for the next pass to go on
         # with (see element_spec).
         self._saved: typing.Optional[_Resumed] = None
@@ -1031,6 +1034,7 @@ class Dataset:
             leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
             spec = pack(first, leaf_specs) if is_structure(first) else leaf_specs[0]
             self._spec = specs.unbatched(spec) if self._batched else spec
+            self._spec_read = True
         return self._spec
 
     def cardinality(self) -> np.int64:
@@ -1041,13 +1045,17 @@ class Dataset:
 
     def _known_spec(self) -> Any:
         """``element_spec`` when it can be had (None for an empty dataset whose spec is
-        unknown, or one whose first elements all fail)."""
-        if self._spec is not None:
-            return self._spec
+        unknown, or one whose first elements all fail); where it was read from a first
+        element, with every size None (the structure, ranks and dtypes hold for every
+        element; the sizes may not)."""
         try:
-            return self.element_spec
+            spec = self.element_spec
         except Exception:  # noqa: BLE001 - the data tells later; the spec stays unknown
             return None
+        if spec is None or not self._spec_read:
+            return spec
+        leaves = [specs.TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype) for s in flatten(spec)]
+        return pack(spec, leaves) if is_structure(spec) else leaves[0]
 
     def __len__(self) -> int:
         """The number of elements; ``TypeError`` when it is infinite or unknown (as in

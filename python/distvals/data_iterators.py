@@ -187,21 +187,29 @@ class RepeatIterator:
 
 class CountedIterator:
     """``source`` without its first ``skip`` elements, then at most ``take`` of them (-1:
-    all). As in tf.data, a failed element counts as neither."""
+    all). As in tf.data, a failed element counts as neither, and one that fails while
+    the first elements are skipped starts the skipping over: the next ``next()`` skips
+    ``skip`` elements after it (the ones skipped before it count as none)."""
 
-    __slots__ = ("_skip", "_source", "_take")
+    __slots__ = ("_count", "_skip", "_source", "_take")
 
     def __init__(self, source: Iterator[Any], take: int, skip: int) -> None:
         self._source = source
         self._take = take
-        self._skip = skip
+        self._skip = self._count = skip
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
         while self._skip > 0:
-            next(self._source)
+            try:
+                next(self._source)
+            except StopIteration:
+                raise
+            except Exception:
+                self._skip = self._count
+                raise
             self._skip -= 1
         if self._take == 0:
             raise StopIteration
@@ -267,9 +275,10 @@ class FilterIterator:
 
 
 class ZipIterator:
-    """One element of each source, packed by ``pack_one``, until the first source ends. A
-    failed element of one source fails the ``next()``; every other source still gives its
-    element, which is dropped, so that the sources stay in step (as in tf.data)."""
+    """One element of each source, packed by ``pack_one``, until a source ends (the ones
+    after it are then not read). A failed element of one source fails the ``next()``;
+    every other source still gives its element, which is dropped, so that the sources
+    stay in step (as in tf.data)."""
 
     __slots__ = ("_done", "_pack", "_sources")
 
@@ -290,7 +299,10 @@ class ZipIterator:
             try:
                 parts.append(next(it))
             except StopIteration:
-                self._done = True  # the shortest source has ended: so has the zip
+                # This source has ended, and so has the zip: the sources after it are
+                # not read (a failure among them never comes out).
+                self._done = True
+                break
             except Exception as e:  # noqa: BLE001 - raised once every source has moved on
                 failed = failed or e
         if failed is not None:
