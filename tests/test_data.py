@@ -1090,3 +1090,24 @@ def test_zip_of_array_slices_stays_slices_so_that_batches_cut_whole_arrays():
     late = Dataset.zip((Dataset.from_tensor_slices(x).skip(2), Dataset.from_tensor_slices(y)))
     assert late._rows is None
     assert [(float(a[0]), int(b["label"])) for a, b in late][:2] == [(6.0, 0), (9.0, 7)]
+
+
+def test_the_pipelines_options_reach_the_datasets_that_flat_map_makes():
+    # map_and_batch_fusion off: a batch right after a failing map fails at once and keeps
+    # the elements after the failed one, also in the datasets flat_map makes as it goes.
+    def f(x):
+        if int(x) == 1:
+            raise ValueError("element 1")
+        return x
+
+    opts = dv.data.Options()
+    opts.experimental_optimization.map_and_batch_fusion = False
+    inner = Dataset.range(6).map(f).batch(3)
+    for ds, want in (
+        (Dataset.range(1).flat_map(lambda _: inner).with_options(opts), [[2, 3, 4], [5]]),
+        (Dataset.range(1).flat_map(lambda _: inner), [[3, 4, 5]]),  # fused, the default
+    ):
+        it = iter(ds)
+        with pytest.raises(ValueError, match="element 1"):
+            next(it)
+        assert [np.asarray(b).tolist() for b in it] == want

@@ -19,8 +19,6 @@ from .fork_locks import renewed_after_fork
 # fusion (they are the pipeline's, set on any of its datasets, as in tf.data).
 FUSE = contextvars.ContextVar("distvals_data_fuse", default=True)
 
-# ---- iterators that outlive an exception ------------------------------------------------------
-
 
 class Shared:
     """A dataset's iterator, which threads may share: each next() takes one whole
@@ -39,11 +37,6 @@ class Shared:
     def __next__(self) -> Any:
         with self._lock:
             return next(self._it)
-
-
-# A generator ends for good when an exception leaves it; these keep their place, so that
-# after a failed element (a map function's exception) the next() call goes on with the
-# next element, as tf.data's iterators do.
 
 
 class BatchIterator:
@@ -316,11 +309,12 @@ class ChainIterator:
     """The elements of each pass that ``passes`` makes, one pass after another
     (``concatenate``: two passes; ``flat_map``: one per element of its source)."""
 
-    __slots__ = ("_it", "_passes")
+    __slots__ = ("_fuse", "_it", "_passes")
 
     def __init__(self, passes: Iterator[Iterator[Any]]) -> None:
         self._passes = passes
         self._it: typing.Optional[Iterator[Any]] = None
+        self._fuse = FUSE.get()  # later passes are made as the first
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -328,7 +322,11 @@ class ChainIterator:
     def __next__(self) -> Any:
         while True:
             if self._it is None:
-                self._it = next(self._passes)  # StopIteration: the last pass is done
+                token = FUSE.set(self._fuse)
+                try:
+                    self._it = next(self._passes)  # StopIteration: the last pass is done
+                finally:
+                    FUSE.reset(token)
             try:
                 return next(self._it)
             except StopIteration:
