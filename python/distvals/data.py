@@ -63,7 +63,6 @@ from .data_iterators import (
     ChainIterator,
     CountedIterator,
     FilterIterator,
-    RepeatIterator,
     ShardIterator,
     Shared,
     ShuffleIterator,
@@ -542,7 +541,7 @@ class Dataset:
             return self._derived(_rows_maker(rows), description, finite=finite, cardinality=new_card, rows=rows)
 
         def make() -> Iterator[Any]:
-            return RepeatIterator(source, passes())
+            return ChainIterator((source._iterate() for _ in passes()), stop_when_empty=True)
 
         return self._derived(make, description, finite=finite, cardinality=new_card)
 
@@ -638,15 +637,7 @@ class Dataset:
         source = self
 
         def apply(x: Any) -> Any:
-            try:
-                y = fn(*x) if type(x) is tuple else fn(x)
-            except StopIteration as e:
-                # Not the end of the data (the iterators would take it for that): an
-                # error of this element, as a generator turns it into one.
-                raise RuntimeError(f"map: the map function raised StopIteration: {e!r}") from e
-            if type(y) is list:
-                y = tuple(y)  # as TensorFlow: a list that fn returns is a tuple of components
-            return convert_element(y, "map")
+            return convert_element(_as_tuple(_call_with_element(fn, x, "map", "the map function")), "map")
 
         def make() -> Iterator[Any]:
             # The builtin map: an exception in fn reaches next() and leaves it usable.
@@ -1107,14 +1098,14 @@ def _count(value: Any, what: str, name: str) -> int:
     return int(value)
 
 
-def _call_with_element(fn: Callable[..., Any], x: Any, what: str) -> Any:
+def _call_with_element(fn: Callable[..., Any], x: Any, what: str, name: str = "the function") -> Any:
     """``fn`` called as ``map`` calls it (a tuple element as its arguments)."""
     try:
         return fn(*x) if type(x) is tuple else fn(x)
     except StopIteration as e:
         # Not the end of the data (the iterators would take it for that): an error of
         # this element, as a generator turns it into one.
-        raise RuntimeError(f"{what}: the function raised StopIteration: {e!r}") from e
+        raise RuntimeError(f"{what}: {name} raised StopIteration: {e!r}") from e
 
 
 def _predicate(predicate: Any, what: str) -> Callable[[Any], bool]:
@@ -1128,7 +1119,8 @@ def _predicate(predicate: Any, what: str) -> Callable[[Any], bool]:
 
 
 def _as_tuple(x: Any) -> Any:
-    return tuple(x) if type(x) is list else x  # as map: a list a function returns is a tuple
+    # As TensorFlow: a list that a function returns is a tuple of components.
+    return tuple(x) if type(x) is list else x
 
 
 def _datasets_in(structure: Any, what: str) -> List[Dataset]:

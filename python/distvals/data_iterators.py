@@ -138,46 +138,6 @@ class ShuffleIterator:
         return buf[j]
 
 
-class RepeatIterator:
-    """The passes of ``dataset``, one after another, while ``passes`` lasts; stops for
-    good after a pass that had no element (nor a failed one)."""
-
-    __slots__ = ("_dataset", "_fuse", "_it", "_passes", "_seen")
-
-    def __init__(self, dataset: Any, passes: Iterator[int]) -> None:
-        self._dataset = dataset
-        self._passes = passes
-        self._it: typing.Optional[Iterator[Any]] = None
-        self._seen = False
-        self._fuse = FUSE.get()  # later passes are made as the first
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        while True:
-            if self._it is None:
-                next(self._passes)  # StopIteration: the last pass is done
-                token = FUSE.set(self._fuse)
-                try:
-                    self._it = self._dataset._iterate()
-                finally:
-                    FUSE.reset(token)
-                self._seen = False
-            try:
-                x = next(self._it)
-            except StopIteration:
-                self._it = None
-                if not self._seen:
-                    self._passes = iter(())  # an empty pass: every later one would be too
-                continue
-            except Exception:
-                self._seen = True
-                raise
-            self._seen = True
-            return x
-
-
 class CountedIterator:
     """``source`` without its first ``skip`` elements, then at most ``take`` of them (-1:
     all). As in tf.data, a failed element counts as neither, and one that fails while
@@ -307,14 +267,18 @@ class ZipIterator:
 
 class ChainIterator:
     """The elements of each pass that ``passes`` makes, one pass after another
-    (``concatenate``: two passes; ``flat_map``: one per element of its source)."""
+    (``concatenate``: two passes; ``flat_map``: one per element of its source;
+    ``repeat``: the passes of one dataset, with ``stop_when_empty``: after a pass that
+    had no element, nor a failed one, every later one would be empty too)."""
 
-    __slots__ = ("_fuse", "_it", "_passes")
+    __slots__ = ("_fuse", "_it", "_passes", "_seen", "_stop_when_empty")
 
-    def __init__(self, passes: Iterator[Iterator[Any]]) -> None:
+    def __init__(self, passes: Iterator[Iterator[Any]], stop_when_empty: bool = False) -> None:
         self._passes = passes
         self._it: typing.Optional[Iterator[Any]] = None
         self._fuse = FUSE.get()  # later passes are made as the first
+        self._stop_when_empty = stop_when_empty
+        self._seen = False
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -327,10 +291,19 @@ class ChainIterator:
                     self._it = next(self._passes)  # StopIteration: the last pass is done
                 finally:
                     FUSE.reset(token)
+                self._seen = False
             try:
-                return next(self._it)
+                x = next(self._it)
             except StopIteration:
                 self._it = None
+                if self._stop_when_empty and not self._seen:
+                    self._passes = iter(())
+                continue
+            except Exception:
+                self._seen = True
+                raise
+            self._seen = True
+            return x
 
 
 class UnbatchIterator:
