@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import math
 import os
@@ -177,11 +178,11 @@ def test_default_sweep_holds_the_headline_sizes():
     assert sizes[0] == 8 and sizes[-1] == 256 << 20
     for s in (1 << 10, 1 << 20, 16 << 20, 256 << 20):
         assert s in sizes
-    assert all(b == 4 * a for a, b in zip(sizes[1:], sizes[2:]))
+    assert all(b == 4 * a for a, b in itertools.pairwise(sizes[1:]))
     plan = cli.build_plan(sizes, "float32", 1000, 5)
     iters = [i for _, i in plan]
     assert iters[0] == 1000 and iters[-1] == 5
-    assert all(a >= b for a, b in zip(iters, iters[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(iters))
 
 
 def test_plan_rounds_sizes_to_whole_elements():

@@ -80,6 +80,7 @@ class TensorFlowApi:
         self.dist = tf.distribute
         self.Variable = tf.Variable
         self.Dataset = tf.data.Dataset
+        self.experimental = tf.data.experimental
         self.Options = tf.data.Options
         self.AutoShardPolicy = tf.data.experimental.AutoShardPolicy
         self.TensorSpec = tf.TensorSpec
@@ -126,6 +127,7 @@ class DistvalsApi:
         self.dist = dv
         self.Variable = dv.Variable
         self.Dataset = dv.data.Dataset
+        self.experimental = dv.data.experimental
         self.Options = dv.data.Options
         self.AutoShardPolicy = dv.data.AutoShardPolicy
         self.TensorSpec = dv.TensorSpec
@@ -164,7 +166,12 @@ _DISTRIBUTED = {"PerReplica", "Mirrored", "MirroredVariable", "SyncOnReadVariabl
 # TensorFlow's errors, as the Python exception a distvals user catches for the same thing.
 # (TensorFlow's padded_batch reports an element larger than its padded shape as data loss;
 # distvals' is the ValueError of a bad element.)
-_TF_ERRORS = {"InvalidArgumentError": "ValueError", "OutOfRangeError": "OutOfRangeError", "DataLossError": "ValueError"}
+_TF_ERRORS = {
+    "InvalidArgumentError": "ValueError",
+    "OutOfRangeError": "OutOfRangeError",
+    "DataLossError": "ValueError",
+    "FailedPreconditionError": "RuntimeError",
+}
 _BUILTIN_ERRORS = {"OutOfRangeError": "OutOfRangeError"}
 
 
@@ -193,6 +200,8 @@ def describe(x: Any) -> Any:
         shape = x.shape
         dims = tuple(shape.as_list()) if hasattr(shape, "as_list") else shape
         return ("TensorSpec", dims, np.dtype(getattr(x.dtype, "as_numpy_dtype", x.dtype)).name)
+    if kind == "DatasetSpec":
+        return ("DatasetSpec", describe(x.element_spec))
     if kind == "PerReplicaSpec":
         specs = getattr(x, "_value_specs", None) or x.value_specs
         return ("PerReplicaSpec", tuple(describe(s) for s in specs))
@@ -632,9 +641,9 @@ def failing_times_ten(api, bad):
     return f
 
 
-def outcomes(ds, limit):
-    """What the first ``limit`` next() calls of a pass over ``ds`` give: elements, the
-    kind of error for a failed one, and "end"."""
+def outcomes(ds, limit, show=lambda x: np.asarray(x).tolist()):
+    """What the first ``limit`` next() calls of a pass over ``ds`` give: elements (as
+    ``show`` gives them), the kind of error for a failed one, and "end"."""
     it, seq = iter(ds), []
     for _ in range(limit):
         try:
@@ -645,7 +654,7 @@ def outcomes(ds, limit):
         except Exception as e:  # the kind of error is the result
             seq.append(error_kind(e))
             continue
-        seq.append(np.asarray(x).tolist())
+        seq.append(show(x))
     return seq
 
 
@@ -1703,6 +1712,233 @@ def set_shape_of_a_mirrored_variable(api):
     with s.scope():
         v = api.Variable([1.0, 2.0])
     return v.set_shape([2])
+
+
+# Interleave, window, scan, unique, ignore_errors, rebatch, choose/sample_from_datasets,
+# assert_cardinality, get_single_element, counter and tf.data.experimental.
+
+
+def arrays(ds):
+    return [np.asarray(x).tolist() for x in ds]
+
+
+def attempt(make):
+    """What ``make()`` gives (a whole pass when it is a dataset), or the kind of its error."""
+    try:
+        out = make()
+        return arrays(out) if hasattr(out, "element_spec") else np.asarray(out).tolist()
+    except Exception as e:  # the kind of error is the result
+        return error_kind(e)
+
+
+@program()
+def interleave_takes_blocks_from_a_cycle_of_datasets(api):
+    D = api.Dataset
+
+    def rep(x):
+        return D.from_tensors(x).repeat(x)
+
+    return [
+        whole_pass(D.range(1, 6).interleave(rep, cycle_length=2, block_length=2)),
+        whole_pass(D.range(1, 6).interleave(rep, cycle_length=3)),
+        whole_pass(D.range(1, 6).interleave(rep, cycle_length=1, block_length=3)),
+        whole_pass(D.range(1, 6).interleave(rep, cycle_length=4, block_length=3)),
+        whole_pass(D.range(0, 5).interleave(rep, cycle_length=2)),
+        whole_pass(D.range(1, 5).interleave(rep, 2, 2, num_parallel_calls=2, deterministic=True)),
+        whole_pass(D.range(0).interleave(rep, cycle_length=2)),
+        D.range(3).interleave(lambda x: D.from_tensors(np.zeros(2, np.float32)), cycle_length=2).element_spec,
+        [
+            (int(a), int(b))
+            for a, b in D.range(1, 4).interleave(lambda x: D.range(x).map(lambda y: (x, y)), cycle_length=2)
+        ],
+        arrays(D.range(3).repeat(2).interleave(lambda x: D.range(x, x + 2), cycle_length=2, block_length=1)),
+    ]
+
+
+@program()
+def an_exception_in_interleave_fails_one_element(api):
+    f = failing_times_ten(api, 3)
+    D = api.Dataset
+    return [
+        outcomes(D.range(6).interleave(lambda x: D.range(x, x + 3).map(f), cycle_length=2), 24),
+        outcomes(D.range(6).map(f).interleave(lambda x: D.from_tensors(x).repeat(2), cycle_length=2), 24),
+        outcomes(D.range(6).interleave(lambda x: D.range(x, x + 2).map(f), cycle_length=3, block_length=2), 24),
+    ]
+
+
+@program()
+def window_makes_datasets_of_consecutive_elements(api):
+    D = api.Dataset
+
+    def windows(ds, n):
+        return arrays(ds.flat_map(lambda w: w.batch(n)))
+
+    pairs = D.from_tensor_slices((np.arange(4.0, dtype=np.float32), np.arange(4)))
+    named = D.from_tensor_slices({"a": np.arange(5), "b": np.arange(5) * 10})
+    return [
+        windows(D.range(7).window(3), 3),
+        windows(D.range(7).window(3, 2), 3),
+        windows(D.range(7).window(3, 2, drop_remainder=True), 3),
+        windows(D.range(10).window(3, 1, 2), 3),
+        windows(D.range(10).window(2, 4), 2),
+        windows(D.range(10).window(3, 4, 3), 3),
+        windows(D.range(10).window(3, 4, 3, drop_remainder=True), 3),
+        [
+            int(D.range(n).window(3, s, t, d).cardinality())
+            for n in (0, 2, 5, 7, 10)
+            for s in (1, 2, 4)
+            for t in (1, 2)
+            for d in (False, True)
+        ],
+        int(D.range(7).filter(lambda x: x >= 0).window(2).cardinality()),
+        int(D.range(7).repeat().window(2).cardinality()),
+        D.range(7).window(3).element_spec,
+        pairs.window(2).element_spec,
+        [(arrays(a), arrays(b)) for a, b in pairs.window(3)],
+        [(arrays(w["a"]), arrays(w["b"])) for w in named.window(2, 3)],
+        named.window(2).element_spec,
+        [[arrays(w) for w in ws] for ws in D.range(6).window(4, 2).map(lambda w: w.window(2))],
+        attempt(lambda: D.range(5).window(0)),
+        attempt(lambda: D.range(5).window(2, 0)),
+    ]
+
+
+@program()
+def an_exception_in_window_fails_the_windows_that_hold_the_element(api):
+    f = failing_times_ten(api, 3)
+    D = api.Dataset
+    return [
+        outcomes(D.range(8).map(f).window(3), 12, arrays),
+        outcomes(D.range(8).map(f).window(3, 2), 12, arrays),
+        outcomes(D.range(8).map(f).window(2, 1, 2), 12, arrays),
+        outcomes(D.range(8).map(f).window(1, 4), 12, arrays),
+        outcomes(D.range(8).map(f).window(1, 3), 12, arrays),
+        outcomes(D.range(8).map(f).window(2, 2, 2), 12, arrays),
+        outcomes(D.range(5).map(f).window(3, 3, 1, True), 12, arrays),
+    ]
+
+
+@program()
+def scan_carries_a_state_from_element_to_element(api):
+    D = api.Dataset
+    running = D.range(6).scan(np.int64(0), lambda s, x: (s + x, s * 10))
+    pairs = D.from_tensor_slices((np.arange(4), np.arange(4.0, dtype=np.float32)))
+    return [
+        whole_pass(running),
+        arrays(running),
+        [
+            (int(a), int(b))
+            for a, b in D.range(5).scan((np.int64(0), np.int64(1)), lambda s, x: ((s[0] + x, s[1] * 2), (s[0], s[1])))
+        ],
+        [(int(a), float(b)) for a, b in pairs.scan(np.float32(0), lambda s, x: (s + x[1], (x[0], s)))],
+        D.range(3).scan(np.int64(0), lambda s, x: (s + x, (s, x))).element_spec,
+        arrays(
+            D.range(4).scan(np.zeros(2), lambda s, x: (s + 1.0, s.sum() if hasattr(s, "sum") else s)).map(lambda v: v)
+        )
+        if api.name == "distvals"
+        else arrays(D.range(4).scan(np.zeros(2), lambda s, x: (s + 1.0, api.tf.reduce_sum(s)))),
+        attempt(lambda: D.range(3).scan(np.float32(0), lambda s, x: (x, x))),
+        attempt(lambda: D.range(3).scan(np.int64(0), lambda s, x: s + x)),
+    ]
+
+
+@program()
+def an_exception_in_scan_leaves_the_state(api):
+    f = failing_times_ten(api, 2)
+    D = api.Dataset
+    return outcomes(D.range(6).map(f).scan(np.int64(0), lambda s, x: (s + x, s)), 10)
+
+
+@program()
+def unique_ignore_errors_and_get_single_element(api):
+    f = failing_times_ten(api, 3)
+    D = api.Dataset
+    return [
+        whole_pass(D.from_tensor_slices(np.array([3, 1, 3, 2, 1, 5], np.int64)).unique()),
+        arrays(D.from_tensor_slices(np.array([3, 1, 3], np.int32)).unique()),
+        arrays(D.from_tensor_slices(np.array([b"a", b"b", b"a"])).unique()),
+        arrays(D.range(6).map(lambda x: x % 3).unique().repeat(2)),
+        attempt(lambda: D.from_tensor_slices(np.array([1.0, 1.0], np.float32)).unique()),
+        attempt(lambda: D.from_tensor_slices((np.arange(2), np.arange(2))).unique()),
+        outcomes(D.range(6).map(f).ignore_errors(), 10),
+        int(D.range(6).map(f).ignore_errors().cardinality()),
+        outcomes(D.range(6).map(f).batch(2).ignore_errors(), 10),
+        np.asarray(D.range(5, 6).get_single_element()).tolist(),
+        [np.asarray(v).tolist() for v in D.from_tensors((np.int64(1), np.float32(2))).get_single_element()],
+        attempt(lambda: D.range(0).get_single_element()),
+        attempt(lambda: D.range(2).get_single_element()),
+    ]
+
+
+@program()
+def rebatch_regroups_the_rows_of_batches(api):
+    D = api.Dataset
+    pairs = D.from_tensor_slices((np.arange(6), np.arange(6.0, dtype=np.float32))).batch(4)
+    return [
+        whole_pass(D.range(10).batch(4).rebatch(3)),
+        whole_pass(D.range(10).batch(4).rebatch(3, drop_remainder=True)),
+        arrays(D.range(10).batch(4).rebatch([2, 3])),
+        D.range(10).batch(4).rebatch(3).element_spec,
+        D.range(10).batch(4).rebatch(3, drop_remainder=True).element_spec,
+        D.range(10).batch(4, drop_remainder=True).rebatch([2, 3]).element_spec,
+        [(np.asarray(a).tolist(), np.asarray(b).tolist()) for a, b in pairs.rebatch(5)],
+        pairs.rebatch(5).element_spec,
+        int(D.range(10).batch(4).repeat().rebatch(3).cardinality()),
+    ]
+
+
+@program()
+def choose_and_sample_from_datasets(api):
+    D = api.Dataset
+    a, b = D.range(3), D.range(10, 13)
+    choice = D.from_tensor_slices(np.array([0, 1, 1, 0, 0, 0, 1, 1, 0], np.int64))
+    return [
+        whole_pass(D.choose_from_datasets([a, b], choice)),
+        whole_pass(D.choose_from_datasets([a, b], choice, stop_on_empty_dataset=False)),
+        outcomes(D.choose_from_datasets([a, b], D.from_tensor_slices(np.array([0, 2, 1], np.int64))), 5),
+        attempt(lambda: D.choose_from_datasets([a, b], D.from_tensor_slices(np.array([0, 1], np.int32)))),
+        attempt(lambda: D.choose_from_datasets([a, D.range(3).map(lambda x: (x, x))], choice)),
+        D.choose_from_datasets(
+            [D.from_tensors(np.zeros(2, np.float32)), D.from_tensors(np.zeros(3, np.float32))], choice
+        ).element_spec,
+        arrays(D.choose_from_datasets([a.repeat(), b.repeat()], choice.take(4)).repeat(2)),
+        sorted(int(x) for x in D.sample_from_datasets([a, b], seed=5)),
+        sorted(int(x) for x in D.sample_from_datasets([a, b], weights=[0.2, 0.8])),
+        arrays(D.sample_from_datasets([a, b], weights=[1.0, 0.0], stop_on_empty_dataset=True)),
+        D.sample_from_datasets([a, b], seed=1).element_spec,
+        attempt(lambda: D.sample_from_datasets([a, b], weights=[1.0])),
+        # A seed gives each pass the same sequence.
+        (lambda ds: arrays(ds) == arrays(ds))(D.sample_from_datasets([a, b], seed=7)),
+    ]
+
+
+@program()
+def assert_cardinality_counter_and_the_experimental_names(api):
+    D = api.Dataset
+    X = api.experimental
+    unknown = D.range(3).filter(lambda x: x >= 0)
+    return [
+        whole_pass(unknown.apply(X.assert_cardinality(3))),
+        outcomes(unknown.apply(X.assert_cardinality(2)), 5),
+        outcomes(unknown.apply(X.assert_cardinality(5)), 5),
+        int(D.range(3).apply(X.assert_cardinality(3)).cardinality()),
+        int(unknown.repeat().apply(X.assert_cardinality(X.INFINITE_CARDINALITY)).cardinality()),
+        outcomes(unknown.repeat().apply(X.assert_cardinality(X.INFINITE_CARDINALITY)).take(4), 5),
+        outcomes(unknown.apply(X.assert_cardinality(X.INFINITE_CARDINALITY)), 5),
+        [int(x) for x in D.counter(5, 2).take(3)],
+        D.counter(dtype=np.int32).element_spec,
+        int(D.counter().cardinality()),
+        int(X.cardinality(D.range(4))),
+        int(X.cardinality(unknown)) == X.UNKNOWN_CARDINALITY,
+        arrays(D.from_tensor_slices(np.array([2, 2, 1], np.int64)).apply(X.unique())),
+        arrays(D.range(4).apply(X.scan(np.int64(0), lambda s, x: (s + x, s)))),
+        [(int(i), int(x)) for i, x in D.range(3, 5).apply(X.enumerate_dataset(1))],
+        np.asarray(X.get_single_element(D.range(2, 3))).tolist(),
+        [int(x) for x in X.Counter(1, 3).take(2)],
+        arrays(X.choose_from_datasets([D.range(2), D.range(5, 7)], D.from_tensor_slices(np.array([1, 0], np.int64)))),
+        sorted(int(x) for x in X.sample_from_datasets([D.range(2), D.range(5, 7)], seed=3)),
+        X.AUTOTUNE == api.AUTOTUNE,
+    ]
 
 
 # ---- running TensorFlow in a child process ---------------------------------------------------------

@@ -1,11 +1,14 @@
 """``distvals.data.Dataset``: a small input pipeline in the style of ``tf.data.Dataset``.
 
-The sources ``from_tensor_slices``, ``from_tensors``, ``range``, ``from_generator`` and
-``zip``; the transformations ``batch``, ``padded_batch``, ``unbatch``, ``shuffle``,
+The sources ``from_tensor_slices``, ``from_tensors``, ``range``, ``counter``,
+``from_generator``, ``zip``, ``choose_from_datasets`` and ``sample_from_datasets``; the
+transformations ``batch``, ``padded_batch``, ``unbatch``, ``rebatch``, ``shuffle``,
 ``repeat``, ``take``, ``skip``, ``take_while``, ``shard``, ``map``, ``flat_map``,
-``filter``, ``concatenate``, ``enumerate``, ``cache``, ``apply``, ``prefetch`` and
-``with_options`` (``distvals.data.Options``, see ``distvals.data_options``); ``reduce``;
-and ``element_spec``, ``cardinality()`` and ``len()`` as tf.data has them.
+``interleave``, ``window``, ``scan``, ``filter``, ``unique``, ``ignore_errors``,
+``concatenate``, ``enumerate``, ``cache``, ``apply``, ``prefetch`` and ``with_options``
+(``distvals.data.Options``, see ``distvals.data_options``); ``reduce`` and
+``get_single_element``; ``element_spec``, ``cardinality()`` and ``len()`` as tf.data has
+them; and ``distvals.data.experimental``, tf.data.experimental's names for them.
 ``num_parallel_calls`` (``AUTOTUNE`` or a count) and ``deterministic`` are accepted
 where tf.data takes them; elements are still made one at a time, in order, on the
 thread that asks for them. Iteration yields numpy arrays
@@ -33,6 +36,7 @@ element.
 from __future__ import annotations
 
 import itertools
+import sys
 import typing
 from typing import Any, Callable, Iterator, List
 
@@ -60,6 +64,7 @@ from .data_iterators import (
     FUSE,
     BatchIterator,
     CacheIterator,
+    CardinalityError,
     ChainIterator,
     CountedIterator,
     FilterIterator,
@@ -87,6 +92,7 @@ __all__ = [
     "UNKNOWN_CARDINALITY",
     "AutoShardPolicy",
     "AutotuneOptions",
+    "CardinalityError",
     "Dataset",
     "DistributeOptions",
     "ExternalStatePolicy",
@@ -94,6 +100,7 @@ __all__ = [
     "Optional",
     "Options",
     "ThreadingOptions",
+    "experimental",
 ]
 
 # tf.data.AUTOTUNE: "let the runtime choose" for num_parallel_calls and prefetch sizes.
@@ -255,6 +262,8 @@ def _card_batch(card: int, size: int, drop_remainder: bool) -> int:
 
 class Dataset:
     """A re-iterable sequence of elements (arrays or nested structures of arrays)."""
+
+    _is_dataset = True  # (see data_elements.is_dataset)
 
     def __init__(
         self,
@@ -846,20 +855,114 @@ class Dataset:
     def flat_map(self, map_func: Callable[..., Any], name: typing.Optional[str] = None) -> Dataset:
         """The elements of the datasets that ``map_func`` (called as ``map`` calls its
         function) returns for each element, one dataset after another."""
-        if not callable(map_func):
-            raise TypeError(f"flat_map: map_func must be callable, got {type(map_func).__name__}")
+        _transforms.dataset_passes(map_func, "flat_map")  # checks map_func now
         source = self
 
-        def inner(x: Any) -> Iterator[Any]:
-            d = _call_with_element(map_func, x, "flat_map")
-            if not isinstance(d, Dataset):
-                raise TypeError(f"flat_map: map_func must return a distvals.data.Dataset, got {type(d).__name__}")
-            return d._iterate()
+        def make() -> Iterator[Any]:
+            return ChainIterator(map(_transforms.dataset_passes(map_func, "flat_map"), source._iterate()))
 
-        return Dataset(
-            lambda: ChainIterator(map(inner, source._iterate())),
-            description=name or "FlatMapDataset",
-            options=self._options,
+        return Dataset(make, description=name or "FlatMapDataset", options=self._options)
+
+    def interleave(
+        self,
+        map_func: Callable[..., Any],
+        cycle_length: typing.Optional[int] = None,
+        block_length: typing.Optional[int] = None,
+        num_parallel_calls: typing.Optional[int] = None,
+        deterministic: typing.Optional[bool] = None,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """The elements of the datasets that ``map_func`` (called as ``map`` calls its
+        function) returns for the elements, in tf.data's interleave order: the datasets of
+        ``cycle_length`` elements are read in turn, ``block_length`` (default 1)
+        consecutive elements from each; when one ends, the dataset of the next element
+        takes its place in the cycle. ``cycle_length`` None or ``AUTOTUNE``: the number of
+        CPUs this process may run on, as in tf.data. ``num_parallel_calls`` and
+        ``deterministic`` are accepted; the order is always the one above."""
+        return _transforms.interleave(self, map_func, cycle_length, block_length, num_parallel_calls, name)
+
+    def window(
+        self,
+        size: int,
+        shift: typing.Optional[int] = None,
+        stride: int = 1,
+        drop_remainder: bool = False,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """Windows of elements: window ``k`` holds elements ``k*shift + i*stride`` for ``i``
+        below ``size`` (``shift`` defaults to ``size``); the last windows are shorter
+        unless ``drop_remainder``. Each window is a dataset (a structure of datasets, one
+        per component, for structured elements), as in tf.data: ``flat_map(lambda w:
+        w.batch(size))`` makes arrays of them. An element that fails fails the windows
+        that hold it."""
+        return _transforms.window(self, size, shift, stride, drop_remainder, name)
+
+    def scan(
+        self, initial_state: Any, scan_func: Callable[[Any, Any], Any], name: typing.Optional[str] = None
+    ) -> Dataset:
+        """``reduce`` that gives an element at every step: ``scan_func(state, element)``
+        returns ``(new_state, output_element)``. Each pass starts from ``initial_state``;
+        every state must have its structure and dtypes (``TypeError`` otherwise)."""
+        return _transforms.scan(self, initial_state, scan_func, name)
+
+    def unique(self, name: typing.Optional[str] = None) -> Dataset:
+        """The elements less the ones equal to an earlier element of the pass; elements
+        must be single int32, int64 or string arrays (``TypeError`` otherwise)."""
+        return _transforms.unique(self, name)
+
+    def ignore_errors(self, log_warning: bool = False, name: typing.Optional[str] = None) -> Dataset:
+        """The elements less the ones whose making raises (a ``map`` function's error);
+        ``log_warning`` logs each error on the ``distvals.data`` logger."""
+        return _transforms.ignore_errors(self, log_warning, name)
+
+    def rebatch(self, batch_size: Any, drop_remainder: bool = False, name: typing.Optional[str] = None) -> Dataset:
+        """The rows of the batches regrouped into batches of ``batch_size`` (an int, or a
+        list of sizes taken in turn): ``unbatch().batch(batch_size)``, as in tf.data."""
+        return _transforms.rebatch(self, batch_size, drop_remainder, name)
+
+    def get_single_element(self, name: typing.Optional[str] = None) -> Any:
+        """The one element of the dataset; ``ValueError`` when it has none or more."""
+        it = self._pass()
+        try:
+            x = next(it)
+        except StopIteration:
+            raise ValueError("get_single_element: Dataset was empty.") from None
+        try:
+            next(it)
+        except StopIteration:
+            return x
+        raise ValueError("get_single_element: Dataset had more than one element.")
+
+    @staticmethod
+    def counter(start: int = 0, step: int = 1, dtype: Any = np.int64, name: typing.Optional[str] = None) -> Dataset:
+        """``start``, ``start + step``, ... forever, as 0-d arrays of ``dtype``."""
+        return _transforms.counter(start, step, dtype, name)
+
+    @staticmethod
+    def choose_from_datasets(
+        datasets: Any, choice_dataset: Dataset, stop_on_empty_dataset: bool = True, name: typing.Optional[str] = None
+    ) -> Dataset:
+        """Each element from the dataset that the next element of ``choice_dataset`` (int64
+        scalars) names. A chosen dataset that has ended ends the iteration
+        (``stop_on_empty_dataset``), or is passed over until all have ended."""
+        return _transforms.choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset, name)
+
+    @staticmethod
+    def sample_from_datasets(
+        datasets: Any,
+        weights: Any = None,
+        seed: typing.Optional[int] = None,
+        stop_on_empty_dataset: bool = False,
+        rerandomize_each_iteration: typing.Optional[bool] = None,
+        name: typing.Optional[str] = None,
+    ) -> Dataset:
+        """Each element from a dataset drawn at random, with probabilities proportional to
+        ``weights`` (a list of floats, one per dataset; uniform by default) among the
+        datasets that have not ended. ``stop_on_empty_dataset``: the first that ends ends
+        the iteration. With a ``seed`` each pass draws the same sequence unless
+        ``rerandomize_each_iteration`` (numpy's generator: not tf.data's sequence)."""
+        return _transforms.sample_from_datasets(
+            datasets, weights, seed, stop_on_empty_dataset, rerandomize_each_iteration, name
         )
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
@@ -1021,8 +1124,12 @@ class Dataset:
                 self._saved = _Resumed(failures, [], it)
                 raise
             self._saved = _Resumed(failures, [first], it)
-            leaves = [np.asarray(x) for x in flatten(first)]
-            leaf_specs = [specs.TensorSpec(a.shape, a.dtype) for a in leaves]
+            leaf_specs = [
+                specs.DatasetSpec(x.element_spec)
+                if isinstance(x, Dataset)
+                else specs.TensorSpec(np.shape(x), np.asarray(x).dtype)
+                for x in flatten(first)
+            ]
             spec = pack(first, leaf_specs) if is_structure(first) else leaf_specs[0]
             self._spec = specs.unbatched(spec) if self._batched else spec
             self._spec_read = True
@@ -1092,7 +1199,10 @@ class Dataset:
 
 
 def _count(value: Any, what: str, name: str) -> int:
-    """An integer argument as an int: TypeError for anything else (a bool too)."""
+    """An integer argument as an int (a 0-d integer array too, as tf.data takes a scalar
+    tensor): TypeError for anything else (a bool too)."""
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+        value = value.item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what}: {name} must be an int, got {value!r}")
     return int(value)
@@ -1283,3 +1393,11 @@ def _rows_maker(rows: _Rows) -> Callable[[], Iterator[Any]]:
                 yield rows.element(i)
 
     return make
+
+
+# The transformations that live in their own modules (they import this one), and
+# distvals.data.experimental, importable by that name too (as tf.data.experimental).
+from . import data_experimental as experimental  # noqa: E402
+from . import data_transforms as _transforms  # noqa: E402
+
+sys.modules[__name__ + ".experimental"] = experimental

@@ -52,6 +52,12 @@ def python_numbers(x: Any) -> bool:
     return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
+def is_dataset(x: Any) -> bool:
+    """Whether ``x`` is a ``distvals.data.Dataset`` (an element may hold datasets, as
+    ``window``'s do; this module cannot import that class)."""
+    return getattr(type(x), "_is_dataset", False)
+
+
 def convert_leaf(x: Any, what: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
@@ -81,9 +87,12 @@ def convert_leaf(x: Any, what: str) -> np.ndarray:
 def convert_element(x: Any, what: str, copy: bool = False) -> Any:
     """An element (a leaf or a nested structure) with every leaf converted to an array
     (with ``copy``, arrays of its own, never the caller's)."""
-    leaves = [convert_leaf(v, what) for v in flatten(x)]
+    # (A dataset stays one: a map function may return datasets, as in tf.data.)
+    leaves = [v if is_dataset(v) else convert_leaf(v, what) for v in flatten(x)]
     if copy:
-        leaves = [np.array(a, copy=True) if shares(a, v) else a for a, v in zip(leaves, flatten(x))]
+        leaves = [
+            np.array(a, copy=True) if not is_dataset(a) and shares(a, v) else a for a, v in zip(leaves, flatten(x))
+        ]
     return pack(x, leaves) if is_structure(x) else leaves[0]
 
 
@@ -168,7 +177,7 @@ def stack(elements: List[Any]) -> Any:
 
 def copy_element(x: Any) -> Any:
     """``x`` with every leaf an array of its own."""
-    leaves = [np.array(a, copy=True) for a in flatten(x)]
+    leaves = [a if is_dataset(a) else np.array(a, copy=True) for a in flatten(x)]
     return pack(x, leaves) if is_structure(x) else leaves[0]
 
 

@@ -368,3 +368,210 @@ class CacheIterator:
         if self._kept is not None:
             self._kept.append(copy_element(x))
         return x
+
+
+class WindowIterator:
+    """tf.data's windows: window k holds elements ``k*shift + i*stride`` (``i`` below
+    ``size``) of the source; the last windows are shorter unless ``drop_remainder``. A
+    buffer holds the ``(size - 1) * stride + 1`` elements a window spans; an element that
+    fails is kept in it as its error, which fails the windows that take that element
+    (and no other: the windows' elements are read, and the window moved on, first)."""
+
+    __slots__ = ("_buf", "_drop", "_make", "_shift", "_size", "_source", "_span", "_stride")
+
+    def __init__(
+        self,
+        source: Iterator[Any],
+        size: int,
+        shift: int,
+        stride: int,
+        drop_remainder: bool,
+        make_window: Callable[[List[Any]], Any],
+    ) -> None:
+        self._source: typing.Optional[Iterator[Any]] = source
+        self._size, self._shift, self._stride = size, shift, stride
+        self._span = (size - 1) * stride + 1
+        self._drop = drop_remainder
+        self._make = make_window
+        self._buf: List[typing.Tuple[bool, Any]] = []  # (read, element or its error)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def _read(self) -> typing.Tuple[bool, Any]:
+        """(True, element) or (False, its error); StopIteration at the source's end."""
+        assert self._source is not None
+        try:
+            return True, next(self._source)
+        except StopIteration:
+            self._source = None
+            raise
+        except Exception as e:  # noqa: BLE001 - kept in its place, raised by the windows that take it
+            return False, e
+
+    def __next__(self) -> Any:
+        buf = self._buf
+        # 1. Fill the buffer up to one window's span (fewer at the source's end).
+        while self._source is not None and len(buf) < self._span:
+            try:
+                buf.append(self._read())
+            except StopIteration:
+                break
+        if not buf or (self._drop and len(buf) < self._span):
+            raise StopIteration
+        # 2. The window: every stride-th element of the buffer.
+        members = buf[: self._span : self._stride]
+        # 3. Move on by shift, reading (and dropping, errors too) the elements a shift
+        #    longer than the buffer passes over.
+        if self._shift >= len(buf):
+            for _ in range(self._shift - len(buf)):
+                if self._source is None:
+                    break
+                try:
+                    self._read()
+                except StopIteration:
+                    break
+            buf.clear()
+        else:
+            del buf[: self._shift]
+        for read, x in members:
+            if not read:
+                raise x
+        return self._make([x for _, x in members])
+
+
+class ScanIterator:
+    """``step(state, element)`` gives ``(new state, output)`` for each element; the state
+    goes from one element to the next (a failed element leaves it as it was)."""
+
+    __slots__ = ("_source", "_state", "_step")
+
+    def __init__(self, source: Iterator[Any], state: Any, step: Callable[[Any, Any], typing.Tuple[Any, Any]]) -> None:
+        self._source = source
+        self._state = state
+        self._step = step
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        self._state, out = self._step(self._state, next(self._source))
+        return out
+
+
+class IgnoreErrorsIterator:
+    """The elements of ``source`` less the ones that fail (each error goes to ``log``)."""
+
+    __slots__ = ("_log", "_source")
+
+    def __init__(self, source: Iterator[Any], log: typing.Optional[Callable[[Exception], None]]) -> None:
+        self._source = source
+        self._log = log
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                return next(self._source)
+            except StopIteration:
+                raise
+            except Exception as e:  # noqa: BLE001 - what ignore_errors is for
+                if self._log is not None:
+                    self._log(e)
+
+
+class UniqueIterator:
+    """The elements of ``source`` that ``key`` has not seen before in this pass."""
+
+    __slots__ = ("_key", "_seen", "_source")
+
+    def __init__(self, source: Iterator[Any], key: Callable[[Any], Any]) -> None:
+        self._source = source
+        self._key = key
+        self._seen: typing.Set[Any] = set()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            x = next(self._source)
+            k = self._key(x)
+            if k not in self._seen:
+                self._seen.add(k)
+                return x
+
+
+def elements_text(n: int) -> str:
+    """A count of elements in words, as tf.data's messages say it."""
+    if n == -1:
+        return "an infinite number of elements"
+    return "1 element" if n == 1 else f"{n} elements"
+
+
+class CardinalityCheckIterator:
+    """The elements of ``source``, with an error once it proves to hold a number other
+    than ``expected`` (-1: infinitely many): at its end when it held fewer, at the first
+    element past ``expected`` when more (that element is not given)."""
+
+    __slots__ = ("_count", "_expected", "_source")
+
+    def __init__(self, source: Iterator[Any], expected: int) -> None:
+        self._source = source
+        self._expected = expected
+        self._count = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            x = next(self._source)
+        except StopIteration:
+            if self._count != self._expected:
+                raise CardinalityError(
+                    f"Input dataset was expected to contain {elements_text(self._expected)} but contained only "
+                    f"{elements_text(self._count)}."
+                ) from None
+            raise
+        self._count += 1
+        if 0 <= self._expected < self._count:
+            raise CardinalityError(
+                f"Input dataset was expected to contain {elements_text(self._expected)} but contained at least "
+                f"{elements_text(self._count)}."
+            )
+        return x
+
+
+class CardinalityError(RuntimeError):
+    """A dataset held another number of elements than ``assert_cardinality`` said
+    (tf.errors.FailedPreconditionError in tf.data)."""
+
+
+class RebatchIterator:
+    """The rows of ``source``'s batches regrouped into batches of the sizes ``sizes``
+    gives in turn (the last batch of a pass may be shorter unless ``drop_remainder``)."""
+
+    __slots__ = ("_drop", "_rows", "_sizes")
+
+    def __init__(self, rows: Iterator[Any], sizes: Iterator[int], drop_remainder: bool) -> None:
+        self._rows = rows  # an UnbatchIterator over the source
+        self._sizes = sizes
+        self._drop = drop_remainder
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        size = next(self._sizes)
+        chunk: List[Any] = []
+        while len(chunk) < size:
+            try:
+                chunk.append(next(self._rows))
+            except StopIteration:
+                break
+        if not chunk or (self._drop and len(chunk) < size):
+            raise StopIteration
+        return stack(chunk)

@@ -1,4 +1,5 @@
-"""Type specifications of dataset elements: ``TensorSpec`` and ``PerReplicaSpec``.
+"""Type specifications of dataset elements: ``TensorSpec``, ``PerReplicaSpec`` and
+``DatasetSpec``.
 
 ``element_spec`` of a ``distvals.data.Dataset``, of a distributed dataset and of its
 iterator describes each element without producing it, as TensorFlow's does: one
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import nest
 
-__all__ = ["PerReplicaSpec", "TensorSpec", "from_tensorflow", "spec_of", "unbatched", "with_batch"]
+__all__ = ["DatasetSpec", "PerReplicaSpec", "TensorSpec", "from_tensorflow", "spec_of", "unbatched", "with_batch"]
 
 Shape = Optional[Tuple[Optional[int], ...]]
 
@@ -102,6 +103,32 @@ class PerReplicaSpec:
 
     def __repr__(self) -> str:
         return f"PerReplicaSpec({', '.join(map(repr, self._value_specs))})"
+
+
+class DatasetSpec:
+    """The spec of an element that is itself a dataset (``window``'s): the spec of that
+    dataset's elements, as ``tf.data.DatasetSpec``."""
+
+    __slots__ = ("_element_spec",)
+
+    def __init__(self, element_spec: Any) -> None:
+        self._element_spec = element_spec
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetSpec) and other._element_spec == self._element_spec
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self._element_spec))
+
+    def __repr__(self) -> str:
+        return f"DatasetSpec({self._element_spec!r})"
 
 
 def _leaf_spec(x: Any) -> Any:
