@@ -21,7 +21,14 @@ import sys
 import types
 from typing import Any, Callable, List, Optional, Tuple
 
-MODULES = ["distvals", "distvals.config", "distvals.cuda", "distvals.data", "distvals.data.experimental", "distvals.experimental"]
+MODULES = [
+    "distvals",
+    "distvals.config",
+    "distvals.cuda",
+    "distvals.data",
+    "distvals.data.experimental",
+    "distvals.experimental",
+]
 OUT = pathlib.Path(__file__).with_name("api.md")
 
 

@@ -25,7 +25,6 @@ from .data import (
     _check_parallel,
     _count,
     _merged_options,
-    _row_spec,
 )
 from .data_elements import convert_element, copy_element, flatten, is_structure, merged_spec, pack, same_structure
 from .data_elements import structure_text as _structure_text
@@ -257,7 +256,6 @@ def rebatch(ds: Dataset, batch_size: Any, drop_remainder: Any, name: typing.Opti
         # A fixed batch dimension only when every batch has the one size.
         size = sizes[0] if drop and len(set(sizes)) == 1 else None
         out = [specs.TensorSpec(None if s.shape is None else (size,) + s.shape[1:], s.dtype) for s in leaves]
-        out = [o if s.shape is not None else _row_spec(s) for o, s in zip(out, leaves)]
         spec = pack(spec, out) if is_structure(spec) else out[0]
     return ds._derived(
         lambda: RebatchIterator(UnbatchIterator(ds._iterate()), itertools.cycle(sizes), drop),
