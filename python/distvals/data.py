@@ -982,21 +982,9 @@ class Dataset:
         if not callable(reduce_func):
             raise TypeError(f"reduce: reduce_func must be callable, got {type(reduce_func).__name__}")
         state = convert_element(_as_tuple(initial_state), "reduce")
-        kinds = [a.dtype for a in flatten(state)]
         for x in self._pass():
             new = convert_element(_as_tuple(reduce_func(state, x)), "reduce")
-            if not same_structure(new, state) or not same_structure(state, new):
-                raise TypeError(
-                    f"reduce: reduce_func returned a state of structure {structure_text(new)}; the initial "
-                    f"state's is {structure_text(state)}"
-                )
-            got = [a.dtype for a in flatten(new)]
-            if got != kinds:
-                raise TypeError(
-                    f"reduce: reduce_func returned a state of dtypes {[str(d) for d in got]}; the initial "
-                    f"state's are {[str(d) for d in kinds]}"
-                )
-            state = new
+            state = _transforms.checked_state(new, state, "reduce", "reduce_func")
         return state
 
     def padded_batch(

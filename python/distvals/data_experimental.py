@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import data_transforms
 from .data import (
     AUTOTUNE,
     INFINITE_CARDINALITY,
@@ -85,9 +86,7 @@ def assert_cardinality(expected_cardinality: int) -> Transformation:
     """For ``apply``: this dataset, with ``cardinality()`` ``expected_cardinality``; a pass
     that finds another number of elements raises ``distvals.data.CardinalityError`` (a
     ``RuntimeError``; tf.data's FailedPreconditionError), with tf.data's message."""
-    from .data_transforms import assert_cardinality as checked
-
-    return lambda dataset: checked(dataset, expected_cardinality, None)
+    return lambda dataset: data_transforms.assert_cardinality(dataset, expected_cardinality, None)
 
 
 def enumerate_dataset(start: int = 0) -> Transformation:
