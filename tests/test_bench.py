@@ -477,6 +477,47 @@ def test_time_memory_bound_finishes_with_late_workers(threads):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_time_memory_bound_into_outputs_copies_every_byte(threads, streaming):
+    """The out-of-place bound writes each buffer into its output (every byte, unaligned
+    heads and tails too, an output offset differently from its buffer) and keeps the
+    buffers as they were."""
+    rng = np.random.default_rng(10 + threads)
+    for count, offset, out_offset in ((1, 0, 0), (37, 1, 2), (4099, 3, 0), (100_003, 5, 7)):
+        raw = [rng.integers(0, 256, count + 8, dtype=np.uint8) for _ in range(3)]
+        bufs = [r[offset : offset + count] for r in raw]
+        before = [r.copy() for r in raw]
+        out_raw = [np.full(count + 8, 0xAB, np.uint8) for _ in range(3)]
+        outs = [o[out_offset : out_offset + count] for o in out_raw]
+        t = distvals._core.time_memory_bound(bufs, threads, streaming, 3, 1, out=outs)
+        assert t.shape == (3,) and (t > 0).all()
+        for r, b in zip(raw, before):
+            np.testing.assert_array_equal(r, b)
+        for o, out, b in zip(out_raw, outs, bufs):
+            np.testing.assert_array_equal(out, b)
+            # Nothing outside the output's bytes is written.
+            assert (o[:out_offset] == 0xAB).all() and (o[out_offset + count :] == 0xAB).all()
+
+
+def test_time_memory_bound_rejects_outputs_that_do_not_fit():
+    a, b = np.zeros(10, np.float32), np.ones(10, np.float32)
+    o = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="1 outputs for 2 buffers"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o])
+    with pytest.raises(ValueError, match="output 1 needs the buffers' count and dtype"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o, np.zeros(9, np.float32)])
+    with pytest.raises(ValueError, match="output 1 needs"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o, np.zeros(10, np.float64)])
+    with pytest.raises(ValueError, match="output 0 overlaps buffer 1"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[b, o])
+    big = np.zeros(30, np.float32)
+    with pytest.raises(ValueError, match="output 0 overlaps output 1"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[big[:10], big[5:15]])
+    # Refused before any byte is written.
+    assert (o == 0).all() and (b == 1).all() and (big == 0).all()
+
+
 def test_time_memory_bound_rejects_bad_arguments():
     a, b = np.zeros(10, np.float32), np.zeros(11, np.float32)
     with pytest.raises(ValueError):
@@ -492,7 +533,8 @@ def test_time_memory_bound_rejects_bad_arguments():
 def test_bound_meter_takes_the_fastest_median_and_states_the_noise(monkeypatch):
     medians = iter([5.0, 4.0, 6.0, 3.0, 5.5, 4.5])  # (2 thr, 1 thr) per sample
 
-    def fake(bufs, threads, streaming, iters, warmup):
+    def fake(bufs, threads, streaming, iters, warmup, out=None):
+        assert out is None
         return np.full(iters, next(medians) * 1e-6)
 
     monkeypatch.setattr(memory._core, "time_memory_bound", fake)
@@ -508,6 +550,34 @@ def test_bound_meter_takes_the_fastest_median_and_states_the_noise(monkeypatch):
     assert b["variants"] == {"2 thr": [5.0, 6.0, 5.5], "1 thr": [4.0, 3.0, 4.5]}
     assert b["level"] == "L1" and b["samples"] == 3 and b["bytes"] == 1024
     assert math.isclose(b["gbps"], 2 * 2 * 1024 / 3.0 / 1e3)
+    assert b["out_of_place"] is False
+
+
+def test_bound_meter_into_outputs_counts_twice_the_working_set(monkeypatch):
+    """Out of place, the bound is measured into the outputs, and the working set (which
+    names the level and the ways to measure it) spans buffers and outputs."""
+    seen = []
+
+    def fake(bufs, threads, streaming, iters, warmup, out=None):
+        seen.append(out)
+        return np.full(iters, 2e-6 / threads)  # the group's two threads win
+
+    monkeypatch.setattr(memory._core, "time_memory_bound", fake)
+    caches = [memory.Cache(1, 32 << 10, 1), memory.Cache(2, 512 << 10, 1), memory.Cache(3, 32 << 20, 2)]
+    # 2 replicas x 384 KiB on 2 threads: 768 KiB in place fits the two cores' L2 (2 x 512
+    # KiB); with the outputs, 1.5 MiB does not.
+    bufs = [np.zeros(96 << 10, np.float32) for _ in range(2)]
+    outs = [np.zeros_like(b) for b in bufs]
+    inplace = memory.BoundMeter(bufs, 2, 2, caches, 3, 0)
+    meter = memory.BoundMeter(bufs, 2, 2, caches, 3, 0, outs=outs)
+    meter.sample()
+    assert seen and all(o is not None and o[0] is outs[0] and o[1] is outs[1] for o in seen)
+    b = meter.result()
+    assert b["out_of_place"] is True and b["bytes"] == 384 << 10
+    inplace.sample()
+    assert inplace.result()["level"] == "L2" and b["level"] == "L3"
+    # Streaming stores are tried once the working set leaves the private caches.
+    assert (2, True) not in inplace.variants and (2, True) in meter.variants
 
 
 def test_rows_beating_the_bound_beyond_the_noise_are_flagged():
@@ -624,6 +694,8 @@ def test_strategy_level_rows_or_a_note(capsys, tmp_path):
             row = Row.from_json(r)
             assert row.ratio_to_group == pytest.approx(r["time_us"] / r["group_py_us"])
             assert row.ratio_to_group_out == pytest.approx(r["time_us"] / r["group_out_py_us"])
+            assert r["out_bound_us"] > 0
+            assert row.ratio_to_out_bound == pytest.approx(r["time_us"] / r["out_bound_us"])
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     rc, out, _ = run_cli(capsys, "--load", str(path))
@@ -638,6 +710,8 @@ def test_strategy_level_rows_or_a_note(capsys, tmp_path):
             table = out.split("# strategy.run, N=2")[1].split("\n\n")[0]
             line = next(x for x in table.splitlines() if x.split() and x.split()[0] == str(r["bytes"]))
             assert f"{_num(r['group_py_us'])} {_num(r['group_out_py_us']):>10}" in line
+            b_ratio = f"{r['time_us'] / r['out_bound_us']:.2f}x"
+            assert f"{_num(r['out_bound_us']):>13} {b_ratio:>11}" in line
 
 
 class _ModalStrategy(distvals.MirroredStrategy):

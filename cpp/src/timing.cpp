@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -89,104 +90,110 @@ std::vector<double> time_copy(int threads, std::size_t bytes, int iterations, in
 // ---- the memory bound: read and write back every byte, in place ---------------------
 namespace {
 
-// Bytes the compiler must keep: a volatile round trip for the unaligned ends.
-void touch_bytes(char* p, std::size_t n) noexcept {
-  volatile char* q = p;
-  for (std::size_t i = 0; i < n; ++i) q[i] = q[i];
+// Bytes the compiler must keep: a volatile round trip for the unaligned ends (dst may
+// be src: the in-place bound).
+void move_bytes(char* dst, const char* src, std::size_t n) noexcept {
+  volatile char* d = dst;
+  const volatile char* s = src;
+  for (std::size_t i = 0; i < n; ++i) d[i] = s[i];
 }
 
-// Reads every byte of [p, p + n) and stores it back with plain or non-temporal stores.
-// The empty asm statements make each loaded vector opaque, so the stores cannot be
-// dropped as storing what memory already holds. Four vectors per iteration, aligned
-// body, unaligned head and tail.
+// Reads every byte of [src, src + n) and stores it to [dst, dst + n) (dst == src: back
+// in place) with plain or non-temporal stores. The empty asm statements make each loaded
+// vector opaque, so in place the stores cannot be dropped as storing what memory already
+// holds. Four vectors per iteration; the body is aligned for dst's stores (loads are
+// unaligned, which costs nothing when src == dst), unaligned head and tail go bytewise.
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2"))) void touch_avx2(char* p, std::size_t n, bool stream) noexcept {
+__attribute__((target("avx2"))) void move_avx2(char* dst, const char* src, std::size_t n, bool stream) noexcept {
   const std::size_t align = stream ? 64 : 32;
-  std::size_t head = (align - reinterpret_cast<std::uintptr_t>(p) % align) % align;
+  std::size_t head = (align - reinterpret_cast<std::uintptr_t>(dst) % align) % align;
   if (head > n) head = n;
-  touch_bytes(p, head);
-  p += head;
+  move_bytes(dst, src, head);
+  dst += head;
+  src += head;
   n -= head;
   const std::size_t body = n / 128 * 128;
   for (std::size_t i = 0; i < body; i += 128) {
-    __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i));
-    __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32));
-    __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64));
-    __m256i d = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96));
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
+    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
     asm volatile("" : "+x"(a), "+x"(b), "+x"(c), "+x"(d));
     if (stream) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(p + i), a);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(p + i + 32), b);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(p + i + 64), c);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(p + i + 96), d);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
     } else {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(p + i), a);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(p + i + 32), b);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(p + i + 64), c);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(p + i + 96), d);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i), a);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
     }
   }
   if (stream) _mm_sfence();
-  touch_bytes(p + body, n - body);
+  move_bytes(dst + body, src + body, n - body);
 }
 
-void touch_sse2(char* p, std::size_t n, bool stream) noexcept {
+void move_sse2(char* dst, const char* src, std::size_t n, bool stream) noexcept {
   const std::size_t align = stream ? 64 : 16;
-  std::size_t head = (align - reinterpret_cast<std::uintptr_t>(p) % align) % align;
+  std::size_t head = (align - reinterpret_cast<std::uintptr_t>(dst) % align) % align;
   if (head > n) head = n;
-  touch_bytes(p, head);
-  p += head;
+  move_bytes(dst, src, head);
+  dst += head;
+  src += head;
   n -= head;
   const std::size_t body = n / 64 * 64;
   for (std::size_t i = 0; i < body; i += 64) {
-    __m128i a = _mm_load_si128(reinterpret_cast<const __m128i*>(p + i));
-    __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 16));
-    __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 32));
-    __m128i d = _mm_load_si128(reinterpret_cast<const __m128i*>(p + i + 48));
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
     asm volatile("" : "+x"(a), "+x"(b), "+x"(c), "+x"(d));
     if (stream) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(p + i + 48), d);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
     } else {
-      _mm_store_si128(reinterpret_cast<__m128i*>(p + i), a);
-      _mm_store_si128(reinterpret_cast<__m128i*>(p + i + 16), b);
-      _mm_store_si128(reinterpret_cast<__m128i*>(p + i + 32), c);
-      _mm_store_si128(reinterpret_cast<__m128i*>(p + i + 48), d);
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_store_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
     }
   }
   if (stream) _mm_sfence();
-  touch_bytes(p + body, n - body);
+  move_bytes(dst + body, src + body, n - body);
 }
 #endif
 
 // Portable: 8-byte words (no streaming stores without an instruction set for them).
-[[maybe_unused]] void touch_words(char* p, std::size_t n, bool) noexcept {
-  std::size_t head = (8 - reinterpret_cast<std::uintptr_t>(p) % 8) % 8;
+[[maybe_unused]] void move_words(char* dst, const char* src, std::size_t n, bool) noexcept {
+  std::size_t head = (8 - reinterpret_cast<std::uintptr_t>(dst) % 8) % 8;
   if (head > n) head = n;
-  touch_bytes(p, head);
-  p += head;
+  move_bytes(dst, src, head);
+  dst += head;
+  src += head;
   n -= head;
   const std::size_t body = n / 32 * 32;
   for (std::size_t i = 0; i < body; i += 32) {
     std::uint64_t w[4];
-    std::memcpy(w, p + i, 32);
+    std::memcpy(w, src + i, 32);
     asm volatile("" : "+r"(w[0]), "+r"(w[1]), "+r"(w[2]), "+r"(w[3]));
-    std::memcpy(p + i, w, 32);
+    std::memcpy(dst + i, w, 32);
   }
-  touch_bytes(p + body, n - body);
+  move_bytes(dst + body, src + body, n - body);
 }
 
-using touch_fn = void (*)(char*, std::size_t, bool) noexcept;
+using move_fn = void (*)(char*, const char*, std::size_t, bool) noexcept;
 
-touch_fn pick_touch() noexcept {
+move_fn pick_move() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) return &touch_avx2;
-  return &touch_sse2;
+  if (__builtin_cpu_supports("avx2")) return &move_avx2;
+  return &move_sse2;
 #else
-  return &touch_words;
+  return &move_words;
 #endif
 }
 
@@ -212,12 +219,12 @@ bool take(bound_slot& s, std::uint64_t seq) noexcept { return cpu::claim_share(s
 bool memory_bound_has_streaming() noexcept { return has_streaming_stores(); }
 
 std::vector<double> time_memory_bound(const std::vector<buffer_view>& bufs, int threads, bool streaming,
-                                      int iterations, int warmup) {
+                                      int iterations, int warmup, const std::vector<buffer_view>& outs) {
   using clk = std::chrono::steady_clock;
   if (bufs.empty()) throw std::invalid_argument("time_memory_bound needs at least one buffer");
   if (threads < 1) throw std::invalid_argument("time_memory_bound needs at least one thread");
   if (iterations < 1 || warmup < 0) throw std::invalid_argument("time_memory_bound: iterations >= 1, warmup >= 0");
-  const touch_fn touch = pick_touch();
+  const move_fn move = pick_move();
   streaming = streaming && has_streaming_stores();
   const std::size_t count = bufs[0].count, esize = dtype_size(bufs[0].type);
   for (const auto& b : bufs) {
@@ -226,13 +233,44 @@ std::vector<double> time_memory_bound(const std::vector<buffer_view>& bufs, int 
     }
     if (b.count != 0 && b.data == nullptr) throw std::invalid_argument("time_memory_bound: null buffer");
   }
+  // Out of place: one output per buffer, of its count and dtype, overlapping no buffer
+  // (an output that shared bytes with an input would be the in-place bound in part).
+  if (!outs.empty()) {
+    if (outs.size() != bufs.size()) {
+      throw std::invalid_argument("time_memory_bound: " + std::to_string(outs.size()) + " outputs for " +
+                                  std::to_string(bufs.size()) + " buffers");
+    }
+    const std::size_t bytes = count * esize;
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].count != count || outs[i].type != bufs[0].type) {
+        throw std::invalid_argument("time_memory_bound: output " + std::to_string(i) +
+                                    " needs the buffers' count and dtype");
+      }
+      if (outs[i].count != 0 && outs[i].data == nullptr) throw std::invalid_argument("time_memory_bound: null output");
+      const auto o = reinterpret_cast<std::uintptr_t>(outs[i].data);
+      for (const auto* set : {&bufs, &outs}) {
+        for (std::size_t j = 0; j < set->size(); ++j) {
+          if (set == &outs && j == i) continue;
+          const auto q = reinterpret_cast<std::uintptr_t>((*set)[j].data);
+          if (bytes != 0 && o < q + bytes && q < o + bytes) {
+            throw std::invalid_argument("time_memory_bound: output " + std::to_string(i) + " overlaps " +
+                                        (set == &bufs ? "buffer " : "output ") + std::to_string(j));
+          }
+        }
+      }
+    }
+  }
   // Part p: slice p of every buffer, cut like the direct algorithm's slices (16-element
   // boundaries), so each thread keeps the same bytes in its own caches from round to round.
   auto run_part = [&](int p) {
     std::size_t b = 0, e = 0;
     split_range(count, threads, p, 16, &b, &e);
     if (b == e) return;
-    for (const auto& v : bufs) touch(static_cast<char*>(v.data) + b * esize, (e - b) * esize, streaming);
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+      char* src = static_cast<char*>(bufs[i].data) + b * esize;
+      char* dst = outs.empty() ? src : static_cast<char*>(outs[i].data) + b * esize;
+      move(dst, src, (e - b) * esize, streaming);
+    }
   };
 
   const int rounds = warmup + iterations;

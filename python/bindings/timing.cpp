@@ -61,22 +61,26 @@ void register_timing(py::module_& m) {
       "Seconds of each round in which `threads` threads each copy `bytes` bytes (2*threads*bytes moved).");
   m.def(
       "time_memory_bound",
-      [](const py::sequence& bufs, int threads, bool streaming, int iterations, int warmup) {
+      [](const py::sequence& bufs, int threads, bool streaming, int iterations, int warmup,
+         const py::object& out) {
         std::vector<py::array> keep;
         const auto v = views_of(bufs, keep, "array");
         if (v.empty()) throw py::value_error("time_memory_bound needs at least one array");
+        std::vector<distvals::buffer_view> o;
+        if (!out.is_none()) o = views_of(py::reinterpret_borrow<py::sequence>(out), keep, "output");
         std::vector<double> t;
         {
           nogil unlocked;
-          t = distvals::time_memory_bound(v, threads, streaming, iterations, warmup);
+          t = distvals::time_memory_bound(v, threads, streaming, iterations, warmup, o);
         }
         return as_numpy(t);
       },
       py::arg("buffers"), py::arg("threads"), py::arg("streaming") = false, py::arg("iterations") = 20,
-      py::arg("warmup") = 2,
+      py::arg("warmup") = 2, py::arg("out") = py::none(),
       "Seconds of each round in which `threads` threads read every byte of `buffers` and store it back "
       "in place (N*S read, N*S written; thread p on slice p of every array), timed like time_all_reduce. "
-      "`streaming`: non-temporal stores. The arrays' contents are unchanged.");
+      "`streaming`: non-temporal stores. `out`: one array per buffer, written instead (the bound of an "
+      "out-of-place collective). The buffers' contents are unchanged.");
   m.def("streaming_store_min_bytes", &distvals::streaming_store_min_bytes,
         "Smallest total output of one CPU kernel call written with streaming stores (out-of-place only).");
   m.def("set_streaming_store_min_bytes", &distvals::set_streaming_store_min_bytes, py::arg("bytes"),

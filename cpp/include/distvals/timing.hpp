@@ -37,17 +37,24 @@ DISTVALS_EXPORT std::vector<double> time_copy(int threads, std::size_t bytes, in
 /// with non-temporal stores where the processor has them (see
 /// memory_bound_has_streaming()), plain stores otherwise.
 ///
+/// With `outs` (one output per buffer, of the same count and dtype, overlapping no
+/// buffer and no other output): the bound of an out-of-place collective, whose results go
+/// to memory of their own. Every byte of buffer i is read and stored to output i, so the
+/// same N·S read and N·S written, over twice the working set.
+///
 /// Timed as time_collective times a single-call collective: the calling thread starts
 /// the clock, hands parts 1.. to `threads - 1` persistent threads (which spin between
 /// rounds, as the group's workers do between back-to-back calls), runs part 0, takes
 /// over every part no thread has started yet, waits for the others and stops the
 /// clock. Returns the seconds of each of the last `iterations` rounds. The contents of
-/// the buffers are unchanged. Starts and joins `threads - 1` threads of its own; throws
-/// std::invalid_argument (mismatched buffers, threads < 1, iterations < 1) and
+/// the buffers are unchanged (outputs end as copies of them). Starts and joins
+/// `threads - 1` threads of its own; throws std::invalid_argument (mismatched buffers or
+/// outputs, an output that overlaps another array, threads < 1, iterations < 1) and
 /// std::system_error (threads that cannot start). Any thread; nothing else may use the
 /// buffers meanwhile.
 DISTVALS_EXPORT std::vector<double> time_memory_bound(const std::vector<buffer_view>& bufs, int threads,
-                                                      bool streaming, int iterations, int warmup);
+                                                      bool streaming, int iterations, int warmup,
+                                                      const std::vector<buffer_view>& outs = {});
 
 /// The CPU kernels write a reduction's result with non-temporal (streaming) stores when
 /// one kernel call's outputs total at least this many bytes and the output aliases no

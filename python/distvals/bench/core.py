@@ -220,7 +220,9 @@ def measure_strategy(
     ``group.all_reduce`` of the same arrays is timed from Python just before and just
     after, and the faster median goes into the all-reduce row's ``group_py_us`` (the
     ratio's baseline); likewise the same call into separate, already-used output arrays
-    (``group_out_py_us``: the engine's share of a step that returns new arrays).
+    (``group_out_py_us``: the engine's share of a step that returns new arrays), and the
+    memory bound of reading the arrays into those outputs (``out_bound_us``: what a step
+    that returns new arrays cannot beat on this machine; see memory.BoundMeter).
     """
     import distvals
 
@@ -257,14 +259,20 @@ def measure_strategy(
     # The out-of-place baseline writes into outputs used before (as run's pooled results
     # are): run must return new arrays, so this is the same work without the step around it.
     outs = _fresh_outputs(arrays) if group is not None else []
+    out_meter = (
+        BoundMeter(arrays, n, int(group.engine.threads), cache_levels()[0], py_iters, min(warmup, py_iters), outs=outs)
+        if group is not None
+        else None
+    )
 
     def time_group() -> None:
-        if group is not None:
+        if group is not None and out_meter is not None:
             f = group.all_reduce
             group_us.append(_python_loop_us(lambda: f(arrays, op, "auto"), py_iters, min(warmup, py_iters)))
             group_out_us.append(
                 _python_loop_us(lambda: f(arrays, op, "auto", out=outs), py_iters, min(warmup, py_iters))
             )
+            out_meter.sample()
 
     time_group()
     time_us = _python_loop_us(lambda: run(step, args=(values,)), iters, warmup)
@@ -305,6 +313,7 @@ def measure_strategy(
         checked=n * count,
         group_py_us=min(group_us) if group_us else None,
         group_out_py_us=min(group_out_us) if group_out_us else None,
+        out_bound_us=out_meter.result()["bound_us"] if out_meter is not None else None,
     )
     return [
         Row(level="strategy", time_us=time_us, wrong=wrong, **moved, **common),

@@ -187,9 +187,13 @@ class BoundMeter:
     """Measures the bound of one size several times, between the rows it bounds.
 
     ``bufs``: the all-reduce's own arrays (one per replica; their contents are kept).
-    Call :meth:`sample` before, between and after the rows; :meth:`result` gives the
-    bound (fastest median of any variant in any sample), the way that won, and the noise:
-    the spread (max / min - 1) of the winning variant's medians over the samples.
+    ``outs`` (one array per buffer, overlapping none): the bound of a collective whose
+    results go to memory of their own (``strategy.run`` returns new arrays): the same
+    bytes read and written, over twice the working set, which may leave a cache the
+    in-place bound fits. Call :meth:`sample` before, between and after the rows;
+    :meth:`result` gives the bound (fastest median of any variant in any sample), the way
+    that won, and the noise: the spread (max / min - 1) of the winning variant's medians
+    over the samples.
     """
 
     def __init__(
@@ -201,23 +205,27 @@ class BoundMeter:
         iters: int,
         warmup: int,
         variants: Optional[Sequence[Tuple[int, bool]]] = None,
+        outs: Optional[Sequence[np.ndarray]] = None,
     ) -> None:
         self.bufs = list(bufs)
+        self.outs = list(outs) if outs is not None else None
         self.replicas = replicas
+        # Arrays the working set spans: the buffers, and the outputs when there are any.
+        self.arrays = replicas * (2 if self.outs is not None else 1)
         self.nbytes = int(self.bufs[0].nbytes)
         self.threads = threads
         self.caches = list(caches)
         self.iters = max(1, int(iters))
         self.warmup = max(0, int(warmup))
         self.variants = (
-            list(variants) if variants is not None else bound_variants(replicas, self.nbytes, threads, caches)
+            list(variants) if variants is not None else bound_variants(self.arrays, self.nbytes, threads, caches)
         )
         self.samples: Dict[Tuple[int, bool], List[float]] = {v: [] for v in self.variants}
 
     def sample(self) -> None:
         """One median per variant (microseconds per round)."""
         for v in self.variants:
-            times = _core.time_memory_bound(self.bufs, v[0], v[1], self.iters, self.warmup)
+            times = _core.time_memory_bound(self.bufs, v[0], v[1], self.iters, self.warmup, out=self.outs)
             self.samples[v].append(statistics.median(times.tolist()) * 1e6)
 
     def result(self) -> Dict[str, Any]:
@@ -233,7 +241,8 @@ class BoundMeter:
             "bytes": self.nbytes,
             "bound_us": bound,
             "gbps": moved / (bound * 1e-6) / 1e9 if bound > 0 else None,
-            "level": level_of(self.replicas, self.nbytes, win[0], self.caches),
+            "level": level_of(self.arrays, self.nbytes, win[0], self.caches),
+            "out_of_place": self.outs is not None,
             "threads": win[0],
             "streaming": win[1],
             "noise_pct": noise,

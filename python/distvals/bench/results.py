@@ -36,7 +36,9 @@ class Row:
     six arrays) or ``"strategy-trivial"`` (``run`` of a function that
     does nothing), ``mode`` the strategy's execution mode and ``group_py_us`` the median
     of ``ReplicaGroup.all_reduce`` of the same arrays, timed from Python in the same run
-    (in place), ``group_out_py_us`` the same into separate, already-used outputs.
+    (in place), ``group_out_py_us`` the same into separate, already-used outputs, and
+    ``out_bound_us`` the memory bound of reading the arrays into such outputs (the least
+    a step that returns new arrays can take here).
     """
 
     impl: str
@@ -58,6 +60,7 @@ class Row:
     mode: Optional[str] = None
     group_py_us: Optional[float] = None
     group_out_py_us: Optional[float] = None
+    out_bound_us: Optional[float] = None
     algbw_gbps: float = 0.0
     busbw_gbps: float = 0.0
     bound_us: Optional[float] = None
@@ -105,6 +108,13 @@ class Row:
         into already-used outputs (same run): what the step adds to the engine's work."""
         if self.group_out_py_us and self.group_out_py_us > 0:
             return self.time_us / self.group_out_py_us
+        return None
+
+    @property
+    def ratio_to_out_bound(self) -> Optional[float]:
+        """Strategy rows: time / the memory bound of writing the results to new memory."""
+        if self.out_bound_us and self.out_bound_us > 0:
+            return self.time_us / self.out_bound_us
         return None
 
     def to_json(self) -> Dict[str, Any]:

@@ -224,14 +224,16 @@ def format_strategy(report: Report, replicas: int) -> str:
             "all_reduce: fn calls ctx.all_reduce on its replica's array; structure: on the same bytes as a "
             "dict of 6 arrays; group: one ReplicaGroup.all_reduce of the same arrays (from Python, in place), "
             "timed alongside each mode's steps, and ratio: the step's time over it; group out / out ratio: the "
-            "same call into separate, already-used outputs (run returns new arrays)"
+            "same call into separate, already-used outputs (run returns new arrays); new-mem bound / bound "
+            "ratio: the memory bound of reading the arrays into such outputs, the least a step that returns "
+            "new arrays can take here (twice the in-place working set)"
         )
     ]
     head = f"#{'size':>11}"
     for m in modes:
         head += (
             f" | {m + ': group':>15} {'group out':>10} {'trivial':>10} {'all_reduce':>10} {'ratio':>7} "
-            f"{'out ratio':>9} {'structure':>10} {'ratio':>7}"
+            f"{'out ratio':>9} {'new-mem bound':>13} {'bound ratio':>11} {'structure':>10} {'ratio':>7}"
         )
     if tf:
         head += f" | {'tensorflow':>10} {'tf/' + modes[0]:>9}"
@@ -247,10 +249,12 @@ def format_strategy(report: Report, replicas: int) -> str:
             ratio = a.ratio_to_group if a is not None else None
             out_ratio = a.ratio_to_group_out if a is not None else None
             st_ratio = st.ratio_to_group if st is not None else None
+            b_ratio = a.ratio_to_out_bound if a is not None else None
             line += (
                 f" | {_num(a.group_py_us if a else None):>15} {_num(a.group_out_py_us if a else None):>10} "
                 f"{_num(t.time_us if t else None):>10} {_num(a.time_us if a else None):>10} "
                 f"{(f'{ratio:.2f}x' if ratio else '-'):>7} {(f'{out_ratio:.2f}x' if out_ratio else '-'):>9} "
+                f"{_num(a.out_bound_us if a else None):>13} {(f'{b_ratio:.2f}x' if b_ratio else '-'):>11} "
                 f"{_num(st.time_us if st else None):>10} {(f'{st_ratio:.2f}x' if st_ratio else '-'):>7}"
             )
         if tf:
