@@ -600,6 +600,62 @@ def test_a_deep_copy_of_a_distributed_variable_is_independent_on_the_same_strate
 
 
 @pytest.mark.parametrize("n", NS)
+def test_a_deep_copy_of_a_strategy_is_a_strategy_of_its_own(env, n):
+    # As TensorFlow's copy.deepcopy of a strategy: the same configuration, and a strategy
+    # that runs, scopes and closes apart from the original.
+    import copy
+
+    opts = dv.CommunicationOptions(timeout_seconds=42.0, bytes_per_pack=24)
+    s = env.strategy(
+        n, cross_device_ops=dv.ReductionToOneDevice(reduce_to_device=env.device(1)), communication_options=opts
+    )
+    c = copy.deepcopy(s)
+    assert type(c) is type(s) and c is not s and c.extended is not s.extended
+    assert c.extended.worker_devices == s.extended.worker_devices and c.num_replicas_in_sync == n
+    assert c.execution == s.execution
+    assert isinstance(c.extended._cross_device_ops, dv.ReductionToOneDevice)
+    assert c.extended._cross_device_ops is not s.extended._cross_device_ops
+    assert c.extended._cross_device_ops.reduce_to_device == env.device(1)
+    assert c.extended._options.timeout_seconds == 42.0 and c.extended._options.bytes_per_pack == 24
+    # Each strategy reduces its own replicas' values, placed where the original's are.
+    host = distinct_values(n, (5,), np.float32, seed=11)
+    for strategy in (c, s):
+        out = strategy.run(lambda v: dv.get_replica_context().all_reduce("SUM", v), args=(distribute(strategy, host),))
+        for r in range(n):
+            assert_on(out.values[r], env.place(r), f"replica {r}")
+            check_close(out.values[r], reference(host, "sum"), np.float32, f"replica {r}")
+    # Variables made under the copy's scope are the copy's.
+    with c.scope():
+        v = dv.Variable(np.zeros(2, np.float32))
+    assert v.distribute_strategy is c and dv.get_strategy() is not c
+    # Closing the copy leaves the original running.
+    c.close()
+    with pytest.raises(RuntimeError):
+        c.run(lambda: None)
+    out = s.run(lambda: float(rid() + 1))
+    assert [float(host_of(x)) for x in s.experimental_local_results(out)] == [r + 1.0 for r in range(n)]
+
+
+def test_deep_copies_of_the_other_strategies():
+    import copy
+
+    one = dv.OneDeviceStrategy("/cpu:0")
+    c = copy.deepcopy(one)
+    assert type(c) is dv.OneDeviceStrategy and c is not one and c.extended.worker_devices == one.extended.worker_devices
+    assert c.run(lambda x: x * 2, args=(np.float32(3),)) == 6
+    c.close()
+    assert one.run(lambda: 1) == 1
+    one.close()
+    # One default strategy per process.
+    default = dv.get_strategy()
+    assert copy.deepcopy(default) is default
+    # A multi-worker strategy is made by every worker together: a copy on one is refused.
+    mw = dv.MultiWorkerMirroredStrategy.__new__(dv.MultiWorkerMirroredStrategy)
+    with pytest.raises(TypeError, match="MultiWorkerMirroredStrategy cannot be deep-copied.*on every worker"):
+        copy.deepcopy(mw)
+
+
+@pytest.mark.parametrize("n", NS)
 def test_mirrored_variable_updates_in_cross_replica_context(env, n):
     s = env.strategy(n)
     with s.scope():

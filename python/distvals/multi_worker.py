@@ -607,6 +607,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         super().__init__(_MultiWorkerExtended(self, devs, communication_options, communicator, execution))
         _LIVE.add(self._extended)
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Strategy:
+        """Refused: a new multi-worker strategy is a collective of every worker (each must
+        make it at the same time), which a copy made on one worker cannot be."""
+        raise TypeError(
+            "MultiWorkerMirroredStrategy cannot be deep-copied: every worker must create a new one "
+            "together; call MultiWorkerMirroredStrategy(...) on every worker instead"
+        )
+
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas run each step, over all workers."""

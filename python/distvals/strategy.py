@@ -9,6 +9,7 @@ per-replica values in cross-replica context.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional, Sequence, Tuple
 
 from . import context, nest
@@ -210,6 +211,27 @@ class Strategy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={list(self._extended._devices)!r})"
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Strategy:
+        """A strategy of its own with this one's configuration, as deep-copying a
+        ``tf.distribute`` strategy gives one: the same class, devices, cross-device ops,
+        communication options and execution mode, with its own engine group and replicas
+        (the copy runs steps independently of the original; closing one leaves the other
+        open). Attributes a subclass added are deep-copied too. Variables made under the
+        original stay with it."""
+        cls = type(self)
+        result = cls.__new__(cls)
+        memo[id(self)] = result
+        self._init_copy(result, memo)
+        for k, v in self.__dict__.items():
+            if k != "_extended":
+                setattr(result, k, copy.deepcopy(v, memo))
+        return result
+
+    def _init_copy(self, result: Strategy, memo: Dict[int, Any]) -> None:
+        """Makes ``result`` (a bare instance of this class) a new strategy with this one's
+        configuration."""
+        raise TypeError(f"{type(self).__name__} cannot be deep-copied")
+
 
 def _select_all(r: int, value: Any) -> Any:
     # Like select_replica, but variables give their copy too (inspection, not running).
@@ -274,6 +296,16 @@ class MirroredStrategy(Strategy):
         """ "inline" or "threads": how this strategy runs its replicas."""
         return self._extended.execution
 
+    def _init_copy(self, result: Strategy, memo: Dict[int, Any]) -> None:
+        ext = self._extended
+        MirroredStrategy.__init__(
+            result,  # type: ignore[arg-type]
+            list(ext._devices),
+            copy.deepcopy(ext._cross_device_ops, memo),
+            copy.deepcopy(ext._options, memo),
+            execution=ext.execution,
+        )
+
 
 class OneDeviceStrategy(Strategy):
     """Everything on one device: ``run`` calls the function once, in a replica context;
@@ -289,6 +321,9 @@ class OneDeviceStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"OneDeviceStrategy(device={self._extended._devices[0]!r})"
+
+    def _init_copy(self, result: Strategy, memo: Dict[int, Any]) -> None:
+        OneDeviceStrategy.__init__(result, self._extended._devices[0])  # type: ignore[arg-type]
 
 
 class _DefaultStrategy(Strategy):
@@ -308,6 +343,10 @@ class _DefaultStrategy(Strategy):
 
     def __repr__(self) -> str:
         return "DefaultStrategy()"
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Strategy:
+        """The default strategy itself: there is one per process."""
+        return self
 
 
 class _DefaultExtended(LocalExtended):
