@@ -87,7 +87,7 @@ std::vector<double> time_copy(int threads, std::size_t bytes, int iterations, in
   return std::vector<double>(times.begin() + warmup, times.end());
 }
 
-// ---- the memory bound: read and write back every byte, in place ---------------------
+// ---- the memory bound: read every byte, store it back in place or into an output ---
 namespace {
 
 // Bytes the compiler must keep: a volatile round trip for the unaligned ends (dst may

@@ -266,12 +266,13 @@ def measure_strategy(
     )
 
     def time_group() -> None:
-        if group is not None and out_meter is not None:
+        if group is not None:
             f = group.all_reduce
             group_us.append(_python_loop_us(lambda: f(arrays, op, "auto"), py_iters, min(warmup, py_iters)))
             group_out_us.append(
                 _python_loop_us(lambda: f(arrays, op, "auto", out=outs), py_iters, min(warmup, py_iters))
             )
+        if out_meter is not None:
             out_meter.sample()
 
     time_group()
