@@ -509,10 +509,13 @@ def test_time_memory_bound_rejects_outputs_that_do_not_fit():
         distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o, np.zeros(9, np.float32)])
     with pytest.raises(ValueError, match="output 1 needs"):
         distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o, np.zeros(10, np.float64)])
-    with pytest.raises(ValueError, match="output 0 overlaps buffer 1"):
+    # The collectives' own overlap check (which names the two arrays in address order).
+    with pytest.raises(ValueError, match="replica (0's output|1's input) overlaps replica (1's input|0's output)"):
         distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[b, o])
+    with pytest.raises(ValueError, match="output 1 is its buffer"):
+        distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[o, b])
     big = np.zeros(30, np.float32)
-    with pytest.raises(ValueError, match="output 0 overlaps output 1"):
+    with pytest.raises(ValueError, match="replica [01]'s output overlaps replica [01]'s output"):
         distvals._core.time_memory_bound([a, b], 1, False, 1, 0, out=[big[:10], big[5:15]])
     # Refused before any byte is written.
     assert (o == 0).all() and (b == 1).all() and (big == 0).all()

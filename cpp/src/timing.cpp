@@ -17,6 +17,7 @@
 #include "cpu/claim.hpp"
 #include "cpu/relax.hpp"
 #include "distvals/schedule.hpp"
+#include "validate.hpp"
 
 namespace distvals {
 namespace cpu {
@@ -233,32 +234,30 @@ std::vector<double> time_memory_bound(const std::vector<buffer_view>& bufs, int 
     }
     if (b.count != 0 && b.data == nullptr) throw std::invalid_argument("time_memory_bound: null buffer");
   }
-  // Out of place: one output per buffer, of its count and dtype, overlapping no buffer
-  // (an output that shared bytes with an input would be the in-place bound in part).
+  // Out of place: one output per buffer, of its count and dtype, overlapping no other
+  // array (the collectives' own check), and not its buffer either, which that check
+  // allows as in place (an output that shared bytes with its input would be the in-place
+  // bound in part).
   if (!outs.empty()) {
     if (outs.size() != bufs.size()) {
       throw std::invalid_argument("time_memory_bound: " + std::to_string(outs.size()) + " outputs for " +
                                   std::to_string(bufs.size()) + " buffers");
     }
-    const std::size_t bytes = count * esize;
     for (std::size_t i = 0; i < outs.size(); ++i) {
       if (outs[i].count != count || outs[i].type != bufs[0].type) {
         throw std::invalid_argument("time_memory_bound: output " + std::to_string(i) +
                                     " needs the buffers' count and dtype");
       }
       if (outs[i].count != 0 && outs[i].data == nullptr) throw std::invalid_argument("time_memory_bound: null output");
-      const auto o = reinterpret_cast<std::uintptr_t>(outs[i].data);
-      for (const auto* set : {&bufs, &outs}) {
-        for (std::size_t j = 0; j < set->size(); ++j) {
-          if (set == &outs && j == i) continue;
-          const auto q = reinterpret_cast<std::uintptr_t>((*set)[j].data);
-          if (bytes != 0 && o < q + bytes && q < o + bytes) {
-            throw std::invalid_argument("time_memory_bound: output " + std::to_string(i) + " overlaps " +
-                                        (set == &bufs ? "buffer " : "output ") + std::to_string(j));
-          }
-        }
+      if (count != 0 && outs[i].data == bufs[i].data) {
+        throw std::invalid_argument("time_memory_bound: output " + std::to_string(i) +
+                                    " is its buffer (in place: call without outputs)");
       }
     }
+    call_desc d;
+    d.type = bufs[0].type;
+    d.count = count;
+    detail::check_overlaps(d, bufs, outs);
   }
   // Part p: slice p of every buffer, cut like the direct algorithm's slices (16-element
   // boundaries), so each thread keeps the same bytes in its own caches from round to round.
