@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -153,9 +153,13 @@ def signature(description: str) -> int:
 class Expected:
     """The call that followed a given call last time, as the MPI layer saw it: its
     signature and the size (flag included), dtype and op of its MPI buffer; ``flagged``:
-    the flag is the buffer's last element; ``carried``: the flag rides the exchanges."""
+    the flag is the buffer's last element; ``carried``: the flag rides the exchanges.
 
-    __slots__ = ("carried", "count", "dtype", "flagged", "op", "signature", "wire")
+    ``request``: a persistent MPI all-reduce of ``buf`` (a buffer of the call's size and
+    dtype) that every worker's call of this kind starts, when the MPI layer made one (see
+    ``HierarchicalCollectives._flat_expected``)."""
+
+    __slots__ = ("buf", "carried", "count", "dtype", "flagged", "op", "request", "signature", "wire")
 
     def __init__(
         self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool, carried: bool = False
@@ -168,6 +172,8 @@ class Expected:
         self.carried = carried
         # Whether the buffer crosses MPI in its own dtype.
         self.wire = wire_dtype(dtype) == dtype
+        self.request: Any = None
+        self.buf: Optional[np.ndarray] = None
 
 
 class WorkerAgreement(Collectives):
@@ -190,6 +196,11 @@ class WorkerAgreement(Collectives):
         self._signatures: Dict[str, int] = {}
         # Counters for tests and the benchmark: data calls, agreement exchanges, flags.
         self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
+        # How many remembered calls hold a persistent request (the same on every worker).
+        self._persistent_count = 0
+        # MPI requests whose waits an exception (Ctrl-C) ended: MPI cannot cancel them, so
+        # they may still be active, reading and writing our buffers (see _settle).
+        self._interrupted: List[Any] = []
 
     if TYPE_CHECKING:  # pragma: no cover - HierarchicalCollectives's data call
 
@@ -218,10 +229,27 @@ class WorkerAgreement(Collectives):
         return t, _monotonic() + t
 
     def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
-        """Polls ``req`` until it completes; past the timeout the job is aborted."""
+        """Polls ``req`` until it completes; past the timeout the job is aborted. A wait
+        that an exception ends (Ctrl-C) leaves ``req`` for ``_settle``."""
         t, deadline = self._deadline(timeout)
-        if not poll(req, deadline):
+        try:
+            done = poll(req, deadline)
+        except BaseException:
+            self._interrupted.append(req)
+            raise
+        if not done:
             self._timed_out(what, t)
+
+    def _settle(self, what: str, timeout: Optional[float]) -> None:
+        """Waits for the requests interrupted waits left (each call pairs with the other
+        workers' call, which they make or made) before our next call writes a buffer one
+        may still write: a buffer kept from call to call (an all-reduce kind's, which its
+        persistent request is bound to) would otherwise take that call's late result.
+        Every path that writes such a buffer calls this first."""
+        pending = self._interrupted
+        while pending:
+            self._wait(pending[0], what, timeout)
+            pending.pop(0)
 
     def _timed_out(self, what: str, timeout: float) -> None:
         msg = (
@@ -232,6 +260,36 @@ class WorkerAgreement(Collectives):
         if self._on_fatal is not None:
             self._on_fatal(msg)
         raise CollectiveTimeoutError(msg)
+
+    # ---- the memory ---------------------------------------------------------------------------
+    def _remember(self, expected: Expected) -> None:
+        """``expected`` becomes the call expected after the last agreed call, and the last
+        agreed call; a persistent request of the record it replaces is freed (every worker
+        replaces the same record at the same call, so their requests stay paired)."""
+        old = self._expected.get(self._last)
+        if old is not None and old.request is not None:
+            self._persistent_count -= 1
+            if not any(old.request is r for r in self._interrupted):  # an active one cannot be freed
+                old.request.Free()
+            old.request = old.buf = None
+        self._expected[self._last] = expected
+        self._last = expected.signature
+
+    def _free_persistent(self) -> None:
+        """Frees every persistent request the memory holds (when the collectives close)."""
+        for expected in self._expected.values():
+            if expected.request is not None and not any(expected.request is r for r in self._interrupted):
+                expected.request.Free()
+            expected.request = expected.buf = None
+        self._persistent_count = 0
+
+    def _start_persistent(self, expected: Expected, what: str, timeout: Optional[float]) -> None:
+        """``expected.buf`` all-reduced in place between the workers by the persistent
+        request of ``expected``, waited for until the timeout."""
+        self.stats["data_calls"] += 1
+        req = expected.request
+        req.Start()
+        self._wait(req, what, timeout)
 
     # ---- agreement ---------------------------------------------------------------------------
     def _sig(self, description: str) -> int:
@@ -290,6 +348,16 @@ class WorkerAgreement(Collectives):
         expected = self._expected.get(self._last)
         if expected is None or not (expected.flagged or expected.carried):
             return
+        self._settle(what, timeout)
+        if expected.request is not None:
+            # The persistent request every worker's expected call starts, on its own buffer.
+            buf = expected.buf
+            assert buf is not None  # set with the request
+            buf.fill(0)
+            buf[-1] = DISAGREE[expected.op]
+            self._start_persistent(expected, what, timeout)
+            self.stats["flagged"] += 1
+            return
         stand_in = np.zeros(expected.count, dtype=expected.dtype)
         if expected.carried:
             self._carried_all_reduce(stand_in, expected.op, None, False, what, timeout)
@@ -305,8 +373,7 @@ class WorkerAgreement(Collectives):
         sig = self._sig(description)
         self._stand_in(what, timeout)
         self._exchange(sig, description, what, timeout)
-        self._expected[self._last] = Expected(sig, 0, _NO_DTYPE, ReduceOp.SUM, False)
-        self._last = sig
+        self._remember(Expected(sig, 0, _NO_DTYPE, ReduceOp.SUM, False))
 
     def _agree_large(
         self,
@@ -332,7 +399,6 @@ class WorkerAgreement(Collectives):
 
         def agreed() -> None:
             finish()
-            self._expected[self._last] = Expected(sig, total, work, op, False, carried)
-            self._last = sig
+            self._remember(Expected(sig, total, work, op, False, carried))
 
         return agreed

@@ -433,7 +433,118 @@ def main() -> int:
         expect_close(got[r][0][:, 0], want_rows, rank, f"all_gather after the keys mismatch, replica {r}")
     checks += 1
 
+    checks += _persistent_requests(s, coll, rank)
     return finish(rank, checks, s)
+
+
+def _persistent_requests(s, coll, rank: int) -> int:
+    """Small calls in a steady loop start persistent MPI requests (MPI 4's
+    Allreduce_init), one per remembered call, bound to a buffer that lives from call to
+    call: several kinds interleaved, more remembered calls than requests may be held, a
+    worker whose call takes another path (its own buffer, copied in and out), and a wait
+    that Ctrl-C ends on one worker. Every result is checked on every replica."""
+    import signal
+    import time
+
+    from distvals.mpi_collectives import _MAX_PERSISTENT
+
+    checks = 0
+    total, n, offset = s.num_replicas_in_sync, coll.num_local, coll.offset
+    ids = range(total)
+    SUM = dv.ReduceOp.SUM
+
+    # Three kinds in one loop, distinct values per replica and per step.
+    def step(i):
+        ctx = dv.get_replica_context()
+        g = ctx.replica_id_in_sync_group
+        a = ctx.all_reduce("sum", np.arange(6, dtype=np.float32) * (g + 1) + i)
+        b = ctx.all_reduce("max", np.full((2, 3), 10.0 * g - i, np.float64))
+        c = ctx.all_reduce("min", np.full(5, 7 * g + i, np.int32))
+        return a, b, c
+
+    for i in range(6):
+        if i == 3:
+            before = dict(coll.stats)
+        a, b, c = s.run(step, args=(i,))
+        for r in range(n):
+            local = s.experimental_local_results
+            want_a = sum(np.arange(6, dtype=np.float64) * (g + 1) + i for g in ids)
+            expect_close(local(a)[r], want_a, rank, f"persistent loop step {i}: sum, replica {r}")
+            expect_close(local(b)[r], np.full((2, 3), 10.0 * (total - 1) - i), rank, f"step {i}: max, replica {r}")
+            expect_close(local(c)[r], np.full(5, i), rank, f"step {i}: min, replica {r}")
+    per_step = {k: (coll.stats[k] - before[k]) / 3 for k in coll.stats}
+    expect(per_step == {"data_calls": 3, "exchanges": 0, "flagged": 0}, rank, f"steady MPI calls: {per_step}")
+    if coll._persistent:
+        expect(coll._persistent_count >= 3, rank, f"persistent requests held: {coll._persistent_count}")
+    checks += 1
+
+    # More remembered calls than requests may be held: every shape twice in a row (so
+    # that each is expected after itself), then the whole round again.
+    for rnd in range(2):
+        for k in range(_MAX_PERSISTENT + 8):
+            for rep in range(2):
+                rows = [[np.full(k + 1, float(1000 * rnd + 10 * k + rep + offset + r))] for r in range(n)]
+                got = coll.all_reduce(SUM, rows)
+                want = np.full(k + 1, float(sum(1000 * rnd + 10 * k + rep + g for g in ids)))
+                for r in range(n):
+                    expect_close(got[r][0], want, rank, f"shape {k + 1}, round {rnd}, call {rep}, replica {r}")
+    expect(coll._persistent_count <= _MAX_PERSISTENT, rank, f"{coll._persistent_count} persistent requests held")
+    checks += 1
+
+    # Worker 0's arrays are a subclass of ndarray (the general path, with a buffer of
+    # its own), the others' plain arrays (their kind's buffer): one request per worker,
+    # paired, in a loop.
+    class Sub(np.ndarray):
+        pass
+
+    for i in range(5):
+        rows = [[np.full(12, float(100 * i + offset + r))] for r in range(n)]
+        if rank == 0:
+            rows = [[x.view(Sub)] for (x,) in rows]
+        got = coll.all_reduce(SUM, rows)
+        want = np.full(12, float(sum(100 * i + g for g in ids)))
+        for r in range(n):
+            expect_close(np.asarray(got[r][0]), want, rank, f"mixed paths, step {i}, replica {r}")
+    checks += 1
+
+    # Ctrl-C while worker 0 waits for the others (late by a second): MPI cannot cancel
+    # its call, which pairs with theirs when they come; worker 0's next call first waits
+    # for it, so neither its late result lands in the next call's buffer nor do the
+    # workers' calls shift by one.
+    def rows_of(i):
+        return [[np.full(8, float(100 * i + offset + r), np.float32)] for r in range(n)]
+
+    def want_of(i):
+        return np.full(8, float(sum(100 * i + g for g in ids)))
+
+    for i in range(3):
+        got = coll.all_reduce(SUM, rows_of(i))
+        expect_close(got[0][0], want_of(i), rank, f"before the interrupt, step {i}")
+    if rank == 0:
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            expect_raises(KeyboardInterrupt, lambda: coll.all_reduce(SUM, rows_of(3)), rank, "the interrupted call")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        expect(len(coll._interrupted) == 1, rank, "the interrupted request is kept")
+    else:
+        time.sleep(1.0)
+        got = coll.all_reduce(SUM, rows_of(3))
+        for r in range(n):
+            expect_close(got[r][0], want_of(3), rank, f"the call worker 0 left, replica {r}")
+    for i in (4, 5):
+        got = coll.all_reduce(SUM, rows_of(i))
+        for r in range(n):
+            expect_close(got[r][0], want_of(i), rank, f"after the interrupt, step {i}, replica {r}")
+    expect(not coll._interrupted, rank, "the interrupted request was waited for")
+    checks += 1
+    return checks
 
 
 if __name__ == "__main__":
