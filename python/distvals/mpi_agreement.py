@@ -267,21 +267,26 @@ class WorkerAgreement(Collectives):
         agreed call; a persistent request of the record it replaces is freed (every worker
         replaces the same record at the same call, so their requests stay paired)."""
         old = self._expected.get(self._last)
-        if old is not None and old.request is not None:
-            self._persistent_count -= 1
-            if not any(old.request is r for r in self._interrupted):  # an active one cannot be freed
-                old.request.Free()
-            old.request = old.buf = None
+        if old is not None:
+            self._release(old)
         self._expected[self._last] = expected
         self._last = expected.signature
+
+    def _release(self, expected: Expected) -> None:
+        """Frees the persistent request of ``expected``, if it holds one (one that an
+        interrupted wait may have left active cannot be freed, and is only dropped)."""
+        req = expected.request
+        if req is None:
+            return
+        self._persistent_count -= 1
+        if not any(req is r for r in self._interrupted):
+            req.Free()
+        expected.request = expected.buf = None
 
     def _free_persistent(self) -> None:
         """Frees every persistent request the memory holds (when the collectives close)."""
         for expected in self._expected.values():
-            if expected.request is not None and not any(expected.request is r for r in self._interrupted):
-                expected.request.Free()
-            expected.request = expected.buf = None
-        self._persistent_count = 0
+            self._release(expected)
 
     def _start_persistent(self, expected: Expected, what: str, timeout: Optional[float]) -> None:
         """``expected.buf`` all-reduced in place between the workers by the persistent
@@ -356,12 +361,12 @@ class WorkerAgreement(Collectives):
             buf.fill(0)
             buf[-1] = DISAGREE[expected.op]
             self._start_persistent(expected, what, timeout)
-            self.stats["flagged"] += 1
-            return
-        stand_in = np.zeros(expected.count, dtype=expected.dtype)
-        if expected.carried:
-            self._carried_all_reduce(stand_in, expected.op, None, False, what, timeout)
+        elif expected.carried:
+            self._carried_all_reduce(
+                np.zeros(expected.count, dtype=expected.dtype), expected.op, None, False, what, timeout
+            )
         else:
+            stand_in = np.zeros(expected.count, dtype=expected.dtype)
             stand_in[-1] = DISAGREE[expected.op]
             self._mpi_all_reduce(stand_in, expected.op, what, timeout)
         self.stats["flagged"] += 1
