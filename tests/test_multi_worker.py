@@ -205,6 +205,26 @@ def test_a_missing_worker_ends_the_job_after_the_timeout(execution):
 
 
 @needs_mpi
+@pytest.mark.parametrize("mode", ["interrupt", "interrupt-small"])
+def test_a_collective_cut_short_on_one_worker_ends_the_job_at_its_next_call(mode):
+    """Ctrl-C ends worker 0's reduce (1 MiB: a ring of exchanges; 1 KiB: one flagged
+    call, which the late worker makes with another shape) while the other worker goes
+    on with it. Worker 0's next reduce ends the job at once, naming what was cut short,
+    instead of pairing its MPI calls with the rest of the other's (which gave the other
+    worker a wrong result, or a hang until the timeout)."""
+    t0 = time.monotonic()
+    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), *("--mode", mode, "--replicas", "2", "--timeout", "60"))
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished" not in proc.stdout and "wrong result" not in out, out
+    assert "worker 0: reduce 1 interrupted" in out, out
+    assert "worker 0: reduce: this worker's previous collective (reduce) ended between its MPI calls" in out, out
+    assert "aborting the MPI job" in out, out
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+@needs_mpi
 def test_the_failure_script_succeeds_when_nobody_fails():
     """The control of the two tests above: the same script, no failure, exit 0."""
     proc = mpirun(3, str(SCRIPTS / "check_failure.py"), "--mode", "ok", "--replicas", "2", "--timeout", "60")

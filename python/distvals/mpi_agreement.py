@@ -37,20 +37,32 @@ So a training loop that repeats the same collectives pays one MPI call per colle
 after its first step; a changed call costs one extra exchange (and, for a small
 collective, the flagged call), and a real mismatch an error on every worker.
 
+A collective cut short
+----------------------
+MPI cannot cancel a call, so a worker whose collective an exception (Ctrl-C) ends
+between two of its MPI calls is out of step: the others wait in the rest of it, and its
+next MPI calls would pair with theirs. Its next collective therefore ends the job with a
+message naming the one that was cut short (``one_collective``), as a timeout does, before
+any MPI call. The steady state's one flagged call is the exception: when Ctrl-C ends its
+wait, the call is already the collective's last; the next collective first waits for it
+(``_settle``) and goes on, unless its flag shows that some worker's call differed (the
+others then went on to exchange signatures: out of step).
+
 ``WorkerAgreement`` keeps the memory and makes the exchanges; ``HierarchicalCollectives``
 (``distvals.mpi_collectives``), its subclass, carries the flag inside its data calls.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
 
 import numpy as np
 
 from . import nest
-from ._core import CollectiveTimeoutError, MismatchError
+from ._core import AbortedError, CollectiveTimeoutError, MismatchError
 from .collectives import Collectives
 from .mpi_exchanges import wire_dtype
 from .mpi_runtime import poll
@@ -64,6 +76,7 @@ __all__ = [
     "describe_call",
     "describe_structure",
     "dtype_text",
+    "one_collective",
     "signature",
 ]
 
@@ -176,6 +189,45 @@ class Expected:
         self.buf: Optional[np.ndarray] = None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def one_collective(method: _F) -> _F:
+    """Marks a public collective of the MPI layer, so that a worker never goes on out
+    of step with the others. Each collective is a sequence of MPI calls that every
+    worker makes in the same order; an exception (Ctrl-C) that ends one on this worker
+    between two of them leaves the other workers waiting in the rest of it, and MPI
+    cannot cancel their calls. This worker's next MPI calls would pair with those (its
+    new data reduced with their old, or sizes that differ: a wrong result or a hang).
+    So the collective is named in ``_open`` while it runs; if it is still named when
+    the next one begins, that one ends the job (``_out_of_step``) before any MPI call.
+
+    Between collectives again: after a normal return, after a ``MismatchError`` (every
+    worker raises it at the same point), after ``fail_together`` (which makes the step
+    the others wait in), and while the steady state's one flagged data call waits
+    (``_wait_last``: its interrupted call completes in ``_settle``). With one worker
+    there is nothing to pair with."""
+
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: WorkerAgreement, *args: Any, **kwargs: Any) -> Any:
+        if self.num_workers == 1:
+            return method(self, *args, **kwargs)
+        if self._open is not None:
+            self._out_of_step(name, self._open)
+        self._open = name
+        try:
+            result = method(self, *args, **kwargs)
+        except MismatchError:
+            self._open = None
+            raise
+        self._open = None
+        return result
+
+    return cast(_F, call)
+
+
 class WorkerAgreement(Collectives):
     """What the workers remember of their agreed calls, and the exchanges that agree on
     a call. ``comm``: the workers' communicator; ``timeout``: of every wait, in seconds;
@@ -198,9 +250,19 @@ class WorkerAgreement(Collectives):
         self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
         # How many remembered calls hold a persistent request (the same on every worker).
         self._persistent_count = 0
-        # MPI requests whose waits an exception (Ctrl-C) ended: MPI cannot cancel them, so
-        # they may still be active, reading and writing our buffers (see _settle).
-        self._interrupted: List[Any] = []
+        # The public collective this worker is in (its name), None between collectives.
+        # One that an exception (Ctrl-C) ended between its MPI calls stays named here:
+        # the other workers went on with it, so this worker's next MPI calls would pair
+        # with the rest of theirs (see ``one_collective``).
+        self._open: Optional[str] = None
+        # The last MPI call of a collective (the flagged data call of the steady state)
+        # whose wait an exception ended: (request, buffer, op, the collective's name).
+        # MPI cannot cancel it, so it may still be active, writing its buffer; the others'
+        # calls pair with it, so the sequence holds once it completes (see _settle).
+        self._interrupted: List[Tuple[Any, np.ndarray, ReduceOp, str]] = []
+        # Other requests whose waits an exception ended, held (with the buffers mpi4py
+        # keeps for them) so that no late write lands in memory that was freed.
+        self._held: List[Any] = []
 
     if TYPE_CHECKING:  # pragma: no cover - HierarchicalCollectives's data call
 
@@ -230,26 +292,64 @@ class WorkerAgreement(Collectives):
 
     def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
         """Polls ``req`` until it completes; past the timeout the job is aborted. A wait
-        that an exception ends (Ctrl-C) leaves ``req`` for ``_settle``."""
+        that an exception ends (Ctrl-C) leaves ``req`` held (see ``_held``)."""
         t, deadline = self._deadline(timeout)
         try:
             done = poll(req, deadline)
         except BaseException:
-            self._interrupted.append(req)
+            self._held.append(req)
             raise
         if not done:
             self._timed_out(what, t)
 
+    def _wait_last(self, req: Any, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float]) -> None:
+        """The wait for a collective's last MPI call, the all-reduce of ``buf`` whose last
+        element is the agreement flag. While it waits, this worker counts as between
+        collectives: an exception (Ctrl-C) here leaves the call to ``_settle``, which
+        the next collective calls first."""
+        t, deadline = self._deadline(timeout)
+        pending = self._interrupted
+        name = self._open or what
+        pending.append((req, buf, op, name))
+        self._open = None
+        done = poll(req, deadline)
+        # Named again before the entry goes: an interrupt between the two stays out of step.
+        self._open = name
+        pending.pop()
+        if not done:
+            self._timed_out(what, t)
+
     def _settle(self, what: str, timeout: Optional[float]) -> None:
-        """Waits for the requests interrupted waits left (each call pairs with the other
-        workers' call, which they make or made) before our next call writes a buffer one
-        may still write: a buffer kept from call to call (an all-reduce kind's, which its
-        persistent request is bound to) would otherwise take that call's late result.
-        Every path that writes such a buffer calls this first."""
+        """Waits for the last MPI calls that interrupted waits left (each pairs with the
+        other workers' call, which they make or made) before our next call writes a
+        buffer one may still write: a buffer kept from call to call (an all-reduce
+        kind's, which its persistent request is bound to) would otherwise take that
+        call's late result. Every path that writes such a buffer calls this first. A
+        flag that says some worker's call was not the expected one means the others went
+        on to exchange signatures, which this worker did not: out of step."""
         pending = self._interrupted
         while pending:
-            self._wait(pending[0], what, timeout)
+            req, buf, op, name = pending[0]
+            self._wait(req, what, timeout)
             pending.pop(0)
+            if buf[-1] != AGREE[op]:
+                self._out_of_step(what, name)
+
+    def _out_of_step(self, what: str, earlier: str) -> None:
+        """This worker's ``earlier`` collective ended between its MPI calls (an exception
+        such as KeyboardInterrupt cut it short) while the other workers went on with
+        it: its remaining MPI calls would pair with this worker's next ones (a wrong
+        result, or a hang), and MPI cannot cancel theirs. The job must end."""
+        self._open = earlier
+        msg = (
+            f"worker {self.rank}: {what}: this worker's previous collective ({earlier}) ended between its MPI "
+            "calls (an exception "
+            "such as KeyboardInterrupt cut it short) while the other workers went on with it; an MPI call "
+            "cannot be cancelled and theirs would pair with this worker's next ones, so the job must end"
+        )
+        if self._on_fatal is not None:
+            self._on_fatal(msg)
+        raise AbortedError(msg)
 
     def _timed_out(self, what: str, timeout: float) -> None:
         msg = (
@@ -279,7 +379,7 @@ class WorkerAgreement(Collectives):
         if req is None:
             return
         self._persistent_count -= 1
-        if not any(req is r for r in self._interrupted):
+        if not any(req is e[0] for e in self._interrupted) and not any(req is r for r in self._held):
             req.Free()
         expected.request = expected.buf = None
 
@@ -288,13 +388,18 @@ class WorkerAgreement(Collectives):
         for expected in self._expected.values():
             self._release(expected)
 
-    def _start_persistent(self, expected: Expected, what: str, timeout: Optional[float]) -> None:
+    def _start_persistent(self, expected: Expected, what: str, timeout: Optional[float], last: bool = False) -> None:
         """``expected.buf`` all-reduced in place between the workers by the persistent
-        request of ``expected``, waited for until the timeout."""
+        request of ``expected``, waited for until the timeout; ``last``: the
+        collective's last MPI call (see ``_wait_last``)."""
         self.stats["data_calls"] += 1
         req = expected.request
         req.Start()
-        self._wait(req, what, timeout)
+        if last:
+            assert expected.buf is not None  # set with the request
+            self._wait_last(req, expected.buf, expected.op, what, timeout)
+        else:
+            self._wait(req, what, timeout)
 
     # ---- agreement ---------------------------------------------------------------------------
     def _sig(self, description: str) -> int:

@@ -49,7 +49,15 @@ from . import devices, nest
 from ._core import MismatchError
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
-from .mpi_agreement import AGREE, Expected, WorkerAgreement, describe_call, describe_structure, dtype_text
+from .mpi_agreement import (
+    AGREE,
+    Expected,
+    WorkerAgreement,
+    describe_call,
+    describe_structure,
+    dtype_text,
+    one_collective,
+)
 from .mpi_exchanges import FLAG_TAG, NUMPY_OPS, TAG, Exchanges, wire_dtype
 from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll_all
 from .reduce_op import ReduceOp
@@ -251,7 +259,12 @@ class HierarchicalCollectives(WorkerAgreement):
             reqs = [comm.Irecv(into, source, TAG), comm.Isend(out, dest, TAG)]
             if flags is not None:
                 reqs += [comm.Irecv(flags[1:], source, FLAG_TAG), comm.Isend(flags[:1], dest, FLAG_TAG)]
-            if not poll_all(reqs, deadline):
+            try:
+                done = poll_all(reqs, deadline)
+            except BaseException:
+                self._held.extend(reqs)  # Ctrl-C: see WorkerAgreement._held
+                raise
+            if not done:
                 self._timed_out(what, timeout)
 
         return exchange
@@ -367,12 +380,17 @@ class HierarchicalCollectives(WorkerAgreement):
         buf = expected.buf
         if buf is None:
             flat[-1] = agree
-            self._mpi_all_reduce(flat, op, what, timeout)
+            if expected.wire and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking":
+                self.stats["data_calls"] += 1
+                req = self._comm.Iallreduce(self._in_place, flat, self._mpi_op(op, flat.dtype))
+                self._wait_last(req, flat, op, what, timeout)
+            else:
+                self._mpi_all_reduce(flat, op, what, timeout)
             return bool(flat[-1] == agree)
         if buf is not flat:
             np.copyto(buf[:-1], flat[:-1])
         buf[-1] = agree
-        self._start_persistent(expected, what, timeout)
+        self._start_persistent(expected, what, timeout, last=True)
         if buf[-1] != agree:
             return False
         if buf is not flat:
@@ -408,6 +426,7 @@ class HierarchicalCollectives(WorkerAgreement):
         return expected
 
     # ---- all-reduce --------------------------------------------------------------------------------
+    @one_collective
     def all_reduce(
         self,
         op: ReduceOp,
@@ -418,6 +437,18 @@ class HierarchicalCollectives(WorkerAgreement):
         timeout: Optional[float] = None,
         value: Any = None,
         what: str = "all_reduce",
+    ) -> List[List[Any]]:
+        return self._all_reduce(op, leaves, algorithm, bytes_per_pack, timeout, value, what)
+
+    def _all_reduce(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        algorithm: str,
+        bytes_per_pack: int,
+        timeout: Optional[float],
+        value: Any,
+        what: str,
     ) -> List[List[Any]]:
         if self.num_workers == 1:
             return self.local.all_reduce(
@@ -458,6 +489,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 out[r][i] = res[r][0]
         return out
 
+    @one_collective
     def all_reduce_arrays(
         self,
         op: ReduceOp,
@@ -511,7 +543,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 op, [[a] for a in ins], kind.work, kind.description, timeout, outs=[o.reshape(-1) for o in outs]
             )
         else:
-            res = self.all_reduce(op, [[a] for a in ins], timeout=timeout, value=a0)
+            res = self._all_reduce(op, [[a] for a in ins], "auto", 0, timeout, a0, what)
             for o, r in zip(outs, res):
                 np.copyto(o, r[0])
 
@@ -895,6 +927,7 @@ class HierarchicalCollectives(WorkerAgreement):
         )
         return out
 
+    @one_collective
     def all_gather(
         self,
         leaves: Sequence[Sequence[Any]],
@@ -934,6 +967,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 )
         return out
 
+    @one_collective
     def broadcast(
         self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
     ) -> List[List[Any]]:
@@ -981,6 +1015,7 @@ class HierarchicalCollectives(WorkerAgreement):
         places[0] += f" of {structure}"
         return places
 
+    @one_collective
     def agree_structure(self, what: str, value: Any, timeout: Optional[float] = None) -> None:
         """Before a structure's leaves go through collectives one by one: every worker
         passes the same nesting, keys and number of leaves (the leaves' own calls check
@@ -991,12 +1026,14 @@ class HierarchicalCollectives(WorkerAgreement):
         self._sync_point(f"{what} of {describe_structure(value)} with leaves at [{paths}]", what, timeout)
 
     # ---- cross-replica ---------------------------------------------------------------------------------
+    @one_collective
     def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
         if self.num_workers == 1:
             return self.local.reduce(op, parts, timeout=timeout)
-        res = self.all_reduce(op, [[p] for p in parts], timeout=timeout, value=parts[0], what="reduce")
+        res = self._all_reduce(op, [[p] for p in parts], "auto", 0, timeout, parts[0], "reduce")
         return res[0][0]
 
+    @one_collective
     def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
         local = self.local.gather(parts, axis, timeout=timeout)
         if self.num_workers == 1:
@@ -1010,6 +1047,7 @@ class HierarchicalCollectives(WorkerAgreement):
         result = np.moveaxis(full, 0, axis) if axis else full
         return self.local._place_host(np.ascontiguousarray(result), 0)
 
+    @one_collective
     def total(self, count: int, *, timeout: Optional[float] = None) -> int:
         if self.num_workers == 1:
             return int(count)
@@ -1018,6 +1056,7 @@ class HierarchicalCollectives(WorkerAgreement):
         self._wait(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM), "reduce", timeout)
         return int(buf[0])
 
+    @one_collective
     def broadcast_from_chief(self, value: np.ndarray, what: str, timeout: Optional[float] = None) -> np.ndarray:
         """Worker 0's ``value`` on every worker (every worker passes one of the same dtype
         and shape: MismatchError on all of them otherwise)."""
@@ -1029,6 +1068,7 @@ class HierarchicalCollectives(WorkerAgreement):
             self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout)
         return out
 
+    @one_collective
     def chief_flag(self, ok: bool, what: str, timeout: Optional[float] = None) -> bool:
         """Worker 0's ``ok`` on every worker."""
         if self.num_workers == 1:
@@ -1044,6 +1084,7 @@ class HierarchicalCollectives(WorkerAgreement):
         stats = self.stats
         return stats["data_calls"] + stats["exchanges"] + stats["flagged"]
 
+    @one_collective
     def sync_point(self, description: str, what: str, timeout: Optional[float] = None) -> None:
         """An agreement step of its own for a collective that moved nothing between the
         workers here (``description`` says what it was): a worker whose call there
@@ -1062,11 +1103,15 @@ class HierarchicalCollectives(WorkerAgreement):
         if len(text) > 300:
             text = text[:300] + "..."
         description = f"nothing (its {what} failed before it communicated: {text})"
+        # The failed collective made no MPI call: this step is the one the others wait
+        # in, so the worker is in step again once it completes (see one_collective).
+        self._open = "fail_together"
         self._stand_in(what, timeout)
         try:
             self._exchange(self._sig(description), description, what, timeout)
         except MismatchError:
             pass  # the others' collective, or their own failures: theirs is raised there
+        self._open = None
 
     def close(self) -> None:
         self._free_persistent()

@@ -8,6 +8,15 @@ naming the worker, instead of leaving the others waiting forever.
 --mode gather0d: worker 1's replicas all-gather a 1-element vector where the others pass
                  a 0-d value: a MismatchError on every worker (ranks differ), not a
                  gather of what happens to be the same bytes.
+--mode interrupt: worker 0's strategy.reduce of 1 MiB (a ring of point-to-point
+                 exchanges) is ended by KeyboardInterrupt while the others are a second
+                 late; they go on with it, so worker 0's next reduce must end the job,
+                 naming the reduce that was cut short (its MPI calls would pair with the
+                 rest of theirs: a wrong result on every worker, or a hang).
+--mode interrupt-small: the same with a reduce of 1 KiB (one MPI call carrying the
+                 agreement flag), where the late workers reduce another shape: worker 0's
+                 interrupted call completes with the flag "some call differs", so the
+                 others went on to an exchange it never made: the same end.
 --mode ok:       everyone behaves (the control: the job succeeds).
 
 The job must never succeed in the failing modes: the script exits 0 only at the end.
@@ -16,6 +25,7 @@ The job must never succeed in the failing modes: the script exits 0 only at the 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -41,6 +51,10 @@ def main() -> int:
 
     for i in range(6):
         s.run(step, args=(i,))
+    if a.mode in ("interrupt", "ok"):
+        _interrupted_reduce(s, rank, 1 << 18, 1 << 18, interrupt=a.mode == "interrupt")
+    if a.mode in ("interrupt-small", "ok"):
+        _interrupted_reduce(s, rank, 256, 255, interrupt=a.mode == "interrupt-small")
     if a.mode == "gather0d":
         s.run(lambda: dv.get_replica_context().all_gather(np.ones(1) if rank == 1 else np.float64(1.0), axis=0))
     per = s.run(lambda: np.float64(rank))
@@ -49,6 +63,52 @@ def main() -> int:
     s.reduce("SUM", per, axis=None)
     print(f"worker {rank}: finished", flush=True)
     return 0
+
+
+def _interrupted_reduce(s, rank: int, size: int, late_size: int, interrupt: bool) -> None:
+    """Three reduces of ``size`` float32 per replica, checked against the float64
+    reference on every worker; the second is interrupted on worker 0 (``interrupt``)
+    while the others come a second late, with ``late_size`` elements."""
+    total = s.num_replicas_in_sync
+    offset = s.extended._offset
+
+    def reduce_and_check(i, count=size):
+        got = s.reduce(
+            "SUM",
+            s.experimental_distribute_values_from_function(
+                lambda c: np.arange(count, dtype=np.float32) % 97 + 1000.0 * i + c.replica_id_in_sync_group
+            ),
+            axis=None,
+        )
+        want = sum(np.arange(count, dtype=np.float64) % 97 + 1000.0 * i + g for g in range(total))
+        if not np.array_equal(np.asarray(got, np.float64), want):
+            raise AssertionError(f"worker {rank}: reduce {i}: a wrong result")
+
+    # Twice, so that the workers expect the call after itself: the second reduce then
+    # carries the agreement with its data (no exchange of signatures before it).
+    reduce_and_check(0)
+    reduce_and_check(0)
+    if rank == 0 and interrupt:
+
+        def ctrl_c(signum, frame):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, ctrl_c)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            reduce_and_check(1)
+        except KeyboardInterrupt:
+            print(f"worker {rank}: reduce 1 interrupted (replica {offset})", flush=True)
+        else:
+            raise AssertionError("worker 0: reduce 1 was not interrupted")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    else:
+        if rank:
+            time.sleep(1.0)
+        reduce_and_check(1, late_size if interrupt else size)
+    reduce_and_check(2)
 
 
 if __name__ == "__main__":
