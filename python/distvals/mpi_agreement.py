@@ -260,9 +260,9 @@ class WorkerAgreement(Collectives):
         # MPI cannot cancel it, so it may still be active, writing its buffer; the others'
         # calls pair with it, so the sequence holds once it completes (see _settle).
         self._interrupted: List[Tuple[Any, np.ndarray, ReduceOp, str]] = []
-        # Other requests whose waits an exception ended, held (with the buffers mpi4py
-        # keeps for them) so that no late write lands in memory that was freed.
-        self._held: List[Any] = []
+        # Other requests whose waits an exception ended, held with their buffers (mpi4py
+        # keeps none for a collective) so that no late write lands in freed memory.
+        self._held: List[Tuple[Any, Any]] = []
 
     if TYPE_CHECKING:  # pragma: no cover - HierarchicalCollectives's data call
 
@@ -290,14 +290,15 @@ class WorkerAgreement(Collectives):
         t = self.timeout if timeout is None else float(timeout)
         return t, _monotonic() + t
 
-    def _wait(self, req: Any, what: str, timeout: Optional[float] = None) -> None:
+    def _wait(self, req: Any, what: str, timeout: Optional[float] = None, keep: Any = None) -> None:
         """Polls ``req`` until it completes; past the timeout the job is aborted. A wait
-        that an exception ends (Ctrl-C) leaves ``req`` held (see ``_held``)."""
+        that an exception ends (Ctrl-C) leaves ``req`` held with ``keep``, the buffers it
+        reads and writes (see ``_held``)."""
         t, deadline = self._deadline(timeout)
         try:
             done = poll(req, deadline)
         except BaseException:
-            self._held.append(req)
+            self._held.append((req, keep))
             raise
         if not done:
             self._timed_out(what, t)
@@ -379,7 +380,7 @@ class WorkerAgreement(Collectives):
         if req is None:
             return
         self._persistent_count -= 1
-        if not any(req is e[0] for e in self._interrupted) and not any(req is r for r in self._held):
+        if not any(req is e[0] for e in self._interrupted) and not any(req is h[0] for h in self._held):
             req.Free()
         expected.request = expected.buf = None
 
@@ -399,7 +400,7 @@ class WorkerAgreement(Collectives):
             assert expected.buf is not None  # set with the request
             self._wait_last(req, expected.buf, expected.op, what, timeout)
         else:
-            self._wait(req, what, timeout)
+            self._wait(req, what, timeout, expected.buf)
 
     # ---- agreement ---------------------------------------------------------------------------
     def _sig(self, description: str) -> int:
@@ -425,7 +426,7 @@ class WorkerAgreement(Collectives):
         req = self._comm.Iallgather(mine, table)
 
         def finish() -> None:
-            self._wait(req, what, timeout)
+            self._wait(req, what, timeout, (mine, table))
             if np.all(table[:, 0] == sig):
                 return
             self._disagree(table, description, what, timeout)
@@ -439,7 +440,10 @@ class WorkerAgreement(Collectives):
         out = np.empty(sum(lengths), dtype=np.uint8)
         displs = [int(x) for x in np.concatenate([[0], np.cumsum(lengths)[:-1]])]
         self._wait(
-            self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]), what, timeout
+            self._comm.Iallgatherv([data, self._MPI.BYTE], [out, lengths, displs, self._MPI.BYTE]),
+            what,
+            timeout,
+            (data, out),
         )
         texts = [bytes(out[d : d + n]).decode(errors="replace") for d, n in zip(displs, lengths)]
         w = next(k for k in range(1, self.num_workers) if texts[k] != texts[0])

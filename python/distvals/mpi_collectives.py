@@ -241,7 +241,7 @@ class HierarchicalCollectives(WorkerAgreement):
         route = self._exchanges.route(buf.nbytes, buf.dtype)
         if route == "nonblocking":
             sendbuf = self._MPI.IN_PLACE if src is None else src
-            self._wait(self._comm.Iallreduce(sendbuf, buf, self._mpi_op(op, buf.dtype)), what, timeout)
+            self._wait(self._comm.Iallreduce(sendbuf, buf, self._mpi_op(op, buf.dtype)), what, timeout, (src, buf))
         elif route == "blocking":
             self._complete(self._submit(buf, op, src), what, t, deadline)
         else:
@@ -262,7 +262,7 @@ class HierarchicalCollectives(WorkerAgreement):
             try:
                 done = poll_all(reqs, deadline)
             except BaseException:
-                self._held.extend(reqs)  # Ctrl-C: see WorkerAgreement._held
+                self._held.append((reqs, (out, into, flags)))  # Ctrl-C: see WorkerAgreement._held
                 raise
             if not done:
                 self._timed_out(what, timeout)
@@ -913,7 +913,8 @@ class HierarchicalCollectives(WorkerAgreement):
         self._sync_point(description, what, timeout)
         row = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
         sizes = np.empty(self.num_workers, dtype=np.int64)
-        self._wait(self._comm.Iallgather(np.array([local.shape[0]], dtype=np.int64), sizes), what, timeout)
+        mine = np.array([local.shape[0]], dtype=np.int64)
+        self._wait(self._comm.Iallgather(mine, sizes), what, timeout, (mine, sizes))
         out = np.empty((int(sizes.sum()),) + local.shape[1:], dtype=local.dtype)
         counts = [int(s) * row for s in sizes]
         displs = [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]
@@ -924,6 +925,7 @@ class HierarchicalCollectives(WorkerAgreement):
             ),
             what,
             timeout,
+            (raw, out),
         )
         return out
 
@@ -992,6 +994,7 @@ class HierarchicalCollectives(WorkerAgreement):
                     self._comm.Ibcast([host.reshape(-1).view(np.uint8), self._MPI.BYTE], root=w_root),
                     "broadcast",
                     timeout,
+                    host,
                 )
             for r in range(n):
                 out[r][i] = self.local._copy(host, r) if r else self.local._place_host(host, 0)
@@ -1053,7 +1056,7 @@ class HierarchicalCollectives(WorkerAgreement):
             return int(count)
         self._sync_point("total(count)", "reduce", timeout)
         buf = np.array([count], dtype=np.int64)
-        self._wait(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM), "reduce", timeout)
+        self._wait(self._comm.Iallreduce(self._MPI.IN_PLACE, buf, self._MPI.SUM), "reduce", timeout, buf)
         return int(buf[0])
 
     @one_collective
@@ -1065,7 +1068,7 @@ class HierarchicalCollectives(WorkerAgreement):
         self._sync_point(f"{what}: value of dtype {dtype_text(value.dtype)} shape {value.shape}", what, timeout)
         out = np.array(value, order="C", copy=True)
         if out.size:
-            self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout)
+            self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout, out)
         return out
 
     @one_collective
@@ -1075,7 +1078,7 @@ class HierarchicalCollectives(WorkerAgreement):
             return ok
         self._sync_point(f"{what}: chief flag", what, timeout)
         flag = np.array([int(bool(ok))], dtype=np.int64)
-        self._wait(self._comm.Ibcast(flag, root=0), what, timeout)
+        self._wait(self._comm.Ibcast(flag, root=0), what, timeout, flag)
         return bool(flag[0])
 
     # ---- a collective that failed, or moved nothing, on this worker alone ----------------------

@@ -270,6 +270,10 @@ class _MultiWorkerExtended(LocalExtended):
         self._input_comm = input_comm
         self._input_datasets = 0  # distributed datasets made so far: each one's serial number
         self._input_lock = threading.Lock()  # one exchange on the input's communicator at a time
+        # The exchange of a next() that an exception (Ctrl-C) ended while it waited, with
+        # its buffers: MPI cannot cancel it, so it is kept until the next exchange has
+        # waited for it.
+        self._input_pending: Any = None
         return HierarchicalCollectives(
             local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
         )

@@ -463,7 +463,22 @@ class _AgreedNext:
         # One exchange at a time per worker: threads reading different iterators would
         # otherwise post collectives on one communicator at once (which MPI forbids).
         with ext._input_lock:
-            done = poll(ext._input_comm.Iallreduce(buf, out, ext._mpi.MAX), time.monotonic() + timeout)
+            deadline = time.monotonic() + timeout
+            done = True
+            if ext._input_pending is not None:
+                # An interrupted exchange pairs with the others' exchange of that next():
+                # it completes before this one starts, reading and writing its own
+                # buffers, which are kept until then (mpi4py keeps none for a collective).
+                done = poll(ext._input_pending[0], deadline)
+                if done:
+                    ext._input_pending = None
+            if done:
+                req = ext._input_comm.Iallreduce(buf, out, ext._mpi.MAX)
+                try:
+                    done = poll(req, deadline)
+                except BaseException:
+                    ext._input_pending = (req, buf, out)
+                    raise
         if not done:
             ext._fatal(
                 f"the next element of a distributed iterator waited {timeout:g} s for the other workers, "

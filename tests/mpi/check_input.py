@@ -424,6 +424,12 @@ def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
         expect(seen["b"] == [None if v is None else -v for v in want], rank, f"thread b: {seen['b']}")
         checks += 1
 
+        # Ctrl-C while worker 0's next() waits for the others (a second late): its
+        # exchange completes when theirs comes, in its own buffers, before its next
+        # next() exchanges again; worker 0 loses that batch, and every later batch is
+        # the same on every worker.
+        checks += check_next_interrupted_on_worker_zero(s, rank, counts)
+
         # Iterators out of step (last: the workers stay out of step after it): every
         # worker but the last asks its iterator for a second element, while the last
         # asks a new iterator for its first.
@@ -436,6 +442,44 @@ def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
         expect_raises(dv.MismatchError, lambda: next(it), rank, "iterators out of step", "out of step")
         checks += 1
     return checks
+
+
+def check_next_interrupted_on_worker_zero(s, rank: int, counts) -> int:
+    """Ctrl-C in worker 0's next() while the others are late: see the caller."""
+    import signal
+    import time
+
+    total, offset = sum(counts), sum(counts[:rank])
+    starts = np.concatenate([[0], np.cumsum(split_batch_sizes(8, total))])
+
+    def expect_batch(value, k, what):
+        for r, part in enumerate(s.experimental_local_results(value)):
+            g = offset + r
+            want = np.arange(8 * k + starts[g], 8 * k + starts[g + 1], dtype=np.float64)
+            expect_close(part, want, rank, f"{what}: replica {g}")
+
+    it = iter(s.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(np.arange(64.0)).batch(8)))
+    expect_batch(next(it), 0, "before the interrupt")
+    if rank == 0:
+
+        def ctrl_c(signum, frame):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, ctrl_c)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            expect_raises(KeyboardInterrupt, lambda: next(it), rank, "the interrupted next()")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        expect(s.extended._input_pending is not None, rank, "the interrupted exchange is kept")
+    else:
+        time.sleep(1.0)
+        expect_batch(next(it), 1, "the batch worker 0 was interrupted in")
+    for k in (2, 3):
+        expect_batch(next(it), k, f"after the interrupt, batch {k}")
+    expect(s.extended._input_pending is None, rank, "the interrupted exchange was waited for")
+    return 1
 
 
 if __name__ == "__main__":
