@@ -344,9 +344,9 @@ class WorkerAgreement(Collectives):
         self._open = earlier
         msg = (
             f"worker {self.rank}: {what}: this worker's previous collective ({earlier}) ended between its MPI "
-            "calls (an exception "
-            "such as KeyboardInterrupt cut it short) while the other workers went on with it; an MPI call "
-            "cannot be cancelled and theirs would pair with this worker's next ones, so the job must end"
+            "calls (an exception such as KeyboardInterrupt cut it short) while the other workers went on with "
+            "it; an MPI call cannot be cancelled and theirs would pair with this worker's next ones, so the job "
+            "must end"
         )
         if self._on_fatal is not None:
             self._on_fatal(msg)
