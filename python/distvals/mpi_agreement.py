@@ -273,6 +273,7 @@ class WorkerAgreement(Collectives):
             what: str,
             timeout: Optional[float],
             send: Optional[np.ndarray] = None,
+            last: bool = False,
         ) -> None: ...
 
         def _carried_all_reduce(

@@ -225,10 +225,19 @@ class HierarchicalCollectives(WorkerAgreement):
 
     # ---- MPI all-reduce of one flat buffer ----------------------------------------------------------
     def _mpi_all_reduce(
-        self, buf: np.ndarray, op: ReduceOp, what: str, timeout: Optional[float], send: Optional[np.ndarray] = None
+        self,
+        buf: np.ndarray,
+        op: ReduceOp,
+        what: str,
+        timeout: Optional[float],
+        send: Optional[np.ndarray] = None,
+        last: bool = False,
     ) -> None:
         """``buf`` all-reduced with ``op`` between the workers, on the calling thread: in
-        place, or from ``send`` (same size) into ``buf``. float16/bfloat16 travel as float32."""
+        place, or from ``send`` (same size) into ``buf``. float16/bfloat16 travel as float32.
+        ``last``: the collective's last MPI call, the flagged one of the steady state (in
+        place, the flag last): when it crosses in one nonblocking call in ``buf`` itself,
+        an interrupted wait leaves it to ``_settle`` (see ``_wait_last``)."""
         t, deadline = self._deadline(timeout)
         wire = wire_dtype(buf.dtype)
         src = send
@@ -241,7 +250,11 @@ class HierarchicalCollectives(WorkerAgreement):
         route = self._exchanges.route(buf.nbytes, buf.dtype)
         if route == "nonblocking":
             sendbuf = self._MPI.IN_PLACE if src is None else src
-            self._wait(self._comm.Iallreduce(sendbuf, buf, self._mpi_op(op, buf.dtype)), what, timeout, (src, buf))
+            req = self._comm.Iallreduce(sendbuf, buf, self._mpi_op(op, buf.dtype))
+            if last and target is None and src is None:
+                self._wait_last(req, buf, op, what, timeout)
+            else:
+                self._wait(req, what, timeout, (src, buf))
         elif route == "blocking":
             self._complete(self._submit(buf, op, src), what, t, deadline)
         else:
@@ -380,12 +393,7 @@ class HierarchicalCollectives(WorkerAgreement):
         buf = expected.buf
         if buf is None:
             flat[-1] = agree
-            if expected.wire and self._exchanges.route(flat.nbytes, flat.dtype) == "nonblocking":
-                self.stats["data_calls"] += 1
-                req = self._comm.Iallreduce(self._in_place, flat, self._mpi_op(op, flat.dtype))
-                self._wait_last(req, flat, op, what, timeout)
-            else:
-                self._mpi_all_reduce(flat, op, what, timeout)
+            self._mpi_all_reduce(flat, op, what, timeout, last=True)
             return bool(flat[-1] == agree)
         if buf is not flat:
             np.copyto(buf[:-1], flat[:-1])

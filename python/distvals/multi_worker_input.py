@@ -464,15 +464,13 @@ class _AgreedNext:
         # otherwise post collectives on one communicator at once (which MPI forbids).
         with ext._input_lock:
             deadline = time.monotonic() + timeout
-            done = True
-            if ext._input_pending is not None:
-                # An interrupted exchange pairs with the others' exchange of that next():
-                # it completes before this one starts, reading and writing its own
-                # buffers, which are kept until then (mpi4py keeps none for a collective).
-                done = poll(ext._input_pending[0], deadline)
-                if done:
-                    ext._input_pending = None
+            # An interrupted exchange pairs with the others' exchange of that next(): it
+            # completes before this one starts, reading and writing its own buffers,
+            # which are kept until then (mpi4py keeps none for a collective).
+            pending = ext._input_pending
+            done = pending is None or poll(pending[0], deadline)
             if done:
+                ext._input_pending = None
                 req = ext._input_comm.Iallreduce(buf, out, ext._mpi.MAX)
                 try:
                     done = poll(req, deadline)

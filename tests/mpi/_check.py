@@ -10,7 +10,9 @@ exits non-zero.
 from __future__ import annotations
 
 import argparse
-from typing import List, Sequence
+import contextlib
+import signal
+from typing import Iterator, List, Sequence
 
 import numpy as np
 
@@ -108,6 +110,23 @@ def expect_close(got, want, rank: int, what: str, tol: float = 0.0) -> None:
     else:
         ok = np.array_equal(g, w)
     expect(ok, rank, f"{what}: got {got!r}, expected {want!r}")
+
+
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float) -> Iterator[None]:
+    """Within the block, KeyboardInterrupt is raised on this process after ``seconds``,
+    as Ctrl-C would raise it; the timer is stopped and the handler restored after it."""
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, ctrl_c)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def expect_raises(exc_type, fn, rank: int, what: str, *needles: str) -> BaseException:

@@ -19,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import expect, expect_close, expect_raises, finish, make_strategy, parse_args
+from _check import ctrl_c_after, expect, expect_close, expect_raises, finish, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -443,7 +443,6 @@ def _persistent_requests(s, coll, rank: int) -> int:
     call: several kinds interleaved, more remembered calls than requests may be held, a
     worker whose call takes another path (its own buffer, copied in and out), and a wait
     that Ctrl-C ends on one worker. Every result is checked on every replica."""
-    import signal
     import time
 
     from distvals.mpi_collectives import _MAX_PERSISTENT
@@ -521,17 +520,8 @@ def _persistent_requests(s, coll, rank: int) -> int:
         got = coll.all_reduce(SUM, rows_of(i))
         expect_close(got[0][0], want_of(i), rank, f"before the interrupt, step {i}")
     if rank == 0:
-
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGALRM, interrupt)
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        try:
+        with ctrl_c_after(0.3):
             expect_raises(KeyboardInterrupt, lambda: coll.all_reduce(SUM, rows_of(3)), rank, "the interrupted call")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
         expect(len(coll._interrupted) == 1, rank, "the interrupted request is kept")
     else:
         time.sleep(1.0)

@@ -25,14 +25,13 @@ The job must never succeed in the failing modes: the script exits 0 only at the 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import make_strategy, parse_args
+from _check import ctrl_c_after, make_strategy, parse_args
 from mpi4py import MPI
 
 import distvals as dv
@@ -89,21 +88,13 @@ def _interrupted_reduce(s, rank: int, size: int, late_size: int, interrupt: bool
     reduce_and_check(0)
     reduce_and_check(0)
     if rank == 0 and interrupt:
-
-        def ctrl_c(signum, frame):
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGALRM, ctrl_c)
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
         try:
-            reduce_and_check(1)
+            with ctrl_c_after(0.3):
+                reduce_and_check(1)
         except KeyboardInterrupt:
             print(f"worker {rank}: reduce 1 interrupted (replica {offset})", flush=True)
         else:
             raise AssertionError("worker 0: reduce 1 was not interrupted")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
     else:
         if rank:
             time.sleep(1.0)

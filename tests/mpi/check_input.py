@@ -12,7 +12,16 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, expect_raises, finish, make_strategy, parse_args
+from _check import (
+    counts_of,
+    ctrl_c_after,
+    expect,
+    expect_close,
+    expect_raises,
+    finish,
+    make_strategy,
+    parse_args,
+)
 from mpi4py import MPI
 
 import distvals as dv
@@ -446,7 +455,6 @@ def check_agreement_on_every_element(s, rank: int, size: int, counts) -> int:
 
 def check_next_interrupted_on_worker_zero(s, rank: int, counts) -> int:
     """Ctrl-C in worker 0's next() while the others are late: see the caller."""
-    import signal
     import time
 
     total, offset = sum(counts), sum(counts[:rank])
@@ -461,17 +469,8 @@ def check_next_interrupted_on_worker_zero(s, rank: int, counts) -> int:
     it = iter(s.experimental_distribute_dataset(dv.data.Dataset.from_tensor_slices(np.arange(64.0)).batch(8)))
     expect_batch(next(it), 0, "before the interrupt")
     if rank == 0:
-
-        def ctrl_c(signum, frame):
-            raise KeyboardInterrupt
-
-        old = signal.signal(signal.SIGALRM, ctrl_c)
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        try:
+        with ctrl_c_after(0.3):
             expect_raises(KeyboardInterrupt, lambda: next(it), rank, "the interrupted next()")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
         expect(s.extended._input_pending is not None, rank, "the interrupted exchange is kept")
     else:
         time.sleep(1.0)
