@@ -292,6 +292,40 @@ def test_per_call_timeout_lasts_only_until_its_meeting_is_resolved(execution):
         s.close()
 
 
+def test_a_caught_timeout_never_pairs_a_late_call_with_a_later_one(execution):
+    """A replica that catches its call's timeout and goes on to another collective must
+    not meet the late replica's first call there (the sum of two different calls' values,
+    with no error): every later collective of the step raises, the step fails, and the
+    next step is right."""
+    s = mirrored(2, timeout=20.0, execution=execution)
+    quick = dv.CommunicationOptions(timeout_seconds=0.2)
+    got = {}
+
+    def step():
+        ctx = dv.get_replica_context()
+        r = replica_id()
+        if r == 1:
+            time.sleep(0.6)  # late for the first call
+        try:
+            got[r, "a"] = float(ctx.all_reduce("sum", np.float64(1 + r), options=quick))
+        except dv.CollectiveTimeoutError:
+            got[r, "a"] = "timeout"
+        got[r, "b"] = float(ctx.all_reduce("sum", np.float64(100 * (1 + r))))
+        return got[r, "b"]
+
+    try:
+        with pytest.raises((dv.CollectiveTimeoutError, dv.AbortedError)) as info:
+            s.run(step)
+        # A sum of the two calls' values (1 + 200 or 2 + 100) would be a wrong result.
+        wrong = {k: v for k, v in got.items() if v not in ("timeout", 3.0, 300.0)}
+        assert not wrong, (wrong, got)
+        assert "timed out after 0.2" in str(info.value), str(info.value)
+        out = s.run(lambda: dv.get_replica_context().all_reduce("sum", np.float64(replica_id() + 1)))
+        assert [float(v) for v in s.experimental_local_results(out)] == [3.0, 3.0]
+    finally:
+        s.close()
+
+
 def test_strategy_timeout_option(execution):
     s = mirrored(2, timeout=0.4, execution=execution)
     release = threading.Event()

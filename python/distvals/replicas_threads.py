@@ -171,17 +171,22 @@ class _Meeting:
         if handed:
             self._wake(0)
         wake = self.wake[replica]
+        timed_out = ""
         while True:
             try:
                 wake.acquire(True, min(max(deadline - _monotonic(), 0.0), _SLICE))
             except BaseException:
                 # Ctrl-C (or another asynchronous exception) while waiting: this replica
-                # leaves the meeting, so that a call from its cleanup is a new arrival.
+                # leaves the meeting, and the meeting ends for the step, as on a timeout
+                # (a call from its cleanup would pair with the others' current one).
                 with self.mu:
                     if self.generation == generation and self.requests[replica] is request:
                         self.requests[replica] = None
                         self.count -= 1
                         self.handoff = None
+                        if self.failed is None:
+                            self.failed = (replica, f"replica {replica} was interrupted in {request.describe()}")
+                self._wake_all()
                 raise
             with self.mu:
                 if self.generation != generation:
@@ -207,11 +212,21 @@ class _Meeting:
                         if missing
                         else "every replica arrived, but resolving the call (a merge_fn, the collective) took longer"
                     )
-                    raise CollectiveTimeoutError(
-                        f"replica {replica}: {request.describe()} timed out after {timeout:g} s: {why}"
-                    )
+                    timed_out = f"replica {replica}: {request.describe()} timed out after {timeout:g} s: {why}"
+                    # The meeting ends for the whole step: a late replica's call would
+                    # otherwise pair with this replica's next one (one that catches the
+                    # error and goes on), mixing two different calls' values.
+                    if self.failed is None:
+                        self.failed = (
+                            replica,
+                            f"replica {replica}'s {request.describe()} timed out after {timeout:g} s ({why}); "
+                            "a collective that timed out ends every later one of the step",
+                        )
             if handoff is not None:
                 return self._resolve_as(replica, handoff)
+            if timed_out:
+                self._wake_all()
+                raise CollectiveTimeoutError(timed_out)
 
     def _resolve_as(self, replica: int, requests: List[Any]) -> Any:
         """Resolves the meeting of ``requests`` on this thread, holding no lock (resolve
