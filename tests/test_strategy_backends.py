@@ -577,6 +577,9 @@ def test_a_deep_copy_of_a_distributed_variable_is_independent_on_the_same_strate
     assert copy.copy(v).values == v.values
     for r in range(n):
         assert d.values[r] is not v.values[r]
+        # Each new copy belongs to the new variable (optimizer state found by container).
+        assert s.extended.value_container(d.values[r]) is d, r
+        assert s.extended.value_container(v.values[r]) is v, r
         assert_on(d.values[r].value(), env.place(r), f"deep copy {r}")
         np.testing.assert_array_equal(host_of(d.values[r]), before[r], err_msg=f"copy {r}")
     if env.on_gpu:

@@ -512,6 +512,50 @@ def test_replica_threads_updating_one_plain_variable_lose_no_update():
     assert ticks.numpy() == 5 * 25 * 4
 
 
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_threads_updating_one_mirrored_variable_lose_no_update_and_keep_its_copies_equal(execution):
+    """Updates of one distributed variable from several Python threads at once (cross-
+    replica updates, and steps that update it) are each applied whole to every copy: an
+    update landing between another's read and write of the copies was lost on some
+    copies and kept on others."""
+    import threading
+
+    with dv.MirroredStrategy(["CPU:0", "CPU:1"], execution=execution) as s:
+        with s.scope():
+            summed = dv.Variable(np.zeros(1000), aggregation=SUM)
+            local = dv.Variable(np.zeros(1000))  # aggregation NONE
+            counted = dv.Variable(np.zeros(10), aggregation=SUM)
+        errors = []
+
+        def cross(k):
+            try:
+                for _ in range(200):
+                    summed.assign_add(np.full(1000, float(k)))
+                    local.assign_sub(np.full(1000, float(k)))
+                    counted.assign_add(np.full(10, 1.0))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        def steps():
+            try:
+                for _ in range(100):
+                    s.run(lambda: counted.assign_add(np.full(10, rid() + 10.0)))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=cross, args=(k,)) for k in (1, 2, 3)] + [threading.Thread(target=steps)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for r in range(2):
+            np.testing.assert_array_equal(copies(summed)[r], np.full(1000, 200.0 * 6), err_msg=f"copy {r}")
+            np.testing.assert_array_equal(copies(local)[r], np.full(1000, -200.0 * 6), err_msg=f"copy {r}")
+            # 3 threads x 200 cross-replica adds of 1, and 100 steps adding 10 + 11.
+            np.testing.assert_array_equal(copies(counted)[r], np.full(10, 600.0 + 100 * 21.0), err_msg=f"copy {r}")
+
+
 def test_count_up_to_of_a_sum_mirrored_variable_inside_run_is_refused(s2):
     with s2.scope():
         total = dv.Variable(np.int32(0), aggregation=SUM)

@@ -9,12 +9,14 @@ family, count_up_to) follows the same rules in replica and cross-replica context
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from . import context, devices, nest, sparse
 from .errors import OutOfRangeError
+from .fork_locks import shared_after_fork
 from .reduce_op import ReduceOp
 from .replicas_threads import committing
 from .values import DistributedValues, Mirrored, PerReplica
@@ -60,6 +62,8 @@ class DistributedVariable(DistributedValues, Variable):
         self._constraint = None
         self._initial = copies[0]._initial
         self._shape_rule = copies[0]._shape_rule
+        # One lock for all copies: see commit_copies.
+        shared_after_fork(copies)
 
     # The copies live in DistributedValues' slot, not in the __dict__ that Variable's
     # state methods carry: copies and pickles take them along too.
@@ -73,6 +77,9 @@ class DistributedVariable(DistributedValues, Variable):
         values = state.pop("_values")
         Variable.__setstate__(self, state)
         self._values = values
+        if any(c._lock is not values[0]._lock for c in values):
+            # New copies (a deep copy, an unpickled variable), each with a lock of its own.
+            shared_after_fork(values)
 
     def __copy__(self) -> DistributedVariable:
         """A new distributed variable over the same copies (as TensorFlow's copy.copy):
@@ -95,6 +102,10 @@ class DistributedVariable(DistributedValues, Variable):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        ref = weakref.ref(new)
+        for c in new._values:
+            # (copy.deepcopy keeps weak references as they are: they would name this variable.)
+            c._distributed_container = ref
         return new
 
     @property

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-__all__ = ["renewed_after_fork"]
+__all__ = ["renewed_after_fork", "shared_after_fork"]
 
-# id(owner) -> (a weak reference to it, what makes its lock). Keyed by id: variables
-# cannot be hashed. An entry goes when its owner does (before its id can be reused).
-_OWNERS: Dict[int, Tuple[weakref.ReferenceType[Any], Callable[[], Any]]] = {}
+# id(owner) -> (a weak reference to it, what makes its lock, weak references to the
+# objects that share its lock). Keyed by id: variables cannot be hashed. An entry goes
+# when its owner does (before its id can be reused).
+_OWNERS: Dict[int, Tuple[weakref.ReferenceType[Any], Callable[[], Any], List[weakref.ReferenceType[Any]]]] = {}
 
 
 def renewed_after_fork(owner: Any, make: Callable[[], Any] = threading.Lock) -> Any:
@@ -29,15 +30,35 @@ def renewed_after_fork(owner: Any, make: Callable[[], Any] = threading.Lock) -> 
     def gone(_: Any, key: int = key) -> None:
         _OWNERS.pop(key, None)
 
-    _OWNERS[key] = (weakref.ref(owner, gone), make)
+    _OWNERS[key] = (weakref.ref(owner, gone), make, [])
     return make()
 
 
+def shared_after_fork(owners: Sequence[Any]) -> Any:
+    """One new lock, set as ``_lock`` of every one of ``owners`` (in place of the lock
+    each had), so that whatever holds it excludes every update of all of them (the
+    copies of a distributed variable, changed one by one or all as one change); in a
+    forked child they share a new one."""
+    first = owners[0]
+    for o in owners:
+        _OWNERS.pop(id(o), None)
+    renewed_after_fork(first)
+    _OWNERS[id(first)][2].extend(weakref.ref(o) for o in owners[1:])
+    lock = threading.Lock()
+    for o in owners:
+        o._lock = lock
+    return lock
+
+
 def _after_fork_in_child() -> None:
-    for ref, make in list(_OWNERS.values()):
+    for ref, make, sharing in list(_OWNERS.values()):
         owner = ref()
         if owner is not None:
-            owner._lock = make()
+            owner._lock = lock = make()
+            for other in sharing:
+                o = other()
+                if o is not None:
+                    o._lock = lock
 
 
 if hasattr(os, "register_at_fork"):

@@ -970,8 +970,12 @@ def commit_copies(copies: Sequence[Variable], kind: str, values: Sequence[Any]) 
     nothing), then set in one loop of C calls, which no signal handler can interrupt
     half-way (they run between bytecodes). So a failed or interrupted update leaves the
     copies equal: all updated, or none."""
-    news = [c._new_value(kind, v) for c, v in zip(copies, values)]
-    collections.deque(map(setattr, copies, itertools.repeat("_value"), news), maxlen=0)
+    # The copies share one lock (see DistributedVariable): another thread's update, of
+    # every copy or of one, never lands between the reads below and the writes, where
+    # it would be lost on some copies and kept on others.
+    with copies[0]._lock:
+        news = [c._new_value(kind, v) for c, v in zip(copies, values)]
+        collections.deque(map(setattr, copies, itertools.repeat("_value"), news), maxlen=0)
 
 
 def coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
