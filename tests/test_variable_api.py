@@ -114,6 +114,33 @@ def test_scatter_div_of_integers_truncates_toward_zero():
     np.testing.assert_array_equal(v.numpy(), [3, -3, 2, 33])
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+def test_scatter_div_of_integers_in_the_variables_own_dtype_at_its_extremes(dtype):
+    """C's division in the variable's dtype, checked against Python's integers: uint64
+    values from 2**63 on and int64's minimum went through int64 (a wrong sign, or an
+    overflowed absolute value). Repeated indices divide one after another."""
+    info = np.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    start = [hi, hi - 1, lo, lo + 1, 7, lo // 2 + 3, hi // 3, 1] if lo else [hi, hi - 1, 7, 1, hi // 3, 0, 5, 2]
+    divisors = [2, hi, 3, -2 if lo else 3, -3 if lo else 2, 5, hi, 1]
+    index = [0, 1, 2, 3, 4, 5, 6, 7]
+    # Index 2 again, then index 0 again: their quotients are divided once more.
+    divisors += [-7 if lo else 7, 3]
+    index += [2, 0]
+
+    def c_div(a, b):  # truncation toward zero
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+
+    want = list(start)
+    for i, b in zip(index, divisors):
+        want[i] = c_div(want[i], b)
+    v = dv.Variable(np.array(start, dtype))
+    v.scatter_div(dv.IndexedSlices(np.array(divisors, dtype), np.array(index)))
+    assert v.dtype == dtype
+    assert [int(x) for x in v.numpy()] == want
+
+
 @pytest.mark.parametrize("op", ["update", "add", "sub", "min", "max"])
 def test_scatter_nd_family_matches_numpy(op):
     start = np.arange(12, dtype=np.float64).reshape(3, 4)

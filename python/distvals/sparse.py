@@ -196,12 +196,19 @@ def _divide_at(new: np.ndarray, key: Any, values: np.ndarray) -> None:
         batch = key[0].ndim
         key = tuple(k.reshape(-1) for k in key)
         values = values.reshape((-1,) + values.shape[batch:])
+    values = values.astype(new.dtype, copy=False)
+    signed = new.dtype.kind == "i"
     for i in range(len(values)):
         where = tuple(k[i] for k in key) if nd else key[i]
-        a = new[where].astype(np.int64)
-        b = values[i].astype(np.int64)
-        q = np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)
-        new[where] = q.astype(new.dtype)
+        # In the variable's own dtype (through int64, uint64 values from 2**63 on turned
+        # negative, and the absolute value of int64's minimum overflowed): numpy floors,
+        # so a quotient with a remainder and operands of opposite signs goes up by one.
+        a, b = new[where], values[i]
+        with np.errstate(over="ignore"):  # the minimum over -1 wraps, as in C
+            q = a // b
+            if signed:
+                q = q + (((a - q * b) != 0) & ((a < 0) != (b < 0))).astype(new.dtype)
+        new[where] = q
 
 
 def take_rows(value: np.ndarray, indices: Any, what: str) -> np.ndarray:
