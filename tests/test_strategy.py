@@ -317,6 +317,24 @@ def test_reduce_axis_out_of_range(s2):
         s2.reduce("SUM", per_replica(2), axis=1)
 
 
+@pytest.mark.parametrize("op", ["SUM", "MEAN", "MAX", "MIN"])
+@pytest.mark.parametrize(
+    "parts, error, match",
+    [
+        # Replica 0 integer, replica 1 float: met in int32 they were truncated (13 for 13.6).
+        ((np.array([1, 2], np.int32), np.array([0.7, 9.9], np.float32)), TypeError, "replica 1 has dtype float32"),
+        ((np.zeros((2, 3)), np.zeros(6)), ValueError, "replica 1 has rank 1, replica 0 has rank 2"),
+        ((np.float64(5.0), np.arange(3.0)), ValueError, "replica 1 has rank 1, replica 0 has rank 0"),
+        ((np.zeros((2, 3)), np.zeros((2, 4))), ValueError, r"replica 1 has shape \(2, 4\), replica 0 has shape"),
+    ],
+)
+def test_reduce_with_axis_checks_the_parts_as_given_before_reducing_any(s2, op, parts, error, match):
+    """The parts' dtypes and shapes are checked as given (as gather checks them), not
+    after each is reduced alone along the axis."""
+    with pytest.raises(error, match=f"strategy.reduce: {match}"):
+        s2.reduce(op, dv.PerReplica(parts), axis=0)
+
+
 def test_integer_mean_gives_float64(s2):
     value = dv.PerReplica((np.array([1, 2], np.int32), np.array([2, 5], np.int32)))
     out = s2.reduce("MEAN", value)

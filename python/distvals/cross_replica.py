@@ -159,6 +159,16 @@ class CrossReplicaExtended(StrategyExtended):
 
         hosts = [devices.to_host(p) for p in parts]
         axes = [normalize_axis(axis, h.ndim, what, r) for r, h in enumerate(hosts)]
+        # Checked before each part is reduced alone, as gather checks them: the parts
+        # would otherwise meet in replica 0's dtype (an integer one truncated the others'
+        # floats) or be compared by their reduced shapes.
+        for r, h in enumerate(hosts):
+            if h.ndim != hosts[0].ndim:
+                raise ValueError(
+                    f"{what}: replica {r} has rank {h.ndim}, replica 0 has rank {hosts[0].ndim}; "
+                    f"shapes may differ only along axis {axes[0]}"
+                )
+        _first_difference([tuple(h.shape) for h in hosts], [h.dtype for h in hosts], what, axes[0])
         # 16-bit floats accumulate in float32 (as every other path does), both along the
         # axis and across replicas; the result is rounded to their dtype once, at the end.
         acc = accumulator_dtype(hosts[0].dtype)
