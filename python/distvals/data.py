@@ -235,23 +235,29 @@ def _joined(pieces: List[Any]) -> Any:
 
 
 def _shuffled_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
-    """The order in which a buffer of ``buffer_size`` shuffles n elements: uniform when
-    the buffer holds them all, else the streaming buffer of ``Dataset.shuffle``."""
-    if buffer_size >= n:
-        return rng.permutation(n)
-    out = np.empty(n, dtype=np.int64)
-    buf = list(range(buffer_size))
-    # While the source lasts the buffer is full: every draw is over buffer_size slots.
-    draws = rng.integers(buffer_size, size=n - buffer_size)
-    for k, j in enumerate(draws.tolist()):
-        out[k] = buf[j]
-        buf[j] = buffer_size + k
-    tail = n - buffer_size
-    for k in range(buffer_size):
-        j = int(rng.integers(len(buf)))
-        buf[j], buf[-1] = buf[-1], buf[j]
-        out[tail + k] = buf.pop()
-    return out
+    """The order in which ``ShuffleIterator`` (the streaming buffer of ``Dataset.shuffle``)
+    gives n elements through a buffer of ``buffer_size``, drawing the same numbers from
+    ``rng``: so a seed gives one order whatever came before the shuffle (a map, say), and
+    datasets shuffled apart with one seed stay paired in a zip. (numpy gives the same
+    integers whether drawn one by one or in one call, with one bound or an array of
+    them.)"""
+    size = min(buffer_size, n)
+    out: List[int] = []
+    give = out.append
+    buf = list(range(size))
+    # 1. While the source lasts the buffer is full: every draw is over ``size`` slots,
+    # and the element after the buffer's takes the place of the one given out.
+    for k, j in enumerate(rng.integers(size, size=n - size).tolist(), size):
+        give(buf[j])
+        buf[j] = k
+    # 2. The source has ended: each draw is over the elements left, and the last of
+    # them takes the place of the one given out.
+    last = buf.pop
+    for j in rng.integers(0, np.arange(size, 0, -1)).tolist() if size else ():
+        give(buf[j])
+        buf[j] = buf[-1]
+        last()
+    return np.array(out, dtype=np.int64)
 
 
 def _card_batch(card: int, size: int, drop_remainder: bool) -> int:
@@ -1065,7 +1071,9 @@ class Dataset:
             raise ValueError(f"prefetch: buffer_size must be AUTOTUNE or a count of at least 0, got {buffer_size!r}")
         if not self._mapped:
             return self
-        return self._derived(self._make_iterator, self._description, rows=self._rows)
+        # From _iterate, as every other dataset made from this one: a pass element_spec
+        # began is the next pass's (its shuffle would otherwise move on one pass).
+        return self._derived(self._iterate, self._description, rows=self._rows)
 
     def with_options(self, options: Options) -> Dataset:
         """This dataset with ``options`` (a ``distvals.data.Options``) merged into the
