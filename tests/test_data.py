@@ -1070,6 +1070,30 @@ def test_padded_batch_checks_its_shapes_and_values():
         next(iter(loose.padded_batch(2)))
 
 
+@pytest.mark.parametrize("kind", [str, bytes])
+def test_strings_of_any_width_are_one_dtype_and_padding_keeps_its_own(kind):
+    """numpy strings of different widths are tf.data's one string dtype: padding values,
+    concatenation, padded batches of generated strings and a scan state that grows all
+    keep every character (a padding "PAD" was cut to the component's width, "PA")."""
+
+    def a(*xs):
+        return np.array([kind(x, "ascii") if kind is bytes else x for x in xs])
+
+    pad = kind("PAD", "ascii") if kind is bytes else "PAD"
+    out = list(
+        Dataset.from_tensor_slices(a("ab", "cd").reshape(2, 1)).padded_batch(2, padded_shapes=[3], padding_values=pad)
+    )
+    assert out[0].tolist() == [[x, pad, pad] for x in a("ab", "cd").tolist()]
+    both = Dataset.from_tensor_slices(a("a")).concatenate(Dataset.from_tensor_slices(a("bb")))
+    assert [x.item() for x in both] == a("a", "bb").tolist()
+    assert both.element_spec.dtype.kind == a("a").dtype.kind
+    rows = [a("a"), a("bbb", "c")]
+    gen = Dataset.from_generator(lambda: iter(rows), output_signature=dv.TensorSpec((None,), a("a").dtype))
+    assert next(iter(gen.padded_batch(2))).tolist() == [a("a", "").tolist(), a("bbb", "c").tolist()]
+    grow = Dataset.range(3).scan(a("a")[0], lambda s, i: (np.char.add(s, a("b")[0]), s))
+    assert [x.item() for x in grow] == a("a", "ab", "abb").tolist()
+
+
 def test_zipped_features_and_labels_split_over_replicas_in_both_modes():
     x = np.arange(24.0, dtype=np.float32).reshape(8, 3)
     y = np.arange(8, dtype=np.int64) * 10

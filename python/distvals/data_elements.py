@@ -122,8 +122,9 @@ def conform(x: Any, spec: Any) -> Any:
     out = []
     for i, (v, sp) in enumerate(zip(leaves, leaf_specs)):
         try:
-            # A copy: the generator may yield one buffer again and again.
-            a = np.array(v, dtype=sp.dtype, copy=True)
+            # A copy: the generator may yield one buffer again and again. A string keeps
+            # its own width (a signature's width cut longer strings short).
+            a = np.array(v, dtype=sp.dtype.kind if sp.dtype.kind in "SU" else sp.dtype, copy=True)
         except (TypeError, ValueError, OverflowError) as e:
             raise TypeError(
                 f"from_generator: component {i} of an element cannot be converted to {sp.dtype}: {e}"
@@ -192,6 +193,12 @@ def bool_scalar(value: Any, what: str) -> bool:
     return bool(a)
 
 
+def same_dtype(x: np.dtype, y: np.dtype) -> bool:
+    """Whether ``x`` and ``y`` are one element dtype: equal, or numpy strings of one kind
+    (``str`` or ``bytes``) whatever their widths (tf.data's one ``tf.string``)."""
+    return x == y or (x.kind == y.kind and x.kind in "SU")
+
+
 def merged_spec(a: Any, b: Any, what: str) -> Any:
     """The spec that elements of both ``a`` and ``b`` fit (each dimension kept where the
     two agree, None where they differ; the rank unknown where it differs); TypeError when
@@ -203,12 +210,13 @@ def merged_spec(a: Any, b: Any, what: str) -> Any:
         raise TypeError(f"{what}: incompatible dataset elements: {a} vs. {b}")
     out = []
     for x, y in zip(leaves_a, leaves_b):
-        if x.dtype != y.dtype:
+        if not same_dtype(x.dtype, y.dtype):
             raise TypeError(f"{what}: incompatible dataset elements: {a} vs. {b}")
+        dtype = np.promote_types(x.dtype, y.dtype)  # the wider of two string widths
         if x.shape is None or y.shape is None or len(x.shape) != len(y.shape):
-            out.append(TensorSpec(None, x.dtype))
+            out.append(TensorSpec(None, dtype))
         else:
-            out.append(TensorSpec(tuple(d if d == e else None for d, e in zip(x.shape, y.shape)), x.dtype))
+            out.append(TensorSpec(tuple(d if d == e else None for d, e in zip(x.shape, y.shape)), dtype))
     return pack(a, out) if is_structure(a) else out[0]
 
 
@@ -220,14 +228,16 @@ def padding_value(value: Any, dtype: np.dtype, where: str) -> np.ndarray:
         return np.zeros((), dtype)
     if isinstance(value, (bool, int, float, complex, str, bytes)):
         try:
-            v = np.array(value, dtype=dtype)
+            # A string keeps its own width (the component's may be narrower: "PAD" into
+            # one of 2-character strings was cut to "PA").
+            v = np.array(value, dtype=dtype.kind if dtype.kind in "SU" else dtype)
         except (TypeError, ValueError, OverflowError) as e:
             raise TypeError(f"padded_batch: padding value {value!r} {where} cannot be a {dtype}: {e}") from None
         if v.dtype.kind not in "SUO" and v != value:
             raise TypeError(f"padded_batch: padding value {value!r} {where} is not exactly a {dtype} ({v})")
         return v
     v = convert_leaf(value, "padded_batch")
-    if v.dtype != dtype:
+    if not same_dtype(v.dtype, dtype):
         raise TypeError(f"padded_batch: padding value {where} has dtype {v.dtype}; the component's is {dtype}")
     if v.shape != ():
         raise ValueError(f"padded_batch: padding value {where} must be a scalar, got shape {v.shape}")
@@ -248,9 +258,11 @@ def pad_stack(elements: List[Any], shapes: List[Any], values: List[Any], templat
         if any(a.ndim != rank for a in arrays):
             ranks = sorted({a.ndim for a in arrays})
             raise ValueError(f"padded_batch: component {i} has elements of different ranks {ranks} in one batch")
-        if any(a.dtype != arrays[0].dtype for a in arrays):
+        if any(not same_dtype(a.dtype, arrays[0].dtype) for a in arrays):
             dtypes = sorted({str(a.dtype) for a in arrays})
             raise ValueError(f"padded_batch: component {i} has elements of different dtypes {dtypes} in one batch")
+        # Strings: the widest of the elements' and the padding value's widths.
+        dtype = np.result_type(*arrays, np.asarray(values[i])) if arrays[0].dtype.kind in "SU" else arrays[0].dtype
         largest = [max(a.shape[d] for a in arrays) for d in range(rank)]
         wanted = shapes[i]
         if wanted is None:
@@ -267,7 +279,7 @@ def pad_stack(elements: List[Any], shapes: List[Any], values: List[Any], templat
                         f"padded_batch: component {i} of an element has shape {a.shape}, larger than its "
                         f"padded shape {tuple(target)}"
                     )
-        batch = np.full([len(arrays), *target], values[i], dtype=arrays[0].dtype)
+        batch = np.full([len(arrays), *target], values[i], dtype=dtype)
         for k, a in enumerate(arrays):
             where: typing.Tuple[Any, ...] = (k,) + tuple(slice(0, n) for n in a.shape)
             batch[where] = a

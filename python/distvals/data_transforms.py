@@ -26,7 +26,16 @@ from .data import (
     _count,
     _merged_options,
 )
-from .data_elements import convert_element, copy_element, flatten, is_structure, merged_spec, pack, same_structure
+from .data_elements import (
+    convert_element,
+    copy_element,
+    flatten,
+    is_structure,
+    merged_spec,
+    pack,
+    same_dtype,
+    same_structure,
+)
 from .data_elements import structure_text as _structure_text
 from .data_interleave import ChooseIterator, InterleaveIterator, SampleIterator
 from .data_iterators import (
@@ -159,7 +168,7 @@ def checked_state(new: Any, state: Any, what: str, fn_name: str) -> Any:
         )
     got = [a.dtype for a in flatten(new)]
     kinds = [a.dtype for a in flatten(state)]
-    if got != kinds:
+    if not all(same_dtype(g, k) for g, k in zip(got, kinds)):
         raise TypeError(
             f"{what}: {fn_name} returned a state of dtypes {[str(d) for d in got]}; the initial state's are "
             f"{[str(d) for d in kinds]}"
