@@ -189,6 +189,20 @@ def test_sum_with_the_same_plain_value_is_an_error(s2):
     assert copies(m) == [2.0, 2.0]
 
 
+def test_sum_of_small_python_ints_computed_by_each_replica_is_summed(s2):
+    """Each replica's own count (a Python int: its batch size) is summed, although
+    Python keeps one object for each small int, so that the replicas pass the very same
+    object (it used to be refused as one value passed by every replica)."""
+    with s2.scope():
+        seen = dv.Variable(0, aggregation=SUM)
+    ds = dv.data.Dataset.from_tensor_slices(np.arange(10.0, dtype=np.float32)).batch(4)
+    for batch in s2.experimental_distribute_dataset(ds):
+        s2.run(lambda xb: seen.assign_add(xb.shape[0]), args=(batch,))
+    assert copies(seen) == [10, 10]
+    s2.run(lambda: seen.assign_add(rid() == 0))  # a bool per replica: True + False
+    assert copies(seen) == [11, 11]
+
+
 def test_sum_with_a_per_replica_the_function_captured_uses_each_replicas_part(s3):
     # A PerReplica is not one plain value: captured by the replica function instead of
     # passed as an argument, each replica still contributes its own part.

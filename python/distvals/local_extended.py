@@ -810,6 +810,11 @@ class LocalExtended(CrossReplicaExtended):
         return [None] * len(requests)
 
     def _count_twice(self, original: Any, requests: List[Request]) -> bool:
+        # Python keeps one object per small int and per bool, so for those, identity does
+        # not say that the replicas passed one value: each replica's own count (its batch
+        # size, say) is summed as the replicas' values are.
+        if type(original) in (int, bool, np.bool_):
+            return False
         return all(q.extra[1] is original for q in requests)
 
     def _total_replicas(self) -> int:
