@@ -800,6 +800,36 @@ def test_two_strategies_from_two_threads_at_once():
     assert errors == []
 
 
+def test_a_replica_thread_in_another_replicas_context_is_refused_by_name():
+    """Threads mode: a replica thread that enters another replica's context and calls a
+    collective there while that replica waits in one is a clear error (it used to take
+    the other's place in the meeting: an AttributeError from the resolver)."""
+    s = mirrored(3, execution="threads")
+    contexts = {}
+    entered = threading.Event()
+
+    def step():
+        ctx = dv.get_replica_context()
+        r = replica_id()
+        contexts[r] = ctx
+        if r == 2:
+            assert entered.wait(5.0)
+            time.sleep(0.05)  # replica 0 waits in its all_reduce by now
+            with contexts[0]:
+                return contexts[0].all_reduce("sum", np.full(4, 100.0))
+        if r == 0:
+            entered.set()
+        return ctx.all_reduce("sum", np.full(4, 10.0**r))
+
+    try:
+        with pytest.raises(RuntimeError, match="two threads use replica 0's context at once") as info:
+            s.run(step)
+        assert str(info.value).startswith("replica 2: replica 0: all_reduce(SUM) was called while replica 0 already")
+        assert_usable(s)
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("execution", EXECUTION_MODES)
 def test_cross_replica_calls_from_another_thread_while_run_loops(execution):
     """strategy.reduce of earlier results from a logging thread while the main thread

@@ -547,14 +547,14 @@ def test_threads_updating_one_mirrored_variable_lose_no_update_and_keep_its_copi
                     summed.assign_add(np.full(1000, float(k)))
                     local.assign_sub(np.full(1000, float(k)))
                     counted.assign_add(np.full(10, 1.0))
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:  # reported below
                 errors.append(e)
 
         def steps():
             try:
                 for _ in range(100):
                     s.run(lambda: counted.assign_add(np.full(10, rid() + 10.0)))
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:  # reported below
                 errors.append(e)
 
         threads = [threading.Thread(target=cross, args=(k,)) for k in (1, 2, 3)] + [threading.Thread(target=steps)]

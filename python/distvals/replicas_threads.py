@@ -156,6 +156,15 @@ class _Meeting:
         handed = False
         with self.mu:
             self._check(replica, request)
+            waiting = self.requests[replica]
+            if waiting is not None:
+                # Two threads in one replica's context (a replica thread that entered
+                # another's): the second call would take the first's place in the meeting.
+                raise RuntimeError(
+                    f"replica {replica}: {request.describe()} was called while replica {replica} already waits in "
+                    f"{waiting.describe()}: two threads use replica {replica}'s context at once (a thread that "
+                    "entered another replica's context); each replica makes its calls from its own thread"
+                )
             generation = self.generation
             self.requests[replica] = request
             self.count += 1
@@ -217,10 +226,10 @@ class _Meeting:
                     # otherwise pair with this replica's next one (one that catches the
                     # error and goes on), mixing two different calls' values.
                     if self.failed is None:
+                        ended = "a collective that timed out ends every later one of the step"
                         self.failed = (
                             replica,
-                            f"replica {replica}'s {request.describe()} timed out after {timeout:g} s ({why}); "
-                            "a collective that timed out ends every later one of the step",
+                            f"replica {replica}'s {request.describe()} timed out after {timeout:g} s ({why}); {ended}",
                         )
             if handoff is not None:
                 return self._resolve_as(replica, handoff)
