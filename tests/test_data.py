@@ -1094,6 +1094,21 @@ def test_strings_of_any_width_are_one_dtype_and_padding_keeps_its_own(kind):
     assert [x.item() for x in grow] == a("a", "ab", "abb").tolist()
 
 
+def test_batch_of_elements_of_different_shapes_or_dtypes_names_the_component():
+    """As tf.data: a batch's elements share each component's shape and dtype; the error
+    names the component and both shapes or dtypes (numpy widened mixed dtypes, so that a
+    batch's dtype differed from element_spec's, with no error)."""
+    ragged = Dataset.range(1, 3).map(lambda i: (i, np.arange(i))).batch(2)
+    with pytest.raises(ValueError, match=r"different shapes in component 1: the first element has shape \(1,\), "):
+        list(ragged)
+    mixed = Dataset.range(3).map(lambda i: i if i < 2 else np.float32(i))
+    assert mixed.element_spec.dtype == np.int64
+    with pytest.raises(
+        TypeError, match="different dtypes in component 0: the first element has dtype int64, element 2"
+    ):
+        list(mixed.batch(3))
+
+
 def test_zipped_features_and_labels_split_over_replicas_in_both_modes():
     x = np.arange(24.0, dtype=np.float32).reshape(8, 3)
     y = np.arange(8, dtype=np.int64) * 10

@@ -169,11 +169,32 @@ def structure_text(x: Any) -> str:
 
 
 def stack(elements: List[Any]) -> Any:
+    """``elements`` stacked into one batch (a new first axis per component). Elements of
+    one component must have one shape and dtype, as in tf.data (numpy would widen mixed
+    dtypes, so that the batch's dtype differed from ``element_spec``'s, and its shape
+    error names neither the component nor the shapes)."""
     first = elements[0]
     if not is_structure(first):
-        return np.stack([np.asarray(e) for e in elements])
+        return _stacked([np.asarray(e) for e in elements], 0)
     columns = zip(*(flatten(e) for e in elements))
-    return pack(first, [np.stack([np.asarray(v) for v in col]) for col in columns])
+    return pack(first, [_stacked([np.asarray(v) for v in col], i) for i, col in enumerate(columns)])
+
+
+def _stacked(arrays: List[np.ndarray], component: int) -> np.ndarray:
+    a0 = arrays[0]
+    shape, dtype = a0.shape, a0.dtype
+    for k, a in enumerate(arrays):
+        if a.shape != shape:
+            raise ValueError(
+                f"batch: cannot batch elements of different shapes in component {component}: the first element "
+                f"has shape {shape}, element {k} has shape {a.shape} (padded_batch pads them to one shape)"
+            )
+        if a.dtype != dtype and not same_dtype(a.dtype, dtype):
+            raise TypeError(
+                f"batch: cannot batch elements of different dtypes in component {component}: the first element "
+                f"has dtype {dtype}, element {k} has dtype {a.dtype}"
+            )
+    return np.stack(arrays)
 
 
 def copy_element(x: Any) -> Any:
