@@ -283,7 +283,10 @@ def pad_stack(elements: List[Any], shapes: List[Any], values: List[Any], templat
             dtypes = sorted({str(a.dtype) for a in arrays})
             raise ValueError(f"padded_batch: component {i} has elements of different dtypes {dtypes} in one batch")
         # Strings: the widest of the elements' and the padding value's widths.
-        dtype = np.result_type(*arrays, np.asarray(values[i])) if arrays[0].dtype.kind in "SU" else arrays[0].dtype
+        dtype = arrays[0].dtype
+        if dtype.kind in "SU":
+            for d in {a.dtype for a in arrays} | {np.asarray(values[i]).dtype}:
+                dtype = np.promote_types(dtype, d)
         largest = [max(a.shape[d] for a in arrays) for d in range(rank)]
         wanted = shapes[i]
         if wanted is None:
