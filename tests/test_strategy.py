@@ -584,6 +584,30 @@ def test_extended_batch_reduce_to(s2):
         s2.extended.batch_reduce_to("SUM", [a])
 
 
+@pytest.mark.parametrize(
+    "parts, name",
+    [
+        (("a", "b"), r"str_ \(dtype <U1\)"),
+        ((np.datetime64("2020-01-01"), np.datetime64("2021-01-01")), r"datetime64 \(dtype datetime64\[D\]\)"),
+    ],
+)
+def test_reduce_to_and_batch_reduce_to_name_values_that_are_not_numbers(s2, parts, name):
+    """As strategy.reduce does (numpy's own error came through before)."""
+    value = dv.PerReplica(parts)
+    for dests in (None, s2.extended.worker_devices):
+        with pytest.raises(TypeError, match=f"^reduce_to: cannot reduce replica 0's value of type {name} with SUM"):
+            s2.extended.reduce_to("SUM", value, dests)
+    with pytest.raises(
+        TypeError, match=rf"^batch_reduce_to \(item 1\): cannot reduce replica 0's value of type {name}"
+    ):
+        s2.extended.batch_reduce_to("SUM", [(per_replica(2), None), (value, None)])
+    # Python numbers (Fractions) are reduced by numpy's object arithmetic onto every device.
+    from fractions import Fraction
+
+    out = s2.extended.reduce_to("SUM", dv.PerReplica((Fraction(1, 3), Fraction(1, 6))), s2.extended.worker_devices)
+    assert [v for v in out.values] == [Fraction(1, 2)] * 2
+
+
 def test_batch_reduce_to_names_the_item_and_replica_whose_part_differs(s2):
     a = per_replica(2, seed=1)
     kept = [v.copy() for v in a.values]

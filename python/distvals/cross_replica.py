@@ -97,8 +97,7 @@ class CrossReplicaExtended(StrategyExtended):
         with self._lock:
             if axis is None:
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
-                dt = parts[0].dtype
-                if dt.hasobject or (dt.kind not in REDUCIBLE_KINDS and not engine_supports(dt)):
+                if not _numeric(parts[0].dtype):
                     out = self._reduce_objects(op, parts, value.values[0], what)
                 else:
                     out = self._coll.reduce(op, parts)
@@ -311,7 +310,9 @@ class CrossReplicaExtended(StrategyExtended):
             return self._spread(_reduced_alone(op, _unwrap_part(value.values[0])), dests)
         parts = self._part_values(value, "reduce_to")
         original = _unwrap_part(value.values[0])
-        if dests == list(self._devices) and self._n > 1:
+        # (Values that are not numbers take the general path, which reduces Python
+        # objects and names anything else.)
+        if dests == list(self._devices) and self._n > 1 and _numeric(parts[0].dtype):
             _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], "reduce_to")
             with self._lock:
                 outs = self._all_reduce_leaves(op, [[p] for p in parts], self._algorithm, 0)
@@ -380,6 +381,12 @@ class CrossReplicaExtended(StrategyExtended):
         for k, ps in enumerate(parts):
             p0 = ps[0]
             shape, dtype = p0.shape, p0.dtype
+            if not _numeric(dtype):
+                raise TypeError(
+                    f"batch_reduce_to (item {fused[k]}): cannot reduce replica 0's value of type "
+                    f"{type_name(values[k].values[0], p0)} with {op.name}; pass numbers or arrays of numbers "
+                    "(reduce_to reduces Python numbers such as Fractions)"
+                )
             for p in ps:
                 if p.shape != shape or p.dtype != dtype:
                     # Named here, before any data moves.
@@ -496,6 +503,11 @@ def _identity(op: ReduceOp, dt: np.dtype) -> Any:
     if dt.kind == "b":
         return big
     return None
+
+
+def _numeric(dt: np.dtype) -> bool:
+    """Whether values of ``dt`` reduce as numbers (in the engine, or with numpy)."""
+    return not dt.hasobject and (dt.kind in REDUCIBLE_KINDS or engine_supports(dt))
 
 
 def _numpy_objects(op: ReduceOp, parts: List[Any], first: Any, what: str) -> np.ndarray:
