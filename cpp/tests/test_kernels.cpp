@@ -12,6 +12,8 @@
 #include "check.hpp"
 #include "cpu/kernels.hpp"
 #include "distvals/config.hpp"
+#include "distvals/error.hpp"
+#include "distvals/host_reduce.hpp"
 
 namespace {
 
@@ -198,6 +200,56 @@ TEST_CASE("portable kernels match the AVX2 kernels for every dtype, op and tail"
     }
   }
   std::printf("  %d kernel calls compared\n", cases);
+}
+
+TEST_CASE("reduce_on_caller reduces host buffers on the calling thread as a group does") {
+  using distvals::reduce_op;
+  // Three sources of distinct values, to two destinations, against a float64 reference.
+  const std::size_t n = 37;
+  std::vector<float> a(n), b(n), c(n), out0(n, -1.0f), out1(n, -1.0f);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = 0.5f * static_cast<float>(i);
+    b[i] = 100.0f + static_cast<float>(i);
+    c[i] = -3.25f * static_cast<float>(i % 5);
+  }
+  const void* srcs[] = {a.data(), b.data(), c.data()};
+  void* dsts[] = {out0.data(), out1.data()};
+  distvals::reduce_on_caller(dtype::float32, reduce_op::sum, srcs, 3, dsts, 2, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double want = double(a[i]) + double(b[i]) + double(c[i]);
+    CHECK_MSG(out0[i] == static_cast<float>(want) && out1[i] == out0[i], "sum element " + std::to_string(i));
+  }
+  // A mean over more replicas than sources (others live in other processes).
+  distvals::reduce_on_caller(dtype::float32, reduce_op::mean, srcs, 3, dsts, 1, n, 8);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float sum = a[i] + b[i] + c[i];
+    CHECK_MSG(out0[i] == sum / 8.0f, "mean element " + std::to_string(i));
+  }
+  // min propagates NaN, in place (the destination is a source).
+  std::vector<double> x = {1.0, std::nan(""), -2.0}, y = {0.5, 3.0, std::nan("")};
+  const void* xy[] = {x.data(), y.data()};
+  void* into_x[] = {x.data()};
+  distvals::reduce_on_caller(dtype::float64, reduce_op::min, xy, 2, into_x, 1, 3);
+  CHECK(x[0] == 0.5 && std::isnan(x[1]) && std::isnan(x[2]));
+  // Integers wrap around.
+  std::vector<std::int32_t> big = {2147483647, -5}, one = {1, 7}, got(2, 0);
+  const void* ints[] = {big.data(), one.data()};
+  void* into_got[] = {got.data()};
+  distvals::reduce_on_caller(dtype::int32, reduce_op::sum, ints, 2, into_got, 1, 2);
+  CHECK(got[0] == -2147483647 - 1 && got[1] == 2);
+  // Refused before any element is written.
+  std::vector<std::int32_t> untouched = {42, 42};
+  void* into_untouched[] = {untouched.data()};
+  CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::int32, reduce_op::mean, ints, 2, into_untouched, 1, 2, 2),
+                  distvals::invalid_argument_error);
+  CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::float32, reduce_op::mean, srcs, 3, dsts, 1, n, 0),
+                  distvals::invalid_argument_error);
+  CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::int32, reduce_op::sum, ints, 0, into_untouched, 1, 2),
+                  distvals::invalid_argument_error);
+  const void* with_null[] = {big.data(), nullptr};
+  CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::int32, reduce_op::sum, with_null, 2, into_untouched, 1, 2),
+                  distvals::invalid_argument_error);
+  CHECK(untouched[0] == 42 && untouched[1] == 42);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ void register_meeting(py::module_& m);
 void register_nest(py::module_& m);
 void register_scope(py::module_& m);
 void register_scheduler(py::module_& m);
+void register_worker_small(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// Releases the GIL around blocking engine work, as py::gil_scoped_release does, but
@@ -139,6 +140,9 @@ void refuse_pickling(Class& cls) {
 py::object all_reduce_rows(distvals::group& g, const std::vector<py::sequence>& rows, distvals::reduce_op op,
                            distvals::algorithm algo, std::size_t fuse_bytes, std::size_t bytes_per_pack,
                            const py::object& trace);
+
+/// The engine op of a distvals.ReduceOp member (see meeting.cpp); false for anything else.
+bool engine_op(const py::handle& op, distvals::reduce_op& out);
 
 /// True when the two structures have the same nesting (see nest.cpp).
 bool nest_same(PyObject* a, PyObject* b);

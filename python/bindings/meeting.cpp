@@ -23,14 +23,19 @@ using distvals::call_desc;
 using distvals::collective;
 using distvals::group;
 
+}  // namespace
+
 // The engine op of a ReduceOp member, looked up once per member (members live as long as
-// the interpreter, so their address identifies them).
+// the interpreter, so their address identifies them; ReduceOp has five).
 bool engine_op(const py::handle& op, distvals::reduce_op& out) {
-  static PyObject* last = nullptr;
-  static distvals::reduce_op last_op = distvals::reduce_op::sum;
-  if (op.ptr() == last) {
-    out = last_op;
-    return true;
+  static PyObject* known[8] = {};
+  static distvals::reduce_op known_op[8] = {};
+  static int count = 0;
+  for (int i = 0; i < count; ++i) {
+    if (known[i] == op.ptr()) {
+      out = known_op[i];
+      return true;
+    }
   }
   if (!py::hasattr(op, "engine_name")) return false;
   try {
@@ -38,12 +43,15 @@ bool engine_op(const py::handle& op, distvals::reduce_op& out) {
   } catch (const std::exception&) {
     return false;
   }
-  // Keep the member alive while it is remembered, so that its address cannot be reused.
-  Py_XDECREF(last);
-  last = op.inc_ref().ptr();
-  last_op = out;
+  if (count < 8) {
+    // Kept alive while it is remembered, so that its address cannot be reused.
+    known[count] = op.inc_ref().ptr();
+    known_op[count++] = out;
+  }
   return true;
 }
+
+namespace {
 
 // What steps 1 and 2 of a quick all-reduce make: the replicas' arrays, their new outputs,
 // and the call that reduces the one into the other.

@@ -15,6 +15,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_nest(m);
   distvals_py::register_scope(m);
   distvals_py::register_scheduler(m);
+  distvals_py::register_worker_small(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);
 #endif

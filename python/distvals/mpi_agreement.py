@@ -170,9 +170,10 @@ class Expected:
 
     ``request``: a persistent MPI all-reduce of ``buf`` (a buffer of the call's size and
     dtype) that every worker's call of this kind starts, when the MPI layer made one (see
-    ``HierarchicalCollectives._flat_expected``)."""
+    ``HierarchicalCollectives._flat_expected``); ``address``: where its MPI handle lives,
+    for native code that starts it."""
 
-    __slots__ = ("buf", "carried", "count", "dtype", "flagged", "op", "request", "signature", "wire")
+    __slots__ = ("address", "buf", "carried", "count", "dtype", "flagged", "op", "request", "signature", "wire")
 
     def __init__(
         self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool, carried: bool = False
@@ -186,6 +187,7 @@ class Expected:
         # Whether the buffer crosses MPI in its own dtype.
         self.wire = wire_dtype(dtype) == dtype
         self.request: Any = None
+        self.address = 0
         self.buf: Optional[np.ndarray] = None
 
 
@@ -246,8 +248,9 @@ class WorkerAgreement(Collectives):
         self._last = 0
         self._expected: Dict[int, Expected] = {}
         self._signatures: Dict[str, int] = {}
-        # Counters for tests and the benchmark: data calls, agreement exchanges, flags.
-        self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0}
+        # Counters for tests and the benchmark: data calls, agreement exchanges, flags, and
+        # the data calls that native code started (local steps included).
+        self.stats = {"data_calls": 0, "exchanges": 0, "flagged": 0, "native": 0}
         # How many remembered calls hold a persistent request (the same on every worker).
         self._persistent_count = 0
         # The public collective this worker is in (its name), None between collectives.
@@ -384,6 +387,7 @@ class WorkerAgreement(Collectives):
         if not any(req is e[0] for e in self._interrupted) and not any(req is h[0] for h in self._held):
             req.Free()
         expected.request = expected.buf = None
+        expected.address = 0
 
     def _free_persistent(self) -> None:
         """Frees every persistent request the memory holds (when the collectives close)."""

@@ -18,7 +18,11 @@ exchanges of our own (two workers swap, or a ring), straight into the result wit
 copy: see ``distvals.mpi_exchanges``. Smaller ones cross in one MPI all-reduce: in a
 loop, a persistent request (MPI 4's ``Allreduce_init``) that every worker made at the
 same agreed call and starts again at every repeat, on a buffer kept from call to call
-(``_flat_expected``); each ``Iallreduce`` would build its schedule anew.
+(``_flat_expected``); each ``Iallreduce`` would build its schedule anew. On host
+replicas that repeat is one native call (``_native_steady``): the local reduce, the
+agreement flag, ``MPI_Start`` and ``MPI_Test`` of the request (their addresses taken from
+the MPI library mpi4py loaded: distvals does not link MPI) and the copies out; a wait
+longer than a few tens of microseconds goes back to the polling below.
 
 A buffer can cross in chunks (``DISTVALS_MPI_CHUNK_BYTES``, the same on every worker), so
 that with several local replicas the local reduce of chunk i+1 and the broadcast of chunk
@@ -45,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from . import devices, nest
+from . import _core, devices, nest
 from ._core import MismatchError
 from .collectives import accumulator_dtype, engine_supports, numpy_reduce, work_dtype
 from .host_collectives import new_array
@@ -59,7 +63,7 @@ from .mpi_agreement import (
     one_collective,
 )
 from .mpi_exchanges import FLAG_TAG, NUMPY_OPS, TAG, Exchanges, wire_dtype
-from .mpi_runtime import WAIT_SLICE, MpiJob, MpiThread, poll_all
+from .mpi_runtime import SPIN_TIGHT, WAIT_SLICE, MpiJob, MpiThread, native_request_calls, poll_all
 from .reduce_op import ReduceOp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,6 +81,15 @@ PIPELINE_CHUNK_BYTES = 4 << 20
 SMALL_BYTES = 64 << 10
 # The most remembered calls that hold a persistent MPI request at once.
 _MAX_PERSISTENT = 64
+# What distvals._core.worker_small_all_reduce returns when it did not finish the call:
+# not its case (nothing done), or its request started and still running.
+_NATIVE_NOT_HERE = 0
+_NATIVE_PENDING = 1
+# How long the native call tests its request before it hands the wait to Python's
+# polling (which spins, then yields the core, and honours the timeout and Ctrl-C): long
+# enough for workers in step, whose small all-reduce completes within microseconds; a
+# quarter of that polling's own tight spin, so that a late worker adds little spinning.
+_NATIVE_SPIN = SPIN_TIGHT / 4
 _monotonic = time.monotonic
 _LOCAL_OP = {
     ReduceOp.SUM: ReduceOp.SUM,
@@ -198,6 +211,12 @@ class HierarchicalCollectives(WorkerAgreement):
         self._what = "all_reduce"
         # Persistent all-reduce requests for small calls (see _flat_expected).
         self._persistent = hasattr(comm, "Allreduce_init")
+        # The steady state of small host calls in one native call (_native_steady), where
+        # the MPI library's MPI_Start and MPI_Test can be found.
+        self._request_calls = native_request_calls(MPI)
+        self._native: Optional[Callable[..., Any]] = None
+        if self._request_calls is not None and not self._on_gpu:
+            self._native = getattr(_core, "worker_small_all_reduce", None)
         # all_reduce_arrays: (op, dtype, shape) -> what it remembers of such calls.
         self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
         # The point-to-point all-reduce of large buffers.
@@ -375,8 +394,22 @@ class HierarchicalCollectives(WorkerAgreement):
             # Our call is not the expected one: still make the expected MPI call (when it
             # carries a flag), flagged, so that every worker's call is well-formed.
             self._stand_in(what, timeout)
-        # No call expected, a flag raised, or a call without a flag: agree first. When
-        # every worker's call changed the same way, no worker used its own buffer above.
+        self._agree_then_reduce(flat, op, sig, description, what, timeout, kept)
+
+    def _agree_then_reduce(
+        self,
+        flat: np.ndarray,
+        op: ReduceOp,
+        sig: int,
+        description: str,
+        what: str,
+        timeout: Optional[float],
+        kept: bool,
+    ) -> None:
+        """The end of ``_reduce_flat`` when no call was expected, a flag was raised, or
+        the call carries no flag: the workers agree first, then reduce ``flat``. When every
+        worker's call changed the same way, no worker used its own buffer before (each
+        made a stand-in call); when they differ, the exchange raises."""
         self._exchange(sig, description, what, timeout)
         flat[-1] = AGREE[op]
         self._mpi_all_reduce(flat, op, what, timeout)
@@ -430,6 +463,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 self._persistent = False
             else:
                 expected.buf = buf
+                expected.address = self._MPI._addressof(expected.request)
                 self._persistent_count += 1
         return expected
 
@@ -571,11 +605,70 @@ class HierarchicalCollectives(WorkerAgreement):
         self._what = what
         if self._interrupted:
             self._settle(what, timeout)  # before the local reduce writes the kind's buffer
-        data = self._small_local_reduce(kind, ins)
         flat = kind.flat
         assert flat is not None  # small kinds have their flat buffer
+        if self._native is not None:
+            expected = self._expected.get(self._last)
+            if expected is not None and expected.signature == kind.sig and expected.buf is flat:
+                got = self._native_steady(kind, op, ins, outs, expected, what, timeout)
+                if got is not None:
+                    return got
+        data = self._small_local_reduce(kind, ins)
         self._reduce_flat(flat, kind.op, kind.description, what, timeout, kind.sig, True)
         return self._small_spread(data, op, len(ins), outs)
+
+    def _native_steady(
+        self,
+        kind: _ArraysKind,
+        op: ReduceOp,
+        ins: Sequence[np.ndarray],
+        outs: Optional[Sequence[np.ndarray]],
+        expected: Expected,
+        what: str,
+        timeout: Optional[float],
+    ) -> Optional[Sequence[np.ndarray]]:
+        """The steady state of a small call (the expected call again, whose persistent
+        request works on the kind's own buffer) in one native call: local reduce, flag,
+        MPI start and test, spread (``distvals._core.worker_small_all_reduce``). The same
+        MPI calls as the Python path (``_flagged_call``), so workers on either path pair
+        up. None, with nothing done, when the arrays are not the native case (another
+        layout or dtype): the caller's Python path does it all."""
+        assert self._native is not None and self._request_calls is not None
+        flat = kind.flat
+        assert flat is not None
+        agree = AGREE[kind.op]
+        got = self._native(
+            ins,
+            kind.data,
+            flat,
+            outs,
+            kind.op,
+            self.num_replicas if op is ReduceOp.MEAN else 0,
+            agree,
+            expected.address,
+            *self._request_calls,
+            _NATIVE_SPIN,
+        )
+        stats = self.stats
+        if type(got) is list:
+            stats["data_calls"] += 1
+            stats["native"] += 1
+            self._last = kind.sig
+            return got
+        if got == _NATIVE_NOT_HERE:
+            return None
+        # The request was started: either still running (waited for here, as the Python
+        # path waits, with its timeout and Ctrl-C) or complete with a flag raised.
+        stats["data_calls"] += 1
+        stats["native"] += 1
+        if got == _NATIVE_PENDING:
+            self._wait_last(expected.request, flat, kind.op, what, timeout)
+        if flat[-1] == agree:
+            self._last = kind.sig
+            return self._small_spread(kind.data, op, len(ins), outs)
+        self.stats["flagged"] += 1
+        self._agree_then_reduce(flat, kind.op, kind.sig, kind.description, what, timeout, True)
+        return self._small_spread(kind.data, op, len(ins), outs)
 
     def _small_local_reduce(self, kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
         """Step 1 of a small call: the local replicas' arrays reduced into ``kind.data``

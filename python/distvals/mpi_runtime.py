@@ -17,12 +17,22 @@ import numpy as np
 
 from .daemon import start_daemon
 
-__all__ = ["WAIT_SLICE", "MpiJob", "MpiThread", "load_mpi", "poll", "poll_all", "report_and_abort"]
+__all__ = [
+    "SPIN_TIGHT",
+    "WAIT_SLICE",
+    "MpiJob",
+    "MpiThread",
+    "load_mpi",
+    "native_request_calls",
+    "poll",
+    "poll_all",
+    "report_and_abort",
+]
 
 _monotonic = time.monotonic
 # A polling wait first spins this long without pause, then yields the core between
 # tests until _SPIN, then naps this long per test.
-_SPIN_TIGHT = 2e-4
+SPIN_TIGHT = 2e-4
 _SPIN = 1e-2
 _NAP = 1e-4
 # Longest single blocking wait on a thread event, in seconds (keeps Ctrl-C responsive).
@@ -119,6 +129,26 @@ class MpiThread:
                 self._jobs.put(None)
 
 
+def native_request_calls(MPI: ModuleType) -> Optional[Tuple[int, int]]:
+    """The addresses of ``MPI_Start`` and ``MPI_Test`` in the MPI library that mpi4py
+    loaded, for native code that starts and tests a persistent request without Python
+    in between (``distvals._core.worker_small_all_reduce``); None where they cannot be
+    found (another platform, an mpi4py that loads MPI some other way): the Python path
+    then makes the same calls. The library is already loaded: looking it up through
+    mpi4py's own extension module finds the very functions mpi4py calls."""
+    try:
+        import ctypes
+
+        lib = ctypes.CDLL(MPI.__file__, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        start = ctypes.cast(lib.MPI_Start, ctypes.c_void_p).value
+        test = ctypes.cast(lib.MPI_Test, ctypes.c_void_p).value
+    except (AttributeError, OSError, TypeError, ImportError):
+        return None
+    if not start or not test:
+        return None
+    return int(start), int(test)
+
+
 def poll(req: Any, deadline: float, stop: Optional[Callable[[], None]] = None) -> bool:
     """Tests ``req`` until it completes (True) or the deadline passes (False); ``stop()``
     is called while napping (it raises to give up, e.g. when a local replica failed).
@@ -143,7 +173,7 @@ def _poll(test: Callable[[], bool], deadline: float, stop: Optional[Callable[[],
     if test():
         return True
     now = _monotonic()
-    spin_until = now + _SPIN_TIGHT
+    spin_until = now + SPIN_TIGHT
     yield_until = now + _SPIN
     while True:
         if test():

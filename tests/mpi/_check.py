@@ -108,7 +108,7 @@ def expect_close(got, want, rank: int, what: str, tol: float = 0.0) -> None:
     if tol:
         ok = np.allclose(g, w, rtol=tol, atol=tol)
     else:
-        ok = np.array_equal(g, w)
+        ok = np.array_equal(g, w, equal_nan=True)  # NaN only where the reference has one
     expect(ok, rank, f"{what}: got {got!r}, expected {want!r}")
 
 

@@ -472,9 +472,56 @@ def _persistent_requests(s, coll, rank: int) -> int:
             expect_close(local(b)[r], np.full((2, 3), 10.0 * (total - 1) - i), rank, f"step {i}: max, replica {r}")
             expect_close(local(c)[r], np.full(5, i), rank, f"step {i}: min, replica {r}")
     per_step = {k: (coll.stats[k] - before[k]) / 3 for k in coll.stats}
+    # With persistent requests, each of the three calls is one native call (where
+    # distvals found MPI_Start and MPI_Test).
+    native = per_step.pop("native")
     expect(per_step == {"data_calls": 3, "exchanges": 0, "flagged": 0}, rank, f"steady MPI calls: {per_step}")
     if coll._persistent:
         expect(coll._persistent_count >= 3, rank, f"persistent requests held: {coll._persistent_count}")
+        if coll._native is not None:
+            expect(native == 3, rank, f"native calls per step: {native}")
+    checks += 1
+
+    # The native steady state on one worker, the Python path on the others: their MPI
+    # calls pair up, and every result is the reference, for each op and dtype the native
+    # call takes (float MIN and MAX reduce across workers with a Python MPI op, called
+    # from inside the native call), one array or two per replica, new or given outputs.
+    native_fn = coll._native
+    if rank == 0:
+        coll._native = None
+    cases = [
+        ("sum", np.float32, 0),
+        ("mean", np.float32, 0),
+        ("min", np.float64, np.nan),
+        ("max", np.float32, 0),
+        ("sum", np.int32, 0),
+        ("max", np.int64, 0),
+        ("min", np.uint8, 0),
+    ]
+    for i in range(4):
+        for op, dtype, special in cases:
+
+            def step(i=i, op=op, dtype=dtype, special=special):
+                ctx = dv.get_replica_context()
+                g = ctx.replica_id_in_sync_group
+                x = (np.arange(10) % 7 + 3 * g + i).astype(dtype)
+                if special != 0 and g == total - 1:
+                    x[4] = special  # NaN on the last replica only: MIN keeps it
+                return ctx.all_reduce(op, x)
+
+            got = s.experimental_local_results(s.run(step))
+            rows = []
+            for g in ids:
+                x = (np.arange(10) % 7 + 3 * g + i).astype(np.float64)
+                if special != 0 and g == total - 1:
+                    x[4] = special
+                rows.append(x)
+            ref = {"sum": np.sum, "mean": np.mean, "min": np.min, "max": np.max}[op](np.stack(rows), axis=0)
+            for r in range(n):
+                expect(np.asarray(got[r]).dtype == dtype, rank, f"{op} {dtype}: dtype {np.asarray(got[r]).dtype}")
+                what = f"mixed native/Python paths: {op} {dtype} step {i}, replica {r}"
+                expect_close(np.asarray(got[r]), ref, rank, what, tol=1e-6 if op == "mean" else 0.0)
+    coll._native = native_fn
     checks += 1
 
     # More remembered calls than requests may be held: every shape twice in a row (so

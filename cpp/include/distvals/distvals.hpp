@@ -12,6 +12,7 @@
 #include "distvals/dtype.hpp"
 #include "distvals/error.hpp"
 #include "distvals/group.hpp"
+#include "distvals/host_reduce.hpp"
 #include "distvals/schedule.hpp"
 #include "distvals/timing.hpp"
 #include "distvals/version.hpp"
