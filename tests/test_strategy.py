@@ -344,13 +344,17 @@ def test_integer_mean_gives_float64(s2):
 
 def test_reduce_non_distributed(s2):
     x = np.array([1.0, 2.0])
-    assert s2.reduce("MEAN", x) is x
+    got = s2.reduce("MEAN", x)
+    np.testing.assert_array_equal(got, x)
+    assert not np.shares_memory(got, x)  # a new array, which the caller may change
     np.testing.assert_allclose(s2.reduce("MEAN", x, axis=0), 1.5)
     with pytest.raises(ValueError, match="non-distributed value cannot be reduced with SUM across 2 replicas"):
         s2.reduce("SUM", x)
     one = dv.MirroredStrategy(["CPU:0"])
     try:
-        assert one.reduce("SUM", x) is x
+        got = one.reduce("SUM", x)
+        np.testing.assert_array_equal(got, x)
+        assert not np.shares_memory(got, x)
     finally:
         one.close()
 
@@ -1218,7 +1222,9 @@ def test_one_device_strategy():
             return ctx.all_reduce("sum", v) + 1
 
         np.testing.assert_array_equal(s.run(fn, args=(x,)), x + 1)
-        assert s.reduce("SUM", x) is x
+        got = s.reduce("SUM", x)
+        np.testing.assert_array_equal(got, x)
+        assert not np.shares_memory(got, x)
         batches = list(s.experimental_distribute_dataset([np.arange(4.0)]))
         np.testing.assert_array_equal(batches[0], np.arange(4.0))
         with s.scope():
@@ -1242,3 +1248,21 @@ def test_library_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_reducing_or_gathering_a_plain_array_gives_a_new_array():
+    # An in-place update of the result must not change the value it came from (what
+    # run returned on one device), as for the result of reducing a PerReplica.
+    one = dv.OneDeviceStrategy("CPU:0")
+    loss = one.run(lambda: np.array([1.0, 2.0]))
+    total = one.reduce("SUM", loss, axis=None)
+    total *= 10
+    np.testing.assert_array_equal(loss, [1.0, 2.0])
+    np.testing.assert_array_equal(total, [10.0, 20.0])
+    two = dv.MirroredStrategy(["CPU:0", "CPU:1"])
+    x = np.array([1.0, 2.0])
+    for got in (two.reduce("MEAN", x, axis=None), two.gather(x, 0), one.gather(loss, 0)):
+        assert not np.shares_memory(got, x) and not np.shares_memory(got, loss)
+        got += 100
+    np.testing.assert_array_equal(x, [1.0, 2.0])
+    np.testing.assert_array_equal(loss, [1.0, 2.0])

@@ -371,3 +371,46 @@ def test_one_writer_scatter_updates_of_summed_or_averaged_variables_are_refused(
     want[1] = {"scatter_update": 5.0, "scatter_min": 0.0, "scatter_max": 5.0}[kind]
     for copy in first.values:
         np.testing.assert_array_equal(copy.numpy(), want)
+
+
+def test_a_scalar_variable_or_value_is_not_an_empty_sequence(s2):
+    # Iterating a 0-d value raises as numpy does; a vector iterates over its elements.
+    # (Python's fallback protocol, __getitem__ until an IndexError, made a scalar an empty
+    # sequence: sum(v) == 0, 5.0 in v was False, all(Variable(0.0)) was True.)
+    plain = dv.Variable(5.0)
+    with s2.scope():
+        mirrored = dv.Variable(5.0)
+        on_read = dv.Variable(5.0, synchronization=ON_READ, aggregation=dv.VariableAggregation.SUM)
+    for v in (plain, mirrored):
+        with pytest.raises(TypeError, match="0-d"):
+            iter(v)
+        with pytest.raises(TypeError):
+            sum(v)
+    vec = dv.Variable([1.0, 2.0, 4.0])
+    assert list(vec) == [1.0, 2.0, 4.0] and 2.0 in vec and sum(vec) == 7.0
+
+    def step():
+        g = rid()
+        out = []
+        for x in (on_read, dv.get_replica_context().all_reduce("SUM", np.float32(g + 1))):
+            try:
+                iter(x)
+            except TypeError:
+                out.append("refused")
+            else:
+                out.append("iterated")
+        out.append(list(dv.get_replica_context().all_reduce("SUM", np.array([g, 10.0]))))
+        return out
+
+    for got in s2.experimental_local_results(s2.run(step)):
+        assert got[:2] == ["refused", "refused"]
+        assert got[2] == [1.0, 20.0]
+    m = s2.experimental_distribute_values_from_function(lambda ctx: np.float32(ctx.replica_id_in_sync_group))
+
+    def iterate_part(x):
+        try:
+            return list(x), rid()
+        except TypeError:
+            return "refused", rid()
+
+    assert s2.experimental_local_results(s2.run(iterate_part, args=(m,))) == (("refused", 0), ("refused", 1))

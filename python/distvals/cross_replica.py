@@ -207,8 +207,14 @@ class CrossReplicaExtended(StrategyExtended):
             )
         refuse_masked(value, None, what)
         if axis is None:
-            one = _reduced_alone(op, _unwrap_part(value))
-            return value if one is _unwrap_part(value) else one
+            part = _unwrap_part(value)
+            one = _reduced_alone(op, part)
+            if one is not part:
+                return one
+            # The value itself is its reduction; a numpy array comes back as a new array,
+            # as every other reduction's result does (one that the caller then changes in
+            # place must not change the value it came from).
+            return part.copy() if type(part) is np.ndarray else value
         from . import devices
 
         a = kinds.to_numpy(_unwrap_part(value))
@@ -235,7 +241,9 @@ class CrossReplicaExtended(StrategyExtended):
                 # The one replica's 0-d value (run returns it plain): gathered as every
                 # replica's 0-d parts are, into a vector (of one element).
                 a = a.reshape(1)
-            return kinds.restore(a, _unwrap_part(value)) if not isinstance(value, np.ndarray) else a
+            if not isinstance(value, np.ndarray):
+                return kinds.restore(a, _unwrap_part(value))
+            return a.copy() if a is value else a  # a new array, as a gather of parts makes
         parts = self._part_values(value, what)
         ax = normalize_axis(axis, parts[0].ndim, what, 0)
         for r, p in enumerate(parts):

@@ -192,6 +192,11 @@ class DistributedValues:
     def __getitem__(self, key: Any) -> Any:
         return self._current()[key]
 
+    def __iter__(self) -> Any:
+        # Over this replica's value, as for the value itself: a scalar one raises TypeError
+        # (Python's old protocol, __getitem__ until an IndexError, would see it empty).
+        return iter(self._current())
+
     def __float__(self) -> float:
         return float(self._current())
 

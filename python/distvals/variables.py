@@ -853,6 +853,12 @@ class Variable(metaclass=_VariableMeta):
     def __getitem__(self, key: Any) -> Any:
         return self.read_value()[key]
 
+    def __iter__(self) -> Any:
+        # Over the value's rows, as numpy and TensorFlow iterate; a 0-d value raises
+        # TypeError (without this, Python's old protocol would call __getitem__ until an
+        # IndexError and see a scalar as an empty sequence: sum(v) == 0, x in v False).
+        return iter(self.read_value())
+
     def __float__(self) -> float:
         return float(self.read_value())
 
