@@ -85,6 +85,7 @@ from ._core import AbortedError, MismatchError
 from .data_options import AutoShardPolicy
 from .fingerprint import fingerprint
 from .input import (
+    INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,
     Cardinality,
     DistributedDataset,
@@ -595,3 +596,16 @@ class WorkerDatasetsFromFunction(DistributedDatasetsFromFunction):
         """The spec of each step's elements on this worker: the dataset's, as a
         PerReplicaSpec per leaf of this worker's replicas."""
         return _per_replica_spec(self._source.element_spec(), self._count, None, self._strategy.extended._wrap_results)
+
+    @property
+    def cardinality(self) -> Cardinality:
+        """The number of steps. With several workers each reads its own dataset, and the
+        steps last until every worker's has ended (a worker whose data ended first gives
+        its replicas empty batches): ``UNKNOWN_CARDINALITY``, the same on every worker
+        without asking the others (a property may be read on one worker only), unless
+        this worker's dataset is infinite (then so are the steps). With one worker, this
+        worker's steps."""
+        card = super().cardinality
+        if self._strategy.extended._num_workers > 1 and card != INFINITE_CARDINALITY:
+            return Cardinality(UNKNOWN_CARDINALITY)
+        return card

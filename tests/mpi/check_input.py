@@ -155,8 +155,16 @@ def main() -> int:
     def sharded_fn(ctx: dv.InputContext):
         return dv.data.Dataset.from_tensor_slices(rows).shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(2)
 
-    got = [v for element in s.distribute_datasets_from_function(sharded_fn) for v in s.gather(element, axis=0).tolist()]
+    sharded = s.distribute_datasets_from_function(sharded_fn)
+    got = [v for element in sharded for v in s.gather(element, axis=0).tolist()]
     expect(sorted(got) == rows.tolist(), rank, f"sharded pipelines gave rows {sorted(got)}, expected each row once")
+    # The workers' shards differ in length and the steps last until every one has
+    # ended: a count from this worker's shard alone would differ between workers (and
+    # a loop sized by it would leave the others waiting).
+    card = sharded.cardinality
+    batches = -(-len(rows) // 2)
+    want = dv.data.UNKNOWN_CARDINALITY if size > 1 else -(-batches // counts[rank])
+    expect(card == want, rank, f"sharded pipelines: cardinality {card}, expected {want}")
     checks += 1
 
     checks += check_agreement_on_every_element(s, rank, size, counts)
