@@ -123,6 +123,19 @@ def quick_all_reduce(
 def quick_all_reduce_with(
     run: Callable[[list[np.ndarray], Any, list[np.ndarray]], None], n: int, requests: list[Any], marker: object
 ) -> list[np.ndarray] | None: ...
+def worker_small_all_reduce(
+    ins: list[np.ndarray],
+    data: np.ndarray,
+    flat: np.ndarray,
+    outs: list[np.ndarray] | None,
+    op: Any,
+    mean_divisor: int,
+    agree: float,
+    request: int,
+    start: int,
+    test: int,
+    spin_seconds: float,
+) -> list[np.ndarray] | int: ...
 def nest_flatten(structure: Any) -> list[Any]: ...
 def nest_pack(structure: Any, flat: Sequence[Any]) -> Any: ...
 def nest_same(a: Any, b: Any) -> bool: ...
