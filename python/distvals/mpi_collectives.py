@@ -19,7 +19,7 @@ copy: see ``distvals.mpi_exchanges``. Smaller ones cross in one MPI all-reduce: 
 loop, a persistent request (MPI 4's ``Allreduce_init``) that every worker made at the
 same agreed call and starts again at every repeat, on a buffer kept from call to call
 (``_flat_expected``); each ``Iallreduce`` would build its schedule anew. On host
-replicas that repeat is one native call (``_native_steady``): the local reduce, the
+replicas that repeat is one native call (``_all_reduce_small``): the local reduce, the
 agreement flag, ``MPI_Start`` and ``MPI_Test`` of the request (their addresses taken from
 the MPI library mpi4py loaded: distvals does not link MPI) and the copies out; a wait
 longer than a few tens of microseconds goes back to the polling below.
@@ -211,7 +211,7 @@ class HierarchicalCollectives(WorkerAgreement):
         self._what = "all_reduce"
         # Persistent all-reduce requests for small calls (see _flat_expected).
         self._persistent = hasattr(comm, "Allreduce_init")
-        # The steady state of small host calls in one native call (_native_steady), where
+        # The steady state of small host calls in one native call (_all_reduce_small), where
         # the MPI library's MPI_Start and MPI_Test can be found.
         self._request_calls = native_request_calls(MPI)
         self._native: Optional[Callable[..., Any]] = None
@@ -607,68 +607,48 @@ class HierarchicalCollectives(WorkerAgreement):
             self._settle(what, timeout)  # before the local reduce writes the kind's buffer
         flat = kind.flat
         assert flat is not None  # small kinds have their flat buffer
-        if self._native is not None:
-            expected = self._expected.get(self._last)
-            if expected is not None and expected.signature == kind.sig and expected.buf is flat:
-                got = self._native_steady(kind, op, ins, outs, expected, what, timeout)
-                if got is not None:
+        expected = self._expected.get(self._last) if self._native is not None else None
+        if expected is not None and expected.signature == kind.sig and expected.buf is flat:
+            # The steady state: the expected call again, whose persistent request works on
+            # the kind's own buffer, in one native call (local reduce, flag, MPI start and
+            # test, spread). The same MPI calls as the Python path (``_flagged_call``), so
+            # workers on either path pair up. Not the native case (another layout or
+            # dtype): nothing done, and the Python path below does it all.
+            assert self._native is not None and self._request_calls is not None
+            agree = AGREE[kind.op]
+            divisor = self.num_replicas if op is ReduceOp.MEAN else 0
+            got = self._native(
+                ins,
+                kind.data,
+                flat,
+                outs,
+                kind.op,
+                divisor,
+                agree,
+                expected.address,
+                *self._request_calls,
+                _NATIVE_SPIN,
+            )
+            if type(got) is list or got != _NATIVE_NOT_HERE:
+                stats = self.stats
+                stats["data_calls"] += 1
+                stats["native"] += 1
+                if type(got) is list:
+                    self._last = kind.sig
                     return got
+                # Started, and either still running (waited for here, as the Python path
+                # waits, with its timeout and Ctrl-C) or complete with a flag raised.
+                if got == _NATIVE_PENDING:
+                    self._wait_last(expected.request, flat, kind.op, what, timeout)
+                if flat[-1] == agree:
+                    self._last = kind.sig
+                else:
+                    stats["flagged"] += 1
+                    self._agree_then_reduce(flat, kind.op, kind.sig, kind.description, what, timeout, True)
+                return self._small_spread(kind.data, op, len(ins), outs)
         data = self._small_local_reduce(kind, ins)
         self._reduce_flat(flat, kind.op, kind.description, what, timeout, kind.sig, True)
         return self._small_spread(data, op, len(ins), outs)
-
-    def _native_steady(
-        self,
-        kind: _ArraysKind,
-        op: ReduceOp,
-        ins: Sequence[np.ndarray],
-        outs: Optional[Sequence[np.ndarray]],
-        expected: Expected,
-        what: str,
-        timeout: Optional[float],
-    ) -> Optional[Sequence[np.ndarray]]:
-        """The steady state of a small call (the expected call again, whose persistent
-        request works on the kind's own buffer) in one native call: local reduce, flag,
-        MPI start and test, spread (``distvals._core.worker_small_all_reduce``). The same
-        MPI calls as the Python path (``_flagged_call``), so workers on either path pair
-        up. None, with nothing done, when the arrays are not the native case (another
-        layout or dtype): the caller's Python path does it all."""
-        assert self._native is not None and self._request_calls is not None
-        flat = kind.flat
-        assert flat is not None
-        agree = AGREE[kind.op]
-        got = self._native(
-            ins,
-            kind.data,
-            flat,
-            outs,
-            kind.op,
-            self.num_replicas if op is ReduceOp.MEAN else 0,
-            agree,
-            expected.address,
-            *self._request_calls,
-            _NATIVE_SPIN,
-        )
-        stats = self.stats
-        if type(got) is list:
-            stats["data_calls"] += 1
-            stats["native"] += 1
-            self._last = kind.sig
-            return got
-        if got == _NATIVE_NOT_HERE:
-            return None
-        # The request was started: either still running (waited for here, as the Python
-        # path waits, with its timeout and Ctrl-C) or complete with a flag raised.
-        stats["data_calls"] += 1
-        stats["native"] += 1
-        if got == _NATIVE_PENDING:
-            self._wait_last(expected.request, flat, kind.op, what, timeout)
-        if flat[-1] == agree:
-            self._last = kind.sig
-            return self._small_spread(kind.data, op, len(ins), outs)
-        self.stats["flagged"] += 1
-        self._agree_then_reduce(flat, kind.op, kind.sig, kind.description, what, timeout, True)
-        return self._small_spread(kind.data, op, len(ins), outs)
 
     def _small_local_reduce(self, kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
         """Step 1 of a small call: the local replicas' arrays reduced into ``kind.data``
