@@ -9,20 +9,24 @@
 #      2^31 elements, 8 logical replicas) and the public CUDA API;
 #   4. the Python GPU tests (tests/test_cuda.py, torch and cupy interop where installed);
 #   5. the strategy layer's GPU tests (the strategy suites' real-GPU backend: -m gpu);
-#   6. the device bench, 4 KiB to 1 GiB on 2, 4 and 8 logical replicas, with the device
-#      copy bandwidth measured in the same run.
-# Every stage runs under its own time limit (together about 6 minutes) and the script
+#   6. GPU replicas across workers: two MPI workers (mpirun, where mpi4py and Open MPI
+#      are installed) sharing the GPUs, every replica checked against numpy;
+#   7. the device bench, 4 KiB to 1 GiB on 2, 4 and 8 logical replicas, with the device
+#      copy bandwidth and strategy.run of the same all-reduce measured in the same run.
+# Every stage runs under its own time limit (together about 7 minutes) and the script
 # goes on after a failure, so one run reports everything; the exit status is 0 only when
 # every stage passed. A GPU is required: a test that finds none counts as failed here.
 #
 # Output: every log and table under $OUT when set, else under build/gpu-check/ (at most
 # 8 files): gpu_check.log (this whole report), build.log, cpp-tests.log,
-# python-tests.log, strategy-tests.log, bench.txt (the table), bench.json.
+# python-tests.log, strategy-tests.log, multi-worker-tests.log, bench.txt (the table),
+# bench.json.
 #
 # Nothing is downloaded (pip --no-build-isolation --no-deps). Needed beforehand: nvcc
 # (CUDA 12.x or 13.x) and a driver for it, CMake >= 3.18, Ninja or make, a C++17 compiler,
 # python >= 3.9 with pip, numpy, scikit-build-core >= 0.10, pybind11 >= 2.12, pytest and
-# pytest-timeout; optional: ml_dtypes (bfloat16), cupy and torch with CUDA (interop).
+# pytest-timeout; optional: ml_dtypes (bfloat16), cupy and torch with CUDA (interop),
+# mpi4py and Open MPI (mpirun beside the interpreter or on PATH: stage 6).
 # Hooks:
 #   PYTHON=/path/to/python        the interpreter (default python3)
 #   PIP_FIND_LINKS=/dir/of/wheels  wheels to install first, without network, when their
@@ -135,8 +139,14 @@ stage strategy-tests 45 "$OUT_DIR/strategy-tests.log" \
   "$PY" -m pytest "$REPO/tests/test_strategy_backends.py" "$REPO/tests/test_strategy_api_backends.py" \
     -m gpu -q -ra --timeout 30 -c "$REPO/pyproject.toml" --rootdir "$REPO"
 
-stage bench 55 "$OUT_DIR/bench.txt" \
-  "$PY" -m distvals.bench.gpu --replicas 2,4,8 --min 4K --max 1G --budget-seconds 45 --json "$OUT_DIR/bench.json"
+# Open MPI refuses to run as root unless told; such machines often run commands as root.
+stage multi-worker 90 "$OUT_DIR/multi-worker-tests.log" \
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  "$PY" -m pytest "$REPO/tests/test_multi_worker.py" -m gpu -q -ra --timeout 80 --durations 3 \
+    -c "$REPO/pyproject.toml" --rootdir "$REPO"
+
+stage bench 80 "$OUT_DIR/bench.txt" \
+  "$PY" -m distvals.bench.gpu --replicas 2,4,8 --min 4K --max 1G --budget-seconds 65 --json "$OUT_DIR/bench.json"
 
 printf '\n== summary (%s s in all; logs in %s)\n' "$((SECONDS - start))" "$OUT_DIR"
 printf '  %s\n' "${summary[@]}"

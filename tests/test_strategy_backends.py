@@ -86,6 +86,8 @@ BACKENDS = [
     pytest.param("cpu-inline", id="cpu-inline"),
     pytest.param("cpu-threads", id="cpu-threads"),
     pytest.param("simulated", id="simulated"),
+    # One GPU, every replica a logical one on it: the machines GPU checks run on.
+    pytest.param("simulated-1", id="simulated-1gpu"),
     pytest.param(
         "cuda",
         id="cuda",
@@ -102,15 +104,16 @@ def env(request, monkeypatch):
     before = config.get_logical_gpus()
     if request.param.startswith("cpu-"):
         e = Env("cpu", 0, execution=request.param.split("-")[1])
-    elif request.param == "simulated":
-        sim = SimulatedCuda(SIMULATED_GPUS)
+    elif request.param.startswith("simulated"):
+        gpus = 1 if request.param == "simulated-1" else SIMULATED_GPUS
+        sim = SimulatedCuda(gpus)
         core = CoreWithBackend(sim)
         monkeypatch.setattr(dvc, "_core", core)
         monkeypatch.setattr(cuda_group, "_core", core)
         # Element-wise helper groups and constants belong to the backend that made them.
         monkeypatch.setattr(devices, "_pairs", {})
         monkeypatch.setattr(devices, "_minus_ones", {})
-        e = Env("simulated", SIMULATED_GPUS, sim)
+        e = Env("simulated", gpus, sim)
     else:
         e = Env("cuda", REAL_GPUS)
     try:
@@ -922,8 +925,9 @@ def test_masked_arrays_are_refused_before_anything_is_reduced(env):
     host = distinct_values(n, (3,), np.float64)
     match = "replica 1: .*: a numpy masked array, whose mask would be dropped"
     if env.on_gpu:
-        # Copied to a GPU, a value keeps no mask: refused on the way there.
-        with pytest.raises(TypeError, match="a copy to GPU 1: a numpy masked array"):
+        # Copied to a GPU, a value keeps no mask: refused on the way there, naming the
+        # replica (with one GPU, every replica's copy goes to GPU 0).
+        with pytest.raises(TypeError, match=r"replica 1: a copy to GPU \d+: a numpy masked array"):
             distribute(s, [host[0], masked])
         per = None
     else:

@@ -156,13 +156,15 @@ def to_host(x: Any) -> np.ndarray:
     return as_numpy(x)
 
 
-def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False) -> Any:
+def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False, replica: Optional[int] = None) -> Any:
     """``x`` placed on ``device`` (a name, a CUDA ordinal, or None for the host).
 
     To the host: a numpy array (device arrays copied down). To a GPU: a DeviceArray on
     it; host data is copied up, a device array on another GPU is copied across, one
     already there is returned as it is (as a DeviceArray view) unless ``copy`` is true.
-    With ``copy`` the result never shares memory with ``x``.
+    With ``copy`` the result never shares memory with ``x``. ``replica``, when known,
+    is named in an error (several replicas can share one GPU, so the GPU alone does not
+    say whose value it was).
     """
     place = place_of_device(device)
     if place is None:
@@ -177,7 +179,7 @@ def to_replica_device(x: Any, device: Union[str, int, None], copy: bool = False)
         out = _cuda.DeviceArray(d.shape, d.dtype, place)
         _copy_device(out, 0, d)
         return out
-    refuse_masked(x, None, f"a copy to GPU {place}")
+    refuse_masked(x, replica, f"a copy to GPU {place}")
     host = _contiguous(as_numpy(x))
     return _cuda.to_device(host, place)
 
@@ -378,20 +380,16 @@ def _close_pairs() -> None:
                 pass
         _pairs.clear()
         _minus_ones.clear()
-        _results.clear()
 
 
 def _raw(a: Any) -> Tuple[int, int, int]:
     return (a.ptr, a.size, a.device)
 
 
-_results = _cuda.OutputCache()  # the arrays element-wise updates return, reused once dropped
-
-
 def _pair_reduce(a: Any, b: Any, op: str) -> Any:
     """A new array ``a op b`` (element-wise) on ``a``'s GPU: a reduce to replica 0, which
     writes only ``out`` (no scratch array for the other replica's result)."""
-    out = _results.get(a.shape, a.dtype, a.device)
+    out = _cuda.DeviceArray(a.shape, a.dtype, a.device)
     if not a.size:
         return out
     _pair_group(a.device).run(

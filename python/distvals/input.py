@@ -93,18 +93,19 @@ def _leaf(x: Any, on_gpu: bool) -> Any:
     return to_numpy(x)
 
 
-def place_element(element: Any, place: Optional[int]) -> Any:
+def place_element(element: Any, place: Optional[int], replica: Optional[int] = None) -> Any:
     """``element`` (nested allowed) with its array leaves on ``place`` (a CUDA device, or
     None for the host). A device leaf already there is kept as it is; leaves that are not
-    arrays (Python numbers, strings) and arrays of dtypes a GPU cannot hold are kept."""
+    arrays (Python numbers, strings) and arrays of dtypes a GPU cannot hold are kept.
+    ``replica``, when known, is named in an error."""
     if place is None:
         return element
 
     def one(x: Any) -> Any:
         if devices.is_device_array(x):
-            return x if devices.place_of(x) == place else devices.to_replica_device(x, place)
+            return x if devices.place_of(x) == place else devices.to_replica_device(x, place, replica=replica)
         if isinstance(x, (np.ndarray, np.generic)) and devices.can_place(x.dtype):
-            return devices.to_replica_device(x, place)
+            return devices.to_replica_device(x, place, replica=replica)
         return x
 
     if nest.is_nested(element):
@@ -318,7 +319,7 @@ class DistributedIterator:
                 parts = [_rows(a, start, start + size) for a in leaves]
                 per_replica.append(nest.pack_sequence_as(element, parts) if structured else parts[0])
                 start += size
-            per_replica = [place_element(e, p) for e, p in zip(per_replica, self._places)]
+            per_replica = [place_element(e, p, r) for r, (e, p) in enumerate(zip(per_replica, self._places))]
             return regroup(per_replica, what="experimental_distribute_dataset")
         if n == 1:
             return nest.pack_sequence_as(element, leaves) if structured else leaves[0]
@@ -516,7 +517,7 @@ class _FromFunctionIterator(DistributedIterator):
             filler = self._filler(values[0], len(values))
             values.extend(filler for _ in range(self._n - len(values)))
         if self._places is not None:
-            values = [place_element(v, p) for v, p in zip(values, self._places)]
+            values = [place_element(v, p, r) for r, (v, p) in enumerate(zip(values, self._places))]
         # Every replica's element wrapped, even when one object stands for all (a
         # generator that yields one constant batch): a step gets one part per replica.
         return regroup(values, what="distribute_datasets_from_function", always_wrap=self._n > 1)

@@ -190,7 +190,7 @@ class Strategy:
             return values[0]
         if getattr(ext, "_on_gpu", False):
             # Array leaves go to their replica's GPU, as a dataset's batches do.
-            values = [place_element(v, ext._places[r]) for r, v in enumerate(values)]
+            values = [place_element(v, ext._places[r], r) for r, v in enumerate(values)]
         if not nest.is_nested(values[0]):
             return PerReplica(tuple(values))
         return regroup(values, what="experimental_distribute_values_from_function", always_wrap=True)

@@ -39,9 +39,14 @@ def main() -> int:
     a = parse_args()
     rank = MPI.COMM_WORLD.Get_rank()
     n = local_count(a.replicas, rank)
-    if a.mode != "real":
-        use_simulated_gpus(2)
-    dv.config.set_logical_gpus(max(1, (n + 1) // 2))
+    gpus = 2
+    if a.mode == "real":
+        # Every worker uses the machine's GPUs (one GPU: the workers share it).
+        gpus = dv.cuda.device_count()
+    else:
+        use_simulated_gpus(gpus)
+    # Enough logical GPUs per physical one for this worker's replicas.
+    dv.config.set_logical_gpus(max(1, -(-n // gpus)))
     s = dv.MultiWorkerMirroredStrategy(
         [f"GPU:{i}" for i in range(n)], communication_options=dv.CommunicationOptions(timeout_seconds=a.timeout)
     )
