@@ -11,26 +11,28 @@ they are, without a copy (``as_device_array``).
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core, config
+from . import _core, config, cuda_memory
 from ._convert import bfloat16
+from .cuda_memory import cached_bytes, empty_cache, get_cache_limit, set_cache_limit
 
 __all__ = [
     "CudaReplicaGroup",  # noqa: F822 - made on first use by __getattr__ (it loads the GPU group)
     "DeviceArray",
-    "OutputCache",
     "as_device_array",
+    "cached_bytes",
     "cuda_array_interface",
     "device_count",
     "empty",
+    "empty_cache",
+    "get_cache_limit",
     "is_available",
     "logical_device_count",
     "physical_device",
+    "set_cache_limit",
     "to_device",
     "unavailable_reason",
 ]
@@ -112,10 +114,22 @@ def _require_backend() -> Any:
     return b
 
 
+_CHECKED_DTYPES: Dict[Any, np.dtype] = {}  # dtype specs seen before -> their numpy dtype
+
+
 def _dtype(dtype: Any) -> np.dtype:
+    # Every new array asks: numpy's dtype.name is slow enough to matter per step.
+    try:
+        return _CHECKED_DTYPES[dtype]
+    except (KeyError, TypeError):  # new, or unhashable
+        pass
     dt: np.dtype = np.dtype(dtype)
     if dt.name not in _SUPPORTED or dt.byteorder == ">":
         raise TypeError(f"dtype {dt} is not supported on GPU replicas; supported: {', '.join(_SUPPORTED)}")
+    try:
+        _CHECKED_DTYPES[dtype] = dt
+    except TypeError:
+        pass
     return dt
 
 
@@ -148,7 +162,8 @@ def _is_c_contiguous(shape: Tuple[int, ...], strides: Optional[Sequence[int]], i
 class DeviceArray:
     """A C-contiguous array in the memory of one CUDA device.
 
-    ``DeviceArray(shape, dtype, device)`` allocates (uninitialized); ``to_device``
+    ``DeviceArray(shape, dtype, device)`` allocates (uninitialized, from the cache of
+    device memory: see ``distvals.cuda_memory``); ``to_device``
     copies a host array in; ``as_device_array`` views cupy/torch/any CUDA array
     without copying. ``device`` is the CUDA ordinal (logical names such as ``"GPU:3"``
     are mapped with ``distvals.config``). ``.numpy()`` copies the data to the host.
@@ -162,8 +177,8 @@ class DeviceArray:
         self._dtype = _dtype(dtype)
         self._device = physical_device(device)
         nbytes = math.prod(self._shape) * self._dtype.itemsize
-        self._owner = b.DeviceBuffer(nbytes, self._device)
-        self._ptr = int(self._owner.ptr)
+        self._owner = cuda_memory.allocate(b, nbytes, self._device)
+        self._ptr = self._owner.ptr
         self._readonly = False
         self._stream: Optional[Tuple[int, int]] = None
 
@@ -322,61 +337,6 @@ class DeviceArray:
             raise BufferError(f"a DeviceArray on CUDA device {self._device} cannot be exported to {dl_device}")
         src = self.copy() if copy else self
         return _require_backend().to_dlpack(src, src._ptr, list(src._shape), src._dtype.name, src._device)
-
-
-class OutputCache:
-    """New arrays for results (all_gather, reduce_scatter, element-wise updates), their
-    device memory reused once the caller has dropped the arrays handed out before: no
-    device allocation in the steady state.
-
-    The engine orders its calls one after another on the device, so a reused buffer is
-    written only after the collective that last wrote it; work the caller queued on its
-    own streams on an array it then dropped is the caller's to finish first (as with
-    any caching allocator)."""
-
-    def __init__(self) -> None:
-        self._free: Dict[Tuple[Any, ...], List[Any]] = {}
-        self._lent: List[Tuple[Tuple[Any, ...], Any, weakref.ref[DeviceArray]]] = []
-        self._lock = threading.Lock()  # per-replica callers ask from their own threads
-
-    def get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
-        """A new uninitialized DeviceArray of ``shape`` and ``dtype`` (a numpy dtype) on CUDA
-        device ``device``, in the memory of a dropped earlier array of the same shape,
-        dtype and device when there is one, else newly allocated."""
-        with self._lock:
-            return self._get(shape, dtype, device)
-
-    def _get(self, shape: Tuple[int, ...], dtype: Any, device: int) -> DeviceArray:
-        key = (shape, dtype.str, device)
-        # Buffers whose arrays the caller has dropped come back to the free lists.
-        still = []
-        for k, owner, ref in self._lent:
-            if ref() is None:
-                self._free.setdefault(k, []).append(owner)
-            else:
-                still.append((k, owner, ref))
-        self._lent = still
-        free = self._free.get(key)
-        # Only memory of the backend in use now (tests swap in simulated ones).
-        kind = _require_backend().DeviceBuffer
-        while free and not isinstance(free[-1], kind):
-            free.pop()
-        if free:
-            owner = free.pop()
-            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
-        else:
-            arr = DeviceArray(shape, dtype, device)
-            owner = arr._owner
-            arr = DeviceArray._view(owner.ptr, shape, dtype, device, owner)
-        self._lent.append((key, owner, weakref.ref(arr)))
-        return arr
-
-    def clear(self) -> None:
-        """Forgets every buffer: dropped arrays' memory is freed rather than reused, and
-        arrays handed out before keep their memory but never return it to the cache."""
-        with self._lock:
-            self._free.clear()
-            self._lent.clear()
 
 
 def empty(shape: Any, dtype: Any = np.float32, device: Union[int, str] = 0) -> DeviceArray:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _core, config, options
-from .cuda import DeviceArray, OutputCache, as_device_array, unavailable_reason
+from .cuda import DeviceArray, as_device_array, unavailable_reason
 
 __all__ = ["CudaReplicaGroup"]
 
@@ -126,7 +126,8 @@ class CudaReplicaGroup:
     ``"GPU:k"`` is a logical GPU on CUDA device ``k // distvals.config.get_logical_gpus()``,
     so several replicas may share one GPU. Arrays must live on their replica's CUDA
     device; ``all_reduce``, ``reduce`` and ``broadcast`` work in place, ``all_gather`` and
-    ``reduce_scatter`` return DeviceArrays (reused once dropped, see ``OutputCache``).
+    ``reduce_scatter`` return DeviceArrays (their memory reused once dropped, see
+    ``distvals.cuda_memory``).
     """
 
     def __init__(
@@ -146,7 +147,6 @@ class CudaReplicaGroup:
             names, config.get_logical_gpus(), timeout_seconds, chunk_bytes, peer_access
         )
         self._gpus: List[int] = list(self._group.gpus)
-        self._outputs = OutputCache()
         self._streams: Dict[int, int] = {}  # replica -> the group's stream on its device
 
     # ---- description ---------------------------------------------------------------
@@ -309,7 +309,7 @@ class CudaReplicaGroup:
         ins = self._arrays(buffers, "all_gather", False, s[0])
         shape = ins[0].shape
         gathered = (self.size,) if not shape else (shape[0] * self.size,) + shape[1:]
-        outs = [self._outputs.get(gathered, ins[0].dtype, g) for g in self._gpus]
+        outs = [DeviceArray(gathered, ins[0].dtype, g) for g in self._gpus]
         self._run("all_gather", ins, outs, "sum", "direct", 0, s)
         return self._written_on(outs, s)
 
@@ -318,7 +318,7 @@ class CudaReplicaGroup:
         s = _stream_arg(stream)
         ins = self._arrays(buffers, "reduce_scatter", False, s[0])
         part = self._scattered(ins[0].shape, None)
-        outs = [self._outputs.get(part, ins[0].dtype, g) for g in self._gpus]
+        outs = [DeviceArray(part, ins[0].dtype, g) for g in self._gpus]
         self._run("reduce_scatter", ins, outs, op, "direct", 0, s)
         return self._written_on(outs, s)
 
@@ -429,7 +429,7 @@ class CudaReplicaGroup:
         def prepare(r: int, b: Dict[str, Any]) -> _Prepared[DeviceArray]:
             a = self._array(r, b["array"], False, "all_gather", None)
             shape = (self.size,) if not a.shape else (a.shape[0] * self.size,) + a.shape[1:]
-            out = self._outputs.get(shape, a.dtype, self._gpus[r])
+            out = DeviceArray(shape, a.dtype, self._gpus[r])
             return "all_gather", a, out, "sum", "direct", 0, out
 
         return self._per_replica(_ALL_GATHER, args, kwargs, prepare)
@@ -441,7 +441,7 @@ class CudaReplicaGroup:
         def prepare(r: int, b: Dict[str, Any]) -> _Prepared[DeviceArray]:
             op = _text(b["op"], "op")
             a = self._array(r, b["array"], False, "reduce_scatter", None)
-            out = self._outputs.get(self._scattered(a.shape, r), a.dtype, self._gpus[r])
+            out = DeviceArray(self._scattered(a.shape, r), a.dtype, self._gpus[r])
             return "reduce_scatter", a, out, op, "direct", 0, out
 
         return self._per_replica(_REDUCE_SCATTER, args, kwargs, prepare)
@@ -471,7 +471,6 @@ class CudaReplicaGroup:
 
     def close(self) -> None:
         """Free streams, events and scratch memory; later calls raise ClosedError."""
-        self._outputs.clear()
         self._group.close()
 
     def __enter__(self) -> CudaReplicaGroup:
