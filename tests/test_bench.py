@@ -1004,7 +1004,7 @@ def _gpu_bench_rows(monkeypatch, corrupt):
     its checked collective followed by ``corrupt(views, inputs)`` (None: kept)."""
     from simulated_cuda import CoreWithBackend, SimulatedCuda
 
-    from distvals import config, cuda, cuda_group
+    from distvals import config, cuda, cuda_group, devices
     from distvals.bench import gpu
 
     sim = SimulatedCuda(1)
@@ -1014,6 +1014,9 @@ def _gpu_bench_rows(monkeypatch, corrupt):
     fake = CoreWithBackend(sim)
     for module in (cuda, cuda_group, gpu):
         monkeypatch.setattr(module, "_core", fake)
+    # Element-wise helper groups belong to the backend that made them.
+    monkeypatch.setattr(devices, "_pairs", {})
+    monkeypatch.setattr(devices, "_minus_ones", {})
 
     class Group(cuda_group.CudaReplicaGroup):
         def all_reduce(self, views, op="sum", algorithm="auto", **kw):
@@ -1033,6 +1036,7 @@ def _gpu_bench_rows(monkeypatch, corrupt):
 def test_the_gpu_bench_counts_a_result_read_from_one_replica_twice(monkeypatch):
     ok = _gpu_bench_rows(monkeypatch, None)
     assert [r["wrong"] for r in ok] == [0]
+    assert ok[0]["run_us"] > 0  # strategy.run timed, its result checked right
 
     def sum_of_replica_one_three_times(views, inputs):
         # A sum that reads replica 1 three times: with inputs of the form base + r it has
@@ -1042,6 +1046,22 @@ def test_the_gpu_bench_counts_a_result_read_from_one_replica_twice(monkeypatch):
 
     bad = _gpu_bench_rows(monkeypatch, sum_of_replica_one_three_times)
     assert bad[0]["wrong"] > 0
+
+
+def test_the_gpu_bench_checks_what_strategy_run_returns(monkeypatch):
+    # The run(us) column's result is checked like the engine's: a strategy.run whose
+    # replica 0 got replica 1's input back counts as wrong, the engine call being right.
+    from distvals.bench import gpu
+
+    real = gpu._strategy_run_us
+
+    def off(strategy, views, op, iters):
+        us, results = real(strategy, views, op, iters)
+        return us, [views[1].numpy()] + results[1:]
+
+    monkeypatch.setattr(gpu, "_strategy_run_us", off)
+    rows = _gpu_bench_rows(monkeypatch, None)
+    assert rows[0]["wrong"] > 0
 
 
 def test_out_of_place_rows_count_a_call_that_writes_nothing_into_its_outputs(monkeypatch):

@@ -7,7 +7,10 @@ the percentage of the device-memory bound (2·N·S bytes at the device-to-device
 bandwidth measured in the same run) and the wrong elements of a checked call (every
 replica starts from distinct values; the result is compared with a float64
 reference). Where cupy is installed, a peer column: cupy summing the same N buffers
-into one output (``cupy.add``), on the same memory.
+into one output (``cupy.add``), on the same memory. The ``run(us)`` column is the layer
+users call every step: ``MirroredStrategy.run`` of a function doing
+``ctx.all_reduce`` of the same buffers (a new result per call, synchronous, as a
+training step sees it; host wall time, median), its result checked like the engine's.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
 from .. import _core, config
 from ..cuda import DeviceArray, device_count, unavailable_reason
 from ..cuda_group import CudaReplicaGroup
+from ..strategy import MirroredStrategy
 from .peers import bench_data as bd
 
 __all__ = ["main", "run"]
@@ -84,6 +88,27 @@ def _cupy_sum_us(bufs: Sequence[DeviceArray], count: int, iters: int) -> Optiona
         return float(np.median(times))
 
 
+def _strategy_run_us(strategy: Any, views: Sequence[DeviceArray], op: str, iters: int) -> Tuple[float, List[Any]]:
+    """Median wall time of ``strategy.run`` of one ``ctx.all_reduce(op, x)`` over
+    ``views`` (one per replica), and the results of the first call."""
+    from ..context import get_replica_context
+
+    per = strategy.experimental_distribute_values_from_function(lambda ctx: views[ctx.replica_id_in_sync_group])
+
+    def step(x: Any) -> Any:
+        ctx = get_replica_context()
+        assert ctx is not None  # run calls step in a replica context
+        return ctx.all_reduce(op, x)
+
+    first = [r.numpy() for r in strategy.experimental_local_results(strategy.run(step, args=(per,)))]
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        strategy.run(step, args=(per,))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e6, first
+
+
 def _prefix(buf: DeviceArray, count: int) -> DeviceArray:
     return DeviceArray._view(buf.ptr, (count,), buf.dtype, buf.device, buf)
 
@@ -97,8 +122,10 @@ def run(
     gpu: int = 0,
     budget_seconds: float = 150.0,
     out: TextIO = sys.stdout,
+    strategy_run: bool = True,
 ) -> List[Dict[str, Any]]:
-    """Measure and print the table; returns one dict per row."""
+    """Measure and print the table; returns one dict per row. ``strategy_run`` adds the
+    ``run(us)`` column."""
     t0 = time.monotonic()
     dt = np.dtype(dtype)
     esize = dt.itemsize
@@ -118,7 +145,9 @@ def run(
     try:
         for n in replicas:
             config.set_logical_gpus(n)
-            group = CudaReplicaGroup([f"GPU:{gpu * n + k}" for k in range(n)])
+            names = [f"GPU:{gpu * n + k}" for k in range(n)]
+            group = CudaReplicaGroup(names)
+            strategy = MirroredStrategy(names) if strategy_run else None
             bufs = [DeviceArray((max_count,), dt, gpu) for _ in range(n)]
             # The CPU bench's inputs and check: distinct, mixed values per replica, so
             # that reading one replica twice, or a neighbouring element, is counted.
@@ -126,7 +155,7 @@ def run(
             print(f"#\n# {n} logical replicas on CUDA device {gpu}", file=out)
             print(
                 f"#{'size':>10} {'count':>11} {'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} "
-                f"{'%bound':>7} {'wrong':>6} {'cupy(us)':>9}",
+                f"{'%bound':>7} {'wrong':>6} {'cupy(us)':>9} {'run(us)':>9}",
                 file=out,
             )
             for size in sizes:
@@ -135,13 +164,19 @@ def run(
                     return rows
                 count = max(1, size // esize)
                 size = count * esize  # whole elements: the bytes the call moves
+                est = 2 * n * size / copy_bw + 20e-6
+                wrong = 0
                 views = [_prefix(b, count) for b in bufs]
                 for r, v in enumerate(views):
                     v.copy_from(hosts[r][:count])
+                run_us = None
+                if strategy is not None:
+                    # Out of place, so the inputs stay for the engine's own check below.
+                    run_us, results = _strategy_run_us(strategy, views, op, min(30, max(5, int(0.1 / est))))
+                    wrong += bd.count_wrong(results, n, dtype, op, count=count, copies=n)
                 # One checked call, then the timed ones (which keep reducing in place).
                 group.all_reduce(views, op=op, algorithm=algorithm)
-                wrong = bd.count_wrong([v.numpy() for v in views], n, dtype, op, count=count, copies=n)
-                est = 2 * n * size / copy_bw + 20e-6
+                wrong += bd.count_wrong([v.numpy() for v in views], n, dtype, op, count=count, copies=n)
                 iters = int(min(200, max(5, 0.25 / est)))
                 raw = [(v.ptr, count, v.device) for v in views]
                 t = float(np.median(_core.cuda.time_all_reduce(group.engine, raw, dt.name, op, algorithm, iters, 3)))
@@ -159,16 +194,20 @@ def run(
                     bound_pct=bound,
                     wrong=wrong,
                     cupy_us=cupy_us,
+                    run_us=run_us,
                 )
                 rows.append(row)
                 cupy_txt = "-" if cupy_us is None else f"{cupy_us:.1f}"
+                run_txt = "-" if run_us is None else f"{run_us:.1f}"
                 print(
                     f" {format_size(size):>10} {count:>11} {t * 1e6:>10.1f} {algbw / 1e9:>12.2f} "
-                    f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong:>6} {cupy_txt:>9}",
+                    f"{busbw / 1e9:>12.2f} {bound:>7.1f} {wrong:>6} {cupy_txt:>9} {run_txt:>9}",
                     file=out,
                     flush=True,
                 )
             group.close()
+            if strategy is not None:
+                strategy.close()
             del bufs
     finally:
         config.set_logical_gpus(before)
@@ -186,6 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--gpu", type=int, default=0, help="the CUDA device to run on")
     p.add_argument("--budget-seconds", type=float, default=150.0, help="stop measuring after this long")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--no-run", action="store_true", help="skip the strategy.run column")
     a = p.parse_args(argv)
     if device_count() == 0:
         print(f"no CUDA device: {unavailable_reason()}", file=sys.stderr)
@@ -195,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sizes.append(s)
         s *= 2
     replicas = [int(x) for x in a.replicas.split(",") if x.strip()]
-    rows = run(replicas, sizes, a.dtype, a.op, a.algorithm, a.gpu, a.budget_seconds)
+    rows = run(replicas, sizes, a.dtype, a.op, a.algorithm, a.gpu, a.budget_seconds, strategy_run=not a.no_run)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
