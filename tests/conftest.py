@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -91,3 +96,38 @@ def g2():
 
     with dv.ReplicaGroup(2) as g:
         yield g
+
+
+def fork_with_deadline(body, seconds: float) -> int:
+    """Forks; the child runs ``body()`` and exits 0 when it returns. The child's exit
+    status, or -1 (after killing it) when it is still running after ``seconds``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            body()
+            code = 0
+        except BaseException as e:
+            try:
+                sys.stderr.write(f"child failed: {e!r}\n")
+            finally:
+                code = 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    # A hung child is told to abort first: where faulthandler is on (pytest turns it on
+    # before forking), the child writes its Python stack to the run's stderr, which shows
+    # where it hung. SIGKILL follows if it does not die.
+    os.kill(pid, signal.SIGABRT)
+    for _ in range(500):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return -1
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1

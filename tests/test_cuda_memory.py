@@ -4,9 +4,12 @@ loop's steady state, the cap, the release on a failed allocation, empty_cache.""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
-from conftest import distinct_values
+from conftest import distinct_values, fork_with_deadline
 from simulated_cuda import CoreWithBackend, SimulatedCuda
 
 import distvals as dv
@@ -145,3 +148,31 @@ def test_memory_of_another_backend_is_never_handed_out(sim, monkeypatch):
     b = dvc.empty((16,), np.float32, 0)
     assert isinstance(b._owner.buffer, other.DeviceBuffer) and other.allocations == 1
     assert dvc.cached_bytes(0) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_child_forked_while_a_thread_holds_the_cache_still_allocates(sim):
+    # A parent's thread inside the cache when the process forks does not exist in the
+    # child: the lock it held must not stay held there.
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with cuda_memory._cache._lock:
+            entered.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert entered.wait(10)
+
+        def child():
+            a = dvc.to_device(np.arange(6.0), 0)
+            del a
+            assert dvc.cached_bytes(0) == 512
+
+        code = fork_with_deadline(child, 30.0)
+    finally:
+        release.set()
+        t.join()
+    assert code == 0, f"child exit status {code} (-1: it hung)"

@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import EXECUTION_MODES
+from conftest import EXECUTION_MODES, fork_with_deadline
 from process_stats import forks_while_threads_allocate, needs_plain_malloc, os_threads, rss_bytes, settle_threads
 from strategy_checks import LONG, assert_usable, frames_of, mirrored, on_main_thread, replica_id
 
@@ -1145,7 +1145,7 @@ def test_100000_steps_keep_memory_and_threads_stable():
 
 def _run_in_forked_child(body) -> int:
     """Runs ``body()`` in a forked child; the child's exit status (0 when body returns)."""
-    return _fork_with_deadline(body, 120.0)
+    return fork_with_deadline(body, 120.0)
 
 
 class _nothing:
@@ -1217,7 +1217,7 @@ def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(
 
     try:
         with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
-            code = _fork_with_deadline(child, 30.0)
+            code = fork_with_deadline(child, 30.0)
     finally:
         release.set()
         for t in threads:
@@ -1402,41 +1402,6 @@ def test_a_replica_group_works_in_a_forked_child():
     g.close()
 
 
-def _fork_with_deadline(body, seconds: float) -> int:
-    """Forks; the child runs ``body()`` and exits 0 when it returns. The child's exit
-    status, or -1 (after killing it) when it is still running after ``seconds``."""
-    pid = os.fork()
-    if pid == 0:
-        code = 2
-        try:
-            body()
-            code = 0
-        except BaseException as e:
-            try:
-                sys.stderr.write(f"child failed: {e!r}\n")
-            finally:
-                code = 3
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    # A hung child is told to abort first: where faulthandler is on (pytest turns it on
-    # before forking), the child writes its Python stack to the run's stderr, which shows
-    # where it hung. SIGKILL follows if it does not die.
-    os.kill(pid, signal.SIGABRT)
-    for _ in range(500):
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return -1
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return -1
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
 @forks_while_threads_allocate
 @pytest.mark.parametrize("style", ["single_call", "per_replica"])
@@ -1489,7 +1454,7 @@ def test_a_replica_group_works_in_a_child_forked_while_other_threads_are_in_its_
         with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
             for _ in range(8):
                 time.sleep(0.02)
-                codes.append(_fork_with_deadline(child, 30.0))
+                codes.append(fork_with_deadline(child, 30.0))
     finally:
         stop.set()
         for t in threads:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import atexit
 import collections
-import threading
 from typing import Any, Deque, Dict, List, Tuple
+
+from .fork_locks import renewed_after_fork
 
 __all__ = ["allocate", "cached_bytes", "empty_cache", "get_cache_limit", "set_cache_limit"]
 
@@ -57,9 +58,14 @@ class _Block:
         self.gpu = int(buffer.gpu)
 
     def __del__(self) -> None:
-        # No lock and no allocation that could re-enter the cache: one append.
-        if not _cache.closed:
-            _cache.returned.append(self.buffer)
+        # No lock and no allocation that could re-enter the cache: one append. At
+        # interpreter exit (the cache closed, or this module already torn down) the
+        # memory is freed with the buffer.
+        try:
+            if not _cache.closed:
+                _cache.returned.append(self.buffer)
+        except Exception:  # noqa: BLE001 - a finalizer must not raise
+            pass
 
 
 class _Cache:
@@ -71,7 +77,8 @@ class _Cache:
         self._bytes: Dict[int, int] = {}  # device -> idle bytes
         self._limit = _DEFAULT_LIMIT
         self._kind: Any = None  # the backend's buffer type (tests swap backends)
-        self._lock = threading.Lock()
+        # A forked child gets a new lock (a parent's thread may hold this one at the fork).
+        self._lock = renewed_after_fork(self)
 
     # ---- filing and releasing (under the lock) ------------------------------------------
     def _file_returned(self) -> None:
