@@ -27,7 +27,7 @@ import numpy as np
 
 from distvals import _core
 
-__all__ = ["CoreWithBackend", "SimulatedCuda"]
+__all__ = ["CoreWithBackend", "SimulatedCuda", "install"]
 
 _ALIGN = 256  # cudaMalloc's alignment
 
@@ -410,3 +410,18 @@ class CoreWithBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_core, name)
+
+
+def install(backend: Any, patch: Any = setattr, modules: Sequence[Any] = ()) -> CoreWithBackend:
+    """Puts ``backend`` behind ``distvals.cuda``, ``CudaReplicaGroup`` and ``modules`` (their
+    ``_core``), with fresh element-wise helper groups and constants (those belong to the
+    backend that made them). ``patch``: pytest's ``monkeypatch.setattr`` (undone after the
+    test), or plain ``setattr`` (a worker script)."""
+    from distvals import cuda, cuda_group, devices
+
+    core = CoreWithBackend(backend)
+    for module in (cuda, cuda_group, *modules):
+        patch(module, "_core", core)
+    patch(devices, "_pairs", {})
+    patch(devices, "_minus_ones", {})
+    return core

@@ -1002,21 +1002,16 @@ def test_streaming_comparison_runs_and_checks(capsys):
 def _gpu_bench_rows(monkeypatch, corrupt):
     """``distvals.bench.gpu.run`` over the simulated backend (tests/simulated_cuda.py),
     its checked collective followed by ``corrupt(views, inputs)`` (None: kept)."""
-    from simulated_cuda import CoreWithBackend, SimulatedCuda
+    from simulated_cuda import SimulatedCuda, install
 
-    from distvals import config, cuda, cuda_group, devices
+    from distvals import config, cuda_group
     from distvals.bench import gpu
 
     sim = SimulatedCuda(1)
     sim.device_name = lambda g: "simulated GPU"
     sim.time_copy = lambda g, nbytes, iters, warmup: np.full(iters, 1e-3)
     sim.time_all_reduce = lambda engine, raw, dtype, op, algorithm, iters, warmup: np.full(iters, 1e-4)
-    fake = CoreWithBackend(sim)
-    for module in (cuda, cuda_group, gpu):
-        monkeypatch.setattr(module, "_core", fake)
-    # Element-wise helper groups belong to the backend that made them.
-    monkeypatch.setattr(devices, "_pairs", {})
-    monkeypatch.setattr(devices, "_minus_ones", {})
+    install(sim, monkeypatch.setattr, modules=(gpu,))
 
     class Group(cuda_group.CudaReplicaGroup):
         def all_reduce(self, views, op="sum", algorithm="auto", **kw):

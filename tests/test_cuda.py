@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 import pytest
 from conftest import distinct_values, reference, tolerance
-from simulated_cuda import CoreWithBackend, SimulatedCuda
+from simulated_cuda import SimulatedCuda, install
 
 import distvals as dv
 from distvals import _core, config, cuda_group
@@ -291,9 +291,7 @@ def _in_threads(n, fn):
 def sim(monkeypatch):
     """Two simulated GPUs behind distvals.cuda and CudaReplicaGroup."""
     backend = SimulatedCuda(2)
-    core = CoreWithBackend(backend)
-    monkeypatch.setattr(dvc, "_core", core)
-    monkeypatch.setattr(cuda_group, "_core", core)
+    install(backend, monkeypatch.setattr)
     before = config.get_logical_gpus()
     config.set_logical_gpus(4)
     yield backend

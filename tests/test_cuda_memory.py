@@ -10,21 +10,17 @@ import threading
 import numpy as np
 import pytest
 from conftest import distinct_values, fork_with_deadline
-from simulated_cuda import CoreWithBackend, SimulatedCuda
+from simulated_cuda import SimulatedCuda, install
 
 import distvals as dv
-from distvals import config, cuda_group, cuda_memory, devices
+from distvals import config, cuda_memory
 from distvals import cuda as dvc
 
 
 @pytest.fixture
 def sim(monkeypatch):
     backend = SimulatedCuda(2)
-    core = CoreWithBackend(backend)
-    monkeypatch.setattr(dvc, "_core", core)
-    monkeypatch.setattr(cuda_group, "_core", core)
-    monkeypatch.setattr(devices, "_pairs", {})
-    monkeypatch.setattr(devices, "_minus_ones", {})
+    install(backend, monkeypatch.setattr)
     before, limit = config.get_logical_gpus(), cuda_memory.get_cache_limit()
     config.set_logical_gpus(2)
     dvc.empty_cache()
@@ -144,7 +140,7 @@ def test_memory_of_another_backend_is_never_handed_out(sim, monkeypatch):
     del a
     assert dvc.cached_bytes(0) == 512
     other = SimulatedCuda(1)
-    monkeypatch.setattr(dvc, "_core", CoreWithBackend(other))
+    install(other, monkeypatch.setattr)
     b = dvc.empty((16,), np.float32, 0)
     assert isinstance(b._owner.buffer, other.DeviceBuffer) and other.allocations == 1
     assert dvc.cached_bytes(0) == 0

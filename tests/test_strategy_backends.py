@@ -20,10 +20,10 @@ import pathlib
 import numpy as np
 import pytest
 from conftest import distinct_values, reference, tolerance
-from simulated_cuda import CoreWithBackend, SimulatedCuda
+from simulated_cuda import SimulatedCuda, install
 
 import distvals as dv
-from distvals import config, cuda_group, devices
+from distvals import config, devices
 from distvals import cuda as dvc
 from distvals.device_names import canonical_devices as _canonical_devices
 from distvals.device_names import gpu_count as _gpu_count
@@ -107,12 +107,7 @@ def env(request, monkeypatch):
     elif request.param.startswith("simulated"):
         gpus = 1 if request.param == "simulated-1" else SIMULATED_GPUS
         sim = SimulatedCuda(gpus)
-        core = CoreWithBackend(sim)
-        monkeypatch.setattr(dvc, "_core", core)
-        monkeypatch.setattr(cuda_group, "_core", core)
-        # Element-wise helper groups and constants belong to the backend that made them.
-        monkeypatch.setattr(devices, "_pairs", {})
-        monkeypatch.setattr(devices, "_minus_ones", {})
+        install(sim, monkeypatch.setattr)
         e = Env("simulated", gpus, sim)
     else:
         e = Env("cuda", REAL_GPUS)
@@ -1096,9 +1091,7 @@ def test_array_helpers_on_host_values():
 
 @pytest.fixture
 def one_simulated_gpu(monkeypatch):
-    core = CoreWithBackend(SimulatedCuda(1))
-    monkeypatch.setattr(dvc, "_core", core)
-    monkeypatch.setattr(cuda_group, "_core", core)
+    install(SimulatedCuda(1), monkeypatch.setattr)
     before = config.get_logical_gpus()
     yield
     config.set_logical_gpus(before)

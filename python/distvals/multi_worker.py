@@ -678,7 +678,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         if ext._on_gpu:
             from .input import place_element
 
-            values = [place_element(v, ext._places[r], r) for r, v in enumerate(values)]
+            values = [place_element(v, ext._places[r], ext._offset + r) for r, v in enumerate(values)]
         if ext._wrap_results:
             from .multi_worker_input import wrap_single
 

@@ -23,16 +23,9 @@ import distvals as dv  # noqa: E402
 
 
 def use_simulated_gpus(count: int) -> None:
-    from simulated_cuda import CoreWithBackend, SimulatedCuda
+    from simulated_cuda import SimulatedCuda, install
 
-    from distvals import cuda as dvc
-    from distvals import cuda_group, devices
-
-    core = CoreWithBackend(SimulatedCuda(count))
-    dvc._core = core
-    cuda_group._core = core
-    devices._pairs = {}
-    devices._minus_ones = {}
+    install(SimulatedCuda(count))
 
 
 def main() -> int:
@@ -93,7 +86,25 @@ def main() -> int:
         )
         checks += 1
     checks += check_input_on_the_gpus(s, rank)
+    checks += check_errors_name_the_global_replica(s, rank)
     return finish(rank, checks, s)
+
+
+def check_errors_name_the_global_replica(s, rank: int) -> int:
+    """A value refused on its way to a GPU names its replica by its global id (a local
+    index would name another worker's replica)."""
+    last = s.num_replicas_in_sync - 1
+    masked = np.ma.array([1.0, 2.0], mask=[False, True])
+    mine = last - s.extended._offset < s.extended._n
+    try:
+        s.experimental_distribute_values_from_function(
+            lambda ctx: masked if ctx.replica_id_in_sync_group == last else np.zeros(2)
+        )
+    except TypeError as e:
+        expect(mine and str(e).startswith(f"replica {last}: a copy to GPU "), rank, f"refused with: {e}")
+    else:
+        expect(not mine, rank, f"replica {last}'s masked array was not refused")
+    return 1
 
 
 def check_input_on_the_gpus(s, rank: int) -> int:
