@@ -11,7 +11,7 @@ they are, without a copy (``as_device_array``).
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -181,6 +181,24 @@ class DeviceArray:
         self._ptr = self._owner.ptr
         self._readonly = False
         self._stream: Optional[Tuple[int, int]] = None
+
+    @classmethod
+    def _new_many(cls, shape: Tuple[int, ...], dtype: np.dtype, devices: Sequence[int]) -> List[DeviceArray]:
+        """One new array per device of ``devices`` (CUDA ordinals), of a shape and dtype
+        already checked: what a collective's outputs need, in one visit to the cache."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        out = []
+        for block in cuda_memory.allocate_many(_require_backend(), nbytes, devices):
+            self = cls.__new__(cls)
+            self._shape = shape
+            self._dtype = dtype
+            self._device = block.gpu
+            self._owner = block
+            self._ptr = block.ptr
+            self._readonly = False
+            self._stream = None
+            out.append(self)
+        return out
 
     @classmethod
     def _view(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import atexit
 import collections
-from typing import Any, Deque, Dict, List, Tuple
+from typing import Any, Deque, Dict, List, Sequence, Set, Tuple
 
 from .fork_locks import renewed_after_fork
 
@@ -84,6 +84,7 @@ class _Cache:
     def _file_returned(self) -> None:
         # Swap the list out first: finalizers running meanwhile append to the new one.
         returned, self.returned = self.returned, []
+        touched: Set[int] = set()
         for buf in returned:
             size = int(buf.nbytes)
             if size > self._limit or type(buf) is not self._kind:
@@ -92,7 +93,9 @@ class _Cache:
             self._idle.setdefault(key, []).append(buf)
             self._order.append((key, id(buf)))
             self._bytes[key[1]] = self._bytes.get(key[1], 0) + size
-            self._trim(key[1])
+            touched.add(key[1])
+        for gpu in touched:
+            self._trim(gpu)
 
     def _trim(self, gpu: int) -> None:
         # Least recently freed first, until the device's idle bytes fit the cap.
@@ -127,24 +130,35 @@ class _Cache:
 
     # ---- the interface ----------------------------------------------------------------
     def allocate(self, backend: Any, nbytes: int, gpu: int) -> _Block:
+        return self.allocate_many(backend, nbytes, (gpu,))[0]
+
+    def allocate_many(self, backend: Any, nbytes: int, gpus: Sequence[int]) -> List[_Block]:
         kind = backend.DeviceBuffer
         size = size_class(nbytes)
-        key = (kind, gpu, size)
+        blocks: List[Any] = []
         with self._lock:
             if kind is not self._kind:
                 self._release(-1)  # another backend's memory is of no use any more
                 self._kind = kind
             self._file_returned()
-            bufs = self._idle.get(key)
-            if bufs:
-                buf = bufs.pop()  # the most recently freed: likely still in the L2 cache
-                self._bytes[gpu] -= size
-                # Its entry in the order stays behind, pointing at nothing: skipped by
-                # _drop, and pruned below when stale entries outnumber live ones.
-                if len(self._order) > 64 + 2 * sum(len(v) for v in self._idle.values()):
-                    live = {(k, id(b)) for k, v in self._idle.items() for b in v}
-                    self._order = collections.deque(e for e in self._order if e in live)
-                return _Block(buf)
+            for gpu in gpus:
+                bufs = self._idle.get((kind, gpu, size))
+                if bufs:
+                    blocks.append(_Block(bufs.pop()))  # the most recently freed: likely still in the L2 cache
+                    self._bytes[gpu] -= size
+                else:
+                    blocks.append(None)
+            # Taken entries stay behind in the order, pointing at nothing: skipped by
+            # _drop, and pruned here when stale entries outnumber live ones.
+            if len(self._order) > 64 + 2 * sum(len(v) for v in self._idle.values()):
+                live = {(k, id(b)) for k, v in self._idle.items() for b in v}
+                self._order = collections.deque(e for e in self._order if e in live)
+        for i, gpu in enumerate(gpus):
+            if blocks[i] is None:
+                blocks[i] = self._new(kind, size, gpu)
+        return blocks
+
+    def _new(self, kind: Any, size: int, gpu: int) -> _Block:
         try:
             return _Block(kind(size, gpu))
         except MemoryError:
@@ -197,6 +211,12 @@ def allocate(backend: Any, nbytes: int, gpu: int) -> _Block:
     """A block of at least ``nbytes`` bytes on CUDA device ``gpu`` (``.ptr``, ``.nbytes``,
     ``.gpu``), from the idle memory when a block of its size class is there."""
     return _cache.allocate(backend, nbytes, gpu)
+
+
+def allocate_many(backend: Any, nbytes: int, gpus: Sequence[int]) -> List[_Block]:
+    """One block of at least ``nbytes`` bytes on each CUDA device of ``gpus``, in one
+    visit to the cache."""
+    return _cache.allocate_many(backend, nbytes, gpus)
 
 
 def cached_bytes(device: int = -1) -> int:

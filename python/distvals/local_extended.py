@@ -29,6 +29,7 @@ from .collectives import (
     type_name,
 )
 from .cross_replica import CrossReplicaExtended
+from .cuda import DeviceArray
 from .engine_collectives import FUSE_LEAF_BYTES, exact_algorithm, host_pack_bytes
 from .errors import replica_error
 from .meeting import check_calls, check_leaves, check_structures
@@ -222,6 +223,7 @@ class LocalExtended(CrossReplicaExtended):
         self._runner = self._make_runner()
         self._inline = self._execution == "inline" and self._n > 1
         self._quick_tree = self._quick_tree_ok()
+        self._make_gpu_quick_path()
         # One collective at a time per strategy: a step's meetings and cross-replica calls
         # from other threads (a logging thread's strategy.reduce) take turns.
         self._lock = threading.RLock()
@@ -290,6 +292,19 @@ class LocalExtended(CrossReplicaExtended):
             and self._via_root is None
             and isinstance(self._quick, _core.Group)
         )
+
+    def _make_gpu_quick_path(self) -> None:
+        """``_gpu_quick``: the CUDA group when inline GPU replicas' all-reduces of one
+        DeviceArray each may go to it directly (the common case of a step on GPUs), else
+        None; ``_gpu_places``: each replica's CUDA device."""
+        from .cuda_collectives import CudaCollectives
+
+        coll = self._coll
+        self._gpu_quick: Any = None
+        self._gpu_places: Tuple[int, ...] = ()
+        if self._inline and type(coll) is CudaCollectives and coll.group is not None and self._via_root is None:
+            self._gpu_quick = coll.group.engine
+            self._gpu_places = tuple(int(p) for p in coll.places if p is not None)
 
     #: Whether MPI exchanges follow the local collectives (MultiWorkerMirroredStrategy).
     _between_workers = False
@@ -499,6 +514,7 @@ class LocalExtended(CrossReplicaExtended):
         self._coll = self._make_collectives()
         self._make_quick_paths()
         self._quick_tree = self._quick_tree_ok()
+        self._make_gpu_quick_path()
         # The old group's threads do not exist here: never join them.
         if getattr(old, "group", None) is not None:
             _leak(old.group)  # type: ignore[attr-defined]
@@ -570,6 +586,8 @@ class LocalExtended(CrossReplicaExtended):
         dtype and shape with the same op: one engine call, straight from the replicas' arrays into
         new ones, and each replica's outcome is its result array. None when anything
         differs (the general path then checks and reports it)."""
+        if self._gpu_quick is not None:
+            return self._resolve_quick_gpu(requests)
         ins = []
         for q in requests:
             if type(q) is tuple:
@@ -599,6 +617,34 @@ class LocalExtended(CrossReplicaExtended):
         # No strategy lock: the engine itself runs one single call at a time.
         algorithm = self._algorithm if dt.itemsize != 2 else exact_algorithm(self._algorithm, dt, str(name))
         self._quick.all_reduce(ins, name, algorithm, outs)
+        return outs
+
+    def _resolve_quick_gpu(self, requests: List[Any]) -> Optional[List[Any]]:
+        """Every inline GPU replica all-reduces one DeviceArray on its own GPU, of one
+        engine dtype and shape, with the same op: new outputs from the device-memory
+        cache and one call into the CUDA engine, none of the general path's conversions
+        and copies. None when anything differs (the general path then checks, moves and
+        reports)."""
+        places = self._gpu_places
+        ins = []
+        for r, q in enumerate(requests):
+            if type(q) is not tuple or q[0] is not QUICK_ALL_REDUCE:
+                return None
+            qop, a = q[1], q[2]
+            if r == 0:
+                op, dt, shape = qop, a._dtype, a._shape
+                name = _ENGINE_NAMES[op._name_].get(dt.num)
+                if name is None:
+                    return None
+            elif qop is not op or a._shape != shape or (a._dtype is not dt and a._dtype != dt):
+                return None
+            if a._device != places[r]:
+                return None  # on another GPU: the general path copies it over
+            ins.append(a)
+        algorithm = self._algorithm if dt.itemsize != 2 else exact_algorithm(self._algorithm, dt, str(name))
+        with self._lock:  # cross-replica calls of other threads use the group too
+            outs: List[Any] = DeviceArray._new_many(shape, dt, places)
+            self._gpu_quick.run_new(ins, outs, name, algorithm)
         return outs
 
     def _convert(self, leaf: Any) -> Any:
@@ -632,6 +678,12 @@ class LocalExtended(CrossReplicaExtended):
                 if out is not None:
                     return out[0]
             return self._runner.meet(ctx._replica_id, Request("all_reduce", (op,), value, _QUICK))
+        if options is None and type(value) is DeviceArray and self._gpu_quick is not None:
+            # The same for inline GPU replicas: one DeviceArray each (see _resolve_quick_gpu).
+            sched = _getcurrent().parent
+            if sched is self._runner._parent:
+                return sched.switch((QUICK_ALL_REDUCE, op, value))
+            raise self._runner.refused(ctx._replica_id, "all_reduce")
         if options is None and self._quick_tree and isinstance(value, (list, tuple, dict)):
             # A structure of numpy arrays of number dtypes (a model's gradients): to the
             # scheduler in the quick tree form, straight from here.
