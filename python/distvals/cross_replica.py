@@ -323,10 +323,17 @@ class CrossReplicaExtended(StrategyExtended):
         if dests == list(self._devices) and self._n > 1 and _numeric(parts[0].dtype):
             _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], "reduce_to")
             with self._lock:
-                outs = self._all_reduce_leaves(op, [[p] for p in parts], self._algorithm, 0)
+                outs = self._all_reduce_leaves(op, [[p] for p in parts], self._algorithm_of(options), 0)
             return Mirrored(tuple(self._placed(o[0], original) for o in outs))
         out = kinds.restore(self._reduce_one(op, value, None, "reduce_to"), original)
         return self._spread(out, dests)
+
+    def _algorithm_of(self, options: Optional[CommunicationOptions]) -> str:
+        """The all-reduce algorithm of a call with ``options``: theirs, unless they leave
+        it to the library ("auto"), then the strategy's."""
+        if options is None or options.implementation == "auto":
+            return self._algorithm
+        return options.implementation
 
     def _broadcast_value(self, value: Any) -> List[Any]:
         """N copies of ``value``, one where each replica's values live."""
@@ -405,7 +412,7 @@ class CrossReplicaExtended(StrategyExtended):
         opts = self._options if options is None else self._options.merge(options)
         with self._lock:
             return self._all_reduce_leaves(
-                op, leaves, self._algorithm, opts.bytes_per_pack, [v.values[0] for v in values]
+                op, leaves, self._algorithm_of(options), opts.bytes_per_pack, [v.values[0] for v in values]
             )
 
     def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
@@ -421,7 +428,9 @@ class CrossReplicaExtended(StrategyExtended):
             return self._put(value, dests[0], copy=False) if self._on_gpu else value
         if dests == list(self._devices):
             return Mirrored(tuple(self._broadcast_value(value)))
-        return self._spread(value, dests)
+        # Every copy new, as above: changing one in place changes neither the others nor
+        # the caller's value.
+        return Mirrored(tuple(self._put(value, d, copy=True) for d in dests))
 
 
 def _reduced_alone(op: ReduceOp, x: Any) -> Any:

@@ -305,7 +305,9 @@ class StrategyExtended:
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
         """Reduces ``value`` (a PerReplica, or a plain value present on every replica) with
         ``reduce_op`` onto ``destinations``: a Mirrored with one copy per destination
-        device, or the value itself for one destination. Cross-replica context only."""
+        device, or the value itself for one destination. ``options``: a
+        CommunicationOptions (its ``implementation`` is the all-reduce algorithm).
+        Cross-replica context only."""
         raise NotImplementedError
 
     def batch_reduce_to(

@@ -174,6 +174,7 @@ class LocalExtended(CrossReplicaExtended):
         make_group: bool = True,
     ) -> None:
         super().__init__(container_strategy, devices)
+        given_ops = cross_device_ops is not None
         if cross_device_ops is None:
             cross_device_ops = CollectiveAllReduce()
         if not isinstance(cross_device_ops, CrossDeviceOps):
@@ -236,6 +237,9 @@ class LocalExtended(CrossReplicaExtended):
         # Variables created under this strategy's scope get one copy per replica.
         self._distributed_variables = False
         self._closed = False
+        if given_ops:
+            # Its reduce, batch_reduce and broadcast, called outside any scope, run here.
+            cross_device_ops._bind(container_strategy)
 
     # ---- construction --------------------------------------------------------------------
     def _make_collectives(self) -> Collectives:
@@ -644,7 +648,7 @@ class LocalExtended(CrossReplicaExtended):
         algorithm = self._algorithm if dt.itemsize != 2 else exact_algorithm(self._algorithm, dt, str(name))
         with self._lock:  # cross-replica calls of other threads use the group too
             outs: List[Any] = DeviceArray._new_many(shape, dt, places)
-            self._gpu_quick.run_new(ins, outs, name, algorithm)
+            self._gpu_quick._all_reduce_checked(ins, outs, name, algorithm)
         return outs
 
     def _convert(self, leaf: Any) -> Any:

@@ -7,7 +7,8 @@ import math
 import numbers
 import os
 import warnings
-from typing import Optional, Union
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _core
 
@@ -142,7 +143,79 @@ class CommunicationOptions:
 
 
 class CrossDeviceOps:
-    """Base of the ways a strategy reduces across its replicas."""
+    """Base of the ways a strategy reduces across its replicas.
+
+    Passed to ``MirroredStrategy(cross_device_ops=...)``, it chooses how the strategy runs
+    its collectives. Like ``tf.distribute.CrossDeviceOps`` it also has ``reduce``,
+    ``batch_reduce`` and ``broadcast``, called in cross-replica context (not inside
+    ``strategy.run``). They run on the collectives of the strategy the values belong to:
+    the strategy of a distributed variable among the values or destinations, else the
+    strategy whose ``scope()`` is entered, else the one open strategy made with this
+    object, else the default strategy. A value that is not distributed (or a distributed
+    value of one part) is one replica's value, as in TensorFlow: every reduce op gives it
+    back, copied to the destinations.
+    """
+
+    def reduce(
+        self,
+        reduce_op: Any,
+        per_replica_value: Any,
+        destinations: Any,
+        options: Optional[CommunicationOptions] = None,
+    ) -> Any:
+        """Reduces ``per_replica_value`` (a PerReplica, Mirrored, distributed variable, or
+        one replica's value) with ``reduce_op`` onto ``destinations`` (a device string, a
+        list of them, or a distributed value meaning its devices): a Mirrored with one
+        copy per destination device, or the value itself for one destination. A Mirrored
+        reduces as its copies do: SUM gives N times the value, MEAN the value."""
+        from .cross_device_calls import reduce
+
+        return reduce(self, reduce_op, per_replica_value, destinations, options)
+
+    def batch_reduce(
+        self,
+        reduce_op: Any,
+        value_destination_pairs: Sequence[Tuple[Any, Any]],
+        options: Optional[CommunicationOptions] = None,
+    ) -> List[Any]:
+        """``reduce`` for each (value, destinations) pair, the results in the pairs' order;
+        the distributed values are reduced together (``extended.batch_reduce_to``)."""
+        from .cross_device_calls import batch_reduce
+
+        return batch_reduce(self, reduce_op, value_destination_pairs, options)
+
+    def broadcast(self, tensor: Any, destinations: Any) -> Any:
+        """Copies ``tensor`` (one value, or a Mirrored: its value) to ``destinations``: a
+        Mirrored, or the value itself for one destination. ValueError for a PerReplica."""
+        from .cross_device_calls import broadcast
+
+        return broadcast(self, tensor, destinations)
+
+    def _call_options(self, options: Optional[CommunicationOptions]) -> Optional[CommunicationOptions]:
+        """The options ``reduce`` and ``batch_reduce`` pass on: ``options`` as given."""
+        return options
+
+    def _bind(self, strategy: Any) -> None:
+        """Records ``strategy`` as one made with this object (weakly: it may go away)."""
+        refs = [r for r in self.__dict__.get("_strategy_refs", ()) if r() is not None]
+        refs.append(weakref.ref(strategy))
+        self._strategy_refs = refs
+
+    def _strategies(self) -> List[Any]:
+        """The open strategies made with this object."""
+        out = []
+        for r in self.__dict__.get("_strategy_refs", ()):
+            s = r()
+            if s is not None and not s.extended._closed:
+                out.append(s)
+        return out
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # A copy (or an unpickled one) belongs to no strategy yet: a deep-copied strategy
+        # binds its own copy.
+        state = dict(self.__dict__)
+        state.pop("_strategy_refs", None)
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -150,10 +223,22 @@ class CrossDeviceOps:
 
 class CollectiveAllReduce(CrossDeviceOps):
     """All-reduce every replica's value on the engine with ``algorithm``
-    ("auto", "ring", "tree" or "direct"). The default cross-device ops."""
+    ("auto", "ring", "tree" or "direct"). The default cross-device ops.
+
+    Its ``reduce`` and ``batch_reduce`` all-reduce with ``algorithm`` (unless their
+    ``options`` name one) where the strategy all-reduces; a strategy made with
+    ``ReductionToOneDevice`` reduces onto one device instead.
+    """
 
     def __init__(self, algorithm: Union[str, CommunicationImplementation] = "auto"):
         self.algorithm = _algorithm(algorithm, "algorithm")
+
+    def _call_options(self, options: Optional[CommunicationOptions]) -> Optional[CommunicationOptions]:
+        """``options`` with this object's algorithm where they leave it to the library
+        ("auto"), so that ``reduce`` and ``batch_reduce`` all-reduce with it."""
+        if self.algorithm == "auto":
+            return options
+        return CommunicationOptions(implementation=self.algorithm).merge(options)
 
     def __repr__(self) -> str:
         return f"CollectiveAllReduce(algorithm={self.algorithm!r})"
@@ -163,6 +248,11 @@ class ReductionToOneDevice(CrossDeviceOps):
     """Reduce onto one replica's device, then broadcast the result to the others.
 
     ``reduce_to_device``: a device of the strategy (default: its first device).
+
+    Its ``reduce``, ``batch_reduce`` and ``broadcast`` run on the collectives of the
+    strategy the values belong to, which reduce through ``reduce_to_device`` when that
+    strategy was made with this object; through another strategy they reduce as it does,
+    with the same results.
     """
 
     def __init__(self, reduce_to_device: Optional[str] = None):
