@@ -501,7 +501,7 @@ def _local_reduce(op: ReduceOp, a: np.ndarray, axis: int, acc: Optional[np.dtype
         if op is ReduceOp.SUM:
             return np.asarray(np.sum(a, axis=axis, dtype=dtype))
         return np.asarray(np.prod(a, axis=axis, dtype=dtype))
-    ufunc = np.minimum if op is ReduceOp.MIN else np.maximum
+    ufunc: np.ufunc = np.minimum if op is ReduceOp.MIN else np.maximum
     if a.shape[axis] == 0:
         initial = _identity(op, a.dtype)
         if initial is not None:
