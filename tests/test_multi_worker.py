@@ -107,6 +107,16 @@ def test_worker_script(script, workers, replicas, tmp_path):
 
 
 @needs_mpi
+@pytest.mark.parametrize("workers,replicas", [(2, "1"), (3, "1,2,3")], ids=["2w-1", "3w-1,2,3"])
+def test_indexed_slices_gather_every_workers_rows(workers, replicas):
+    """all_reduce, strategy.reduce, reduce_to and batch_reduce_to of IndexedSlices: every
+    replica's rows of every worker in global order (MEAN divided by the global count), on
+    every worker; workers whose values or dense_shapes differ all get MismatchError."""
+    proc = mpirun(workers, str(SCRIPTS / "check_sparse.py"), "--replicas", replicas)
+    assert_all_passed(proc, workers)
+
+
+@needs_mpi
 @pytest.mark.parametrize("workers,replicas", [(2, "2"), (3, "1,2,3")], ids=["2w-2", "3w-1,2,3"])
 def test_every_route_across_workers_gives_the_reference_everywhere(workers, replicas):
     """Polled Iallreduce, swapped buffers, the ring, blocking Allreduce and the pipeline:

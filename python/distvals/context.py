@@ -345,6 +345,10 @@ class ReplicaContext:
         replicas with ``reduce_op`` (a ReduceOp or a string such as "sum"); every replica
         gets the result. Leaves of one dtype travel together in one engine call. Integer
         MEAN gives float64 (float32 for 8- and 16-bit integers, as TensorFlow's division).
+        An ``IndexedSlices`` leaf (SUM or MEAN only) is not added element by element: as in
+        TensorFlow, every replica gets an IndexedSlices of every replica's indices and
+        values concatenated in replica order (MEAN divides the values by the number of
+        replicas), its dense_shape kept; replicas may pass different numbers of rows.
         Only inside the ``strategy.run`` this context belongs to."""
         ext = self._ext
         s = _local.stack

@@ -27,6 +27,8 @@ from .collectives import (
 from .extended import StrategyExtended
 from .options import CommunicationOptions
 from .reduce_op import ReduceOp, as_reduce_op
+from .sparse import IndexedSlices
+from .sparse_collectives import holds_sparse, is_sparse, reduce_sparse, refuse_op
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import Variable
 
@@ -88,6 +90,8 @@ class CrossReplicaExtended(StrategyExtended):
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
         if not isinstance(value, DistributedValues):
             return self._reduce_plain(op, value, axis, what)
+        if holds_sparse(value):
+            return self._reduce_sparse(op, value, axis, what)
         parts = self._part_values(value, what)
         original = _unwrap_part(value.values[0])
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
@@ -105,6 +109,19 @@ class CrossReplicaExtended(StrategyExtended):
                 out = self._reduce_along(op, parts, axis, what)
         return kinds.restore(out, original)
 
+    def _reduce_sparse(self, op: ReduceOp, value: DistributedValues, axis: Optional[int], what: str) -> Any:
+        """The replicas' IndexedSlices as one: their rows gathered (SUM), the values
+        divided by the number of replicas as well (MEAN); see
+        distvals.sparse_collectives. A Mirrored one too: its copies' rows gathered and
+        divided are the value itself once applied or made dense."""
+        _refuse_sparse_axis(axis, what)
+        convert = kinds.to_engine_value if self._on_gpu else kinds.to_numpy
+        parts = self._parts(value, what)
+        with self._lock:
+            return reduce_sparse(
+                op, parts, self._total_replicas(), convert, lambda arrays: self._coll.gather(arrays, 0), what
+            )
+
     def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
         """``strategy.reduce`` of a nested structure whose leaves are all distributed
         values: one all-reduce for every leaf (small leaves packed), described with the
@@ -119,6 +136,7 @@ class CrossReplicaExtended(StrategyExtended):
                 for x in leaves
             )
             or self._via_root is not None
+            or any(holds_sparse(x) for x in leaves)  # gathered leaf by leaf (_reduce_sparse)
         ):
             return None
         parts = [self._as_parts(x, what) for x in leaves]
@@ -206,6 +224,12 @@ class CrossReplicaExtended(StrategyExtended):
                 "as the result of strategy.run"
             )
         refuse_masked(value, None, what)
+        if is_sparse(value):
+            # One IndexedSlices that stands for every replica's (MEAN), or the one
+            # replica's: the value itself, for the ops that reduce IndexedSlices.
+            refuse_op(op, what)
+            _refuse_sparse_axis(axis, what)
+            return value
         if axis is None:
             part = _unwrap_part(value)
             one = _reduced_alone(op, part)
@@ -282,6 +306,9 @@ class CrossReplicaExtended(StrategyExtended):
         destination, host memory on a CPU one, in the framework of ``value``."""
         from . import devices
 
+        if is_sparse(value):
+            values, indices = self._put(value.values, device, copy), self._put(value.indices, device, copy)
+            return IndexedSlices(values, indices, value.dense_shape)
         place = self._place_of(device) if self._on_gpu else None
         v = kinds.to_engine_value(value) if self._on_gpu else kinds.to_numpy(value)
         if place is None or not devices.can_place(v.dtype):
@@ -314,6 +341,8 @@ class CrossReplicaExtended(StrategyExtended):
             if len(dests) == self._n and dests == list(self._devices) and self._n > 1:
                 return Mirrored(tuple(self._broadcast_value(out)))
             return self._spread(out, dests)
+        if holds_sparse(value):
+            return self._spread(self._reduce_sparse(op, value, None, "reduce_to"), dests)
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
             return self._spread(_reduced_alone(op, _unwrap_part(value.values[0])), dests)
         parts = self._part_values(value, "reduce_to")
@@ -368,6 +397,7 @@ class CrossReplicaExtended(StrategyExtended):
                 isinstance(value, DistributedValues)
                 and self._via_root is None
                 and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)
+                and not holds_sparse(value)  # its rows are gathered, not reduced (reduce_to)
             ):
                 fused.append(i)
             else:
@@ -454,6 +484,14 @@ def _reduced_alone(op: ReduceOp, x: Any) -> Any:
     if work == a.dtype or a.dtype.kind not in "iub":
         return x
     return kinds.restore(np.asarray(a, dtype=work), x)
+
+
+def _refuse_sparse_axis(axis: Optional[int], what: str) -> None:
+    if axis is not None:
+        raise ValueError(
+            f"{what}: IndexedSlices are reduced across replicas only (axis=None), got axis={axis}; make them "
+            "dense arrays first to reduce along an axis"
+        )
 
 
 def _refuse_structure(value: Any, what: str) -> None:

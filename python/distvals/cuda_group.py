@@ -267,7 +267,9 @@ class CudaReplicaGroup:
             waits,
         )
 
-    def _all_reduce_checked(self, ins: Sequence[DeviceArray], outs: Sequence[DeviceArray], op: str, algorithm: str) -> None:
+    def _all_reduce_checked(
+        self, ins: Sequence[DeviceArray], outs: Sequence[DeviceArray], op: str, algorithm: str
+    ) -> None:
         """A synchronous all-reduce of ``ins`` into new arrays ``outs``, both already
         checked by the caller: one DeviceArray per replica on the replica's device, of one
         dtype and shape (outputs freshly allocated, so writable and overlapping nothing).

@@ -55,6 +55,7 @@ from .replicas import (
     names,
 )
 from .replicas import fork_counter as _forks
+from .sparse_collectives import SparseExtra, SparseParts, all_reduce_rows, check_sparse_leaves, is_sparse, sparse_parts
 from .values import DistributedValues, PerReplica, per_replica_arguments, regroup, select_replica
 from .variables import Variable
 
@@ -705,6 +706,8 @@ class LocalExtended(CrossReplicaExtended):
         # Host replicas whose leaves are all numpy arrays (a structure of gradients):
         # nothing to convert there and back. GPU replicas always convert.
         if self._on_gpu or any(type(x) is not np.ndarray for x in leaves):
+            if any(is_sparse(_unwrap(x)) for x in leaves):
+                return self._replica_all_reduce_sparse(ctx, op, value, single, leaves, options, timeout)
             arrays = [self._convert(x) for x in leaves]
         _check_numbers(ctx._replica_id, leaves, arrays, "all_reduce", "reduce")
         out = self._meet(ctx, Request("all_reduce", (op,), value, (arrays, options), timeout))
@@ -713,6 +716,38 @@ class LocalExtended(CrossReplicaExtended):
         if single:
             return kinds.restore(out[0], _unwrap(value))
         return nest.pack_sequence_as(value, [kinds.restore(o, _unwrap(x)) for o, x in zip(out, leaves)])
+
+    def _replica_all_reduce_sparse(
+        self,
+        ctx: context.ReplicaContext,
+        op: ReduceOp,
+        value: Any,
+        single: bool,
+        leaves: List[Any],
+        options: Optional[CommunicationOptions],
+        timeout: Optional[float],
+    ) -> Any:
+        """``all_reduce`` of a value with IndexedSlices among its leaves: each checked
+        here, in the replica, and sent as SparseParts; the resolver gathers their rows
+        (see distvals.sparse_collectives) and reduces the dense leaves."""
+        r = ctx._replica_id
+        paths = None if single else nest.paths(value)
+        arrays: List[Any] = []
+        for i, x in enumerate(leaves):
+            u = _unwrap(x)
+            if is_sparse(u):
+                where = f" at {paths[i]}" if paths else ""
+                arrays.append(sparse_parts(u, op, self._convert, f"replica {r}: all_reduce", where))
+            else:
+                a = self._convert(x)
+                _check_numbers(r, [x], [a], "all_reduce", "reduce")
+                arrays.append(a)
+        out = self._meet(ctx, Request("all_reduce", (op,), value, SparseExtra((arrays, options)), timeout))
+        results = [
+            a.result(o) if type(a) is SparseParts else kinds.restore(o, _unwrap(x))
+            for o, a, x in zip(out, arrays, leaves)
+        ]
+        return results[0] if single else nest.pack_sequence_as(value, results)
 
     def _replica_all_gather(
         self, ctx: context.ReplicaContext, value: Any, axis: int, options: Optional[CommunicationOptions]
@@ -788,6 +823,8 @@ class LocalExtended(CrossReplicaExtended):
             ]
             out = self._resolve_all_reduce(requests)
             return [o[0] if k else o for o, k in zip(out, quick)]
+        if any(type(q.extra) is SparseExtra for q in requests):
+            return self._resolve_sparse_all_reduce(requests)
         q0 = requests[0]
         op = q0.params[0]
         leaves = [q.extra[0] for q in requests]
@@ -803,6 +840,29 @@ class LocalExtended(CrossReplicaExtended):
                 nest.pack_sequence_as(q.value, o) if type(q.extra) is TreeExtra else o for q, o in zip(requests, out)
             ]
         return out
+
+    def _resolve_sparse_all_reduce(self, requests: List[Request]) -> List[Any]:
+        """An all-reduce with IndexedSlices among its leaves: checked across replicas
+        before anything moves, then the dense leaves all-reduced and the sparse ones'
+        rows all-gathered (see distvals.sparse_collectives)."""
+        q0 = requests[0]
+        op = q0.params[0]
+        check_structures(requests, "all_reduce")
+        rows = [q.extra[0] for q in requests]
+        check_sparse_leaves(q0.value, rows, "all_reduce")
+        if nest.is_nested(q0.value):
+            # Between workers the calls below name the leaves by path, not the
+            # containers' kinds: the workers agree on those first.
+            self._agree_structure("all_reduce", q0.value)
+        algorithm, bytes_per_pack = self._options_of(q0)
+        return all_reduce_rows(
+            op,
+            rows,
+            q0.value,
+            self._total_replicas(),
+            lambda leaves, value: self._all_reduce_leaves(op, leaves, algorithm, bytes_per_pack, value),
+            lambda leaves, axes, value: self._coll.all_gather(leaves, axes, value=value),
+        )
 
     def _all_reduce_leaves(
         self, op: ReduceOp, leaves: List[List[Any]], algorithm: str, bytes_per_pack: int, value: Any = None

@@ -42,7 +42,9 @@ class IndexedSlices:
     """Rows of a dense value: ``values[i]`` is row ``indices[i]`` (TensorFlow's
     ``tf.IndexedSlices(values, indices, dense_shape)``). What the ``scatter_*`` methods of
     a variable take; a ``tf.IndexedSlices`` (or any object with ``indices`` and
-    ``values``) works as well."""
+    ``values``) works as well. ``ReplicaContext.all_reduce``, ``strategy.reduce`` and
+    ``extended.reduce_to`` take it too (SUM or MEAN): the replicas' rows are gathered,
+    not added, as in TensorFlow."""
 
     __slots__ = ("dense_shape", "indices", "values")
 

@@ -115,7 +115,9 @@ class Strategy:
         mean over all elements along the axis (replicas weigh by their count). A
         non-distributed value: MEAN (MIN, MAX) returns it, SUM with several replicas is
         an error. Integer MEAN gives float64 (float32 for 8- and 16-bit integers, as
-        TensorFlow's division). Nested structures are reduced leaf by leaf.
+        TensorFlow's division). Nested structures are reduced leaf by leaf. IndexedSlices
+        parts (SUM or MEAN, axis=None) give one IndexedSlices of every replica's rows, as
+        ``ReplicaContext.all_reduce`` does.
         The result is in the parts' framework (numpy, torch, cupy, JAX); on GPU replicas
         device parts give a device array on the first replica's GPU.
         """
