@@ -219,6 +219,10 @@ class HierarchicalCollectives(WorkerAgreement):
             self._native = getattr(_core, "worker_small_all_reduce", None)
         # all_reduce_arrays: (op, dtype, shape) -> what it remembers of such calls.
         self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
+        # The last kind looked up, by identity of op and dtype: a training loop repeats
+        # one call, and hashing an enum member and a dtype costs more than the rest of
+        # the lookup.
+        self._last_kind: Tuple[Any, Any, Tuple[int, ...], Optional[_ArraysKind]] = (None, None, (), None)
         # The point-to-point all-reduce of large buffers.
         self._exchanges = Exchanges(self.rank, self.num_workers)
         # Two host replicas and an engine of one thread (the host's cores shared by its
@@ -555,9 +559,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if type(a0) is not np.ndarray:
             return None
         dt, shape = a0.dtype, a0.shape
-        kind = self._arrays.get((op, dt, shape))
-        if kind is None:
-            kind = self._arrays_kind(op, a0)
+        kind = self._arrays_kind(op, a0)
         for a in ins[1:]:
             if type(a) is not np.ndarray or (a.dtype is not dt and a.dtype != dt) or a.shape != shape:
                 return None
@@ -681,9 +683,13 @@ class HierarchicalCollectives(WorkerAgreement):
     def _arrays_kind(self, op: ReduceOp, a: np.ndarray) -> _ArraysKind:
         """What ``all_reduce_arrays`` remembers of the kind of call ``a`` (one replica's
         array) makes with ``op``: looked up by (op, dtype, shape), made once."""
+        last = self._last_kind
+        if last[0] is op and last[1] is a.dtype and last[2] == a.shape and last[3] is not None:
+            return last[3]
         key = (op, a.dtype, a.shape)
         kind = self._arrays.get(key)
         if kind is not None:
+            self._last_kind = (op, a.dtype, a.shape, kind)
             return kind
         work: Optional[np.dtype] = work_dtype(a.dtype, op)
         if (
@@ -698,6 +704,7 @@ class HierarchicalCollectives(WorkerAgreement):
             self._arrays.clear()
         description = describe_call("all_reduce", op, a, [a])
         kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a)
+        self._last_kind = (op, a.dtype, a.shape, kind)
         return kind
 
     def _all_reduce_one_dtype(
