@@ -163,10 +163,10 @@ def _replicas(n: int) -> str:
 
 def _one_value(op: ReduceOp, value: Any) -> Any:
     """``op`` over one replica's value: the value itself (in a MEAN's dtype)."""
-    from .cross_replica import _reduced_alone, _unwrap_part
+    from .cross_replica import reduced_alone, unwrap_part
 
     part = value.values[0] if isinstance(value, DistributedValues) else value
-    return _reduced_alone(op, _unwrap_part(part))
+    return reduced_alone(op, unwrap_part(part))
 
 
 # ---- which strategy runs the call ------------------------------------------------------------------

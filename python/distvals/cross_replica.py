@@ -32,7 +32,7 @@ from .sparse_collectives import holds_sparse, is_sparse, reduce_sparse, refuse_o
 from .values import DistributedValues, Mirrored, PerReplica
 from .variables import Variable
 
-__all__ = ["CrossReplicaExtended"]
+__all__ = ["CrossReplicaExtended", "reduced_alone", "unwrap_part"]
 
 
 class CrossReplicaExtended(StrategyExtended):
@@ -93,10 +93,10 @@ class CrossReplicaExtended(StrategyExtended):
         if holds_sparse(value):
             return self._reduce_sparse(op, value, axis, what)
         parts = self._part_values(value, what)
-        original = _unwrap_part(value.values[0])
+        original = unwrap_part(value.values[0])
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
             # Every copy is the value: its mean is a copy of it, in a MEAN's dtype.
-            mean = _reduced_alone(op, parts[0])
+            mean = reduced_alone(op, parts[0])
             return kinds.restore(self._coll_copy(mean) if mean is parts[0] else mean, original)
         with self._lock:
             if axis is None:
@@ -151,7 +151,7 @@ class CrossReplicaExtended(StrategyExtended):
             results = self._all_reduce_leaves(
                 op, rows, self._algorithm, 0, nest.pack_sequence_as(value, [ps[0] for ps in parts])
             )
-        firsts = [_unwrap_part(x.values[0]) for x in leaves]
+        firsts = [unwrap_part(x.values[0]) for x in leaves]
         return nest.pack_sequence_as(value, [kinds.restore(o, f) for o, f in zip(results[0], firsts)])
 
     def _as_parts(self, value: DistributedValues, what: str) -> List[Any]:
@@ -231,8 +231,8 @@ class CrossReplicaExtended(StrategyExtended):
             _refuse_sparse_axis(axis, what)
             return value
         if axis is None:
-            part = _unwrap_part(value)
-            one = _reduced_alone(op, part)
+            part = unwrap_part(value)
+            one = reduced_alone(op, part)
             if one is not part:
                 return one
             # The value itself is its reduction; a numpy array comes back as a new array,
@@ -241,11 +241,11 @@ class CrossReplicaExtended(StrategyExtended):
             return part.copy() if type(part) is np.ndarray else value
         from . import devices
 
-        a = kinds.to_numpy(_unwrap_part(value))
+        a = kinds.to_numpy(unwrap_part(value))
         ax = normalize_axis(axis, a.ndim, what, 0)
         acc = accumulator_dtype(a.dtype)
         if a.ndim == 0:
-            out = _reduced_alone(op, a)
+            out = reduced_alone(op, a)
         elif op is ReduceOp.MEAN:
             out = np.asarray(np.mean(a, axis=ax, dtype=acc or work_dtype(a.dtype, op)))
         else:
@@ -255,18 +255,18 @@ class CrossReplicaExtended(StrategyExtended):
         if devices.is_device_array(value):
             # A GPU value was reduced on the host; its result goes back where it came from.
             return devices.to_replica_device(out, devices.place_of(value))
-        return kinds.restore(out, _unwrap_part(value))
+        return kinds.restore(out, unwrap_part(value))
 
     def _gather_one(self, value: Any, axis: int, what: str) -> Any:
         if not isinstance(value, DistributedValues):
-            a = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
+            a = kinds.to_engine_value(unwrap_part(value)) if self._on_gpu else kinds.to_numpy(unwrap_part(value))
             normalize_axis(axis, a.ndim, what, 0)
             if a.ndim == 0 and self._total_replicas() == 1 and isinstance(a, np.ndarray):
                 # The one replica's 0-d value (run returns it plain): gathered as every
                 # replica's 0-d parts are, into a vector (of one element).
                 a = a.reshape(1)
             if not isinstance(value, np.ndarray):
-                return kinds.restore(a, _unwrap_part(value))
+                return kinds.restore(a, unwrap_part(value))
             return a.copy() if a is value else a  # a new array, as a gather of parts makes
         parts = self._part_values(value, what)
         ax = normalize_axis(axis, parts[0].ndim, what, 0)
@@ -279,7 +279,7 @@ class CrossReplicaExtended(StrategyExtended):
         _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what, ax)
         with self._lock:
             out = self._coll.gather(parts, ax)
-        return kinds.restore(out, _unwrap_part(value.values[0]))
+        return kinds.restore(out, unwrap_part(value.values[0]))
 
     def _place_of(self, device: str) -> Optional[int]:
         """The place of a destination device: a replica's own CUDA device, else as named."""
@@ -344,9 +344,9 @@ class CrossReplicaExtended(StrategyExtended):
         if holds_sparse(value):
             return self._spread(self._reduce_sparse(op, value, None, "reduce_to"), dests)
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
-            return self._spread(_reduced_alone(op, _unwrap_part(value.values[0])), dests)
+            return self._spread(reduced_alone(op, unwrap_part(value.values[0])), dests)
         parts = self._part_values(value, "reduce_to")
-        original = _unwrap_part(value.values[0])
+        original = unwrap_part(value.values[0])
         # (Values that are not numbers take the general path, which reduces Python
         # objects and names anything else.)
         if dests == list(self._devices) and self._n > 1 and _numeric(parts[0].dtype):
@@ -366,13 +366,13 @@ class CrossReplicaExtended(StrategyExtended):
 
     def _broadcast_value(self, value: Any) -> List[Any]:
         """N copies of ``value``, one where each replica's values live."""
-        v = kinds.to_engine_value(_unwrap_part(value)) if self._on_gpu else kinds.to_numpy(_unwrap_part(value))
+        v = kinds.to_engine_value(unwrap_part(value)) if self._on_gpu else kinds.to_numpy(unwrap_part(value))
         # Local copies only (a value every process already has): the collectives of this
         # process, never the ones across processes.
         local = getattr(self._coll, "local", self._coll)
         with self._lock:
             outs = local.broadcast([[v]] * self._n, 0)
-        return [self._placed(o[0], _unwrap_part(value)) for o in outs]
+        return [self._placed(o[0], unwrap_part(value)) for o in outs]
 
     def batch_reduce_to(
         self, reduce_op: Any, value_destination_pairs: Sequence[Tuple[Any, Any]], options: Any = None
@@ -411,7 +411,7 @@ class CrossReplicaExtended(StrategyExtended):
             devices_here = list(self._devices)
             placed = self._placed
             for k, i in enumerate(fused):
-                original = _unwrap_part(values[k].values[0])
+                original = unwrap_part(values[k].values[0])
                 dests = self._destinations(value_destination_pairs[i][1], "batch_reduce_to")
                 if dests == devices_here:
                     out[i] = Mirrored._of(tuple([placed(results[r][k], original) for r in range(self._n)]))
@@ -452,7 +452,7 @@ class CrossReplicaExtended(StrategyExtended):
         if isinstance(tensor, PerReplica):
             raise ValueError("broadcast_to: the value is a PerReplica; reduce it first (reduce_to)")
         dests = self._destinations(destinations, "broadcast_to")
-        value = _unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else _unwrap_part(tensor)
+        value = unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else unwrap_part(tensor)
         _refuse_structure(value, "broadcast_to")
         if len(dests) == 1:
             return self._put(value, dests[0], copy=False) if self._on_gpu else value
@@ -463,7 +463,7 @@ class CrossReplicaExtended(StrategyExtended):
         return Mirrored(tuple(self._put(value, d, copy=True) for d in dests))
 
 
-def _reduced_alone(op: ReduceOp, x: Any) -> Any:
+def reduced_alone(op: ReduceOp, x: Any) -> Any:
     """``op`` over one value that stands for every replica's (a plain value, or a
     Mirrored's copy under MEAN): ``x`` itself, or a new value of ``x``'s kind, where it
     lives, in the dtype ``op`` gives with any number of replicas where that differs (an
@@ -514,7 +514,7 @@ def _refuse_structure(value: Any, what: str) -> None:
         )
 
 
-def _unwrap_part(x: Any) -> Any:
+def unwrap_part(x: Any) -> Any:
     return x._read() if isinstance(x, Variable) else x
 
 
