@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -39,6 +39,17 @@ def local_count(spec: str, rank: int) -> int:
 
 def counts_of(spec: str, size: int) -> List[int]:
     return [local_count(spec, r) for r in range(size)]
+
+
+def layout(spec: str) -> Tuple[int, int, List[int], int, int]:
+    """(rank, workers, every worker's replica count, total replicas, this worker's first
+    global replica id) of this job for a ``--replicas`` spec."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    counts = counts_of(spec, size)
+    return rank, size, counts, sum(counts), sum(counts[:rank])
 
 
 def make_strategy(spec: str, timeout: float = 60.0, execution: str = "auto"):

@@ -19,18 +19,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _check import (
     ENGINE_DTYPES,
     OPS,
-    counts_of,
     expect,
     expect_close,
     expect_raises,
     finish,
+    layout,
     make_strategy,
     parse_args,
     reference,
     tolerance,
     value_for,
 )
-from mpi4py import MPI
 
 import distvals as dv
 
@@ -39,11 +38,7 @@ Pair = collections.namedtuple("Pair", "first second")
 
 def main() -> int:
     a = parse_args()
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    counts = counts_of(a.replicas, size)
-    total = sum(counts)
-    offset = sum(counts[:rank])
+    rank, size, counts, total, offset = layout(a.replicas)
     n = counts[rank]
     s = make_strategy(a.replicas, a.timeout)
     ext = s.extended

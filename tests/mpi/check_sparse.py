@@ -16,8 +16,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _check import counts_of, expect, expect_close, expect_raises, finish, make_strategy, parse_args
-from mpi4py import MPI
+from _check import expect, expect_close, expect_raises, finish, layout, make_strategy, parse_args
 
 import distvals as dv
 
@@ -48,11 +47,7 @@ def check(got, total: int, op: str, rank: int, what: str, dtype="float32") -> No
 
 def main() -> int:
     a = parse_args()
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    counts = counts_of(a.replicas, size)
-    total = sum(counts)
-    offset = sum(counts[:rank])
+    rank, size, counts, total, offset = layout(a.replicas)
     s = make_strategy(a.replicas, a.timeout, a.execution)
     checks = 0
 
