@@ -187,18 +187,8 @@ class DeviceArray:
         """One new array per device of ``devices`` (CUDA ordinals), of a shape and dtype
         already checked: what a collective's outputs need, in one visit to the cache."""
         nbytes = math.prod(shape) * dtype.itemsize
-        out = []
-        for block in cuda_memory.allocate_many(_require_backend(), nbytes, devices):
-            self = cls.__new__(cls)
-            self._shape = shape
-            self._dtype = dtype
-            self._device = block.gpu
-            self._owner = block
-            self._ptr = block.ptr
-            self._readonly = False
-            self._stream = None
-            out.append(self)
-        return out
+        blocks = cuda_memory.allocate_many(_require_backend(), nbytes, devices)
+        return [cls._view(b.ptr, shape, dtype, b.gpu, b) for b in blocks]
 
     @classmethod
     def _view(

@@ -239,7 +239,7 @@ class CudaReplicaGroup:
 
     @staticmethod
     def _raw(a: DeviceArray) -> Tuple[int, int, int]:
-        return (a.ptr, a.size, a.device)
+        return (a._ptr, a.size, a._device)
 
     def _run(
         self,
@@ -253,10 +253,10 @@ class CudaReplicaGroup:
     ) -> None:
         handle, dev = stream
         # Inputs still being written on their producers' streams: ordered on the device.
-        waits = sorted({a.producer_stream for a in list(arrays) + list(outs) if a.producer_stream is not None})
+        waits = sorted({a._stream for group in (arrays, outs) for a in group if a._stream is not None})
         self._group.run(
             kind,
-            arrays[0].dtype.name,
+            _dtype_name(arrays[0]._dtype),
             op,
             algorithm,
             root,
@@ -273,22 +273,8 @@ class CudaReplicaGroup:
         """A synchronous all-reduce of ``ins`` into new arrays ``outs``, both already
         checked by the caller: one DeviceArray per replica on the replica's device, of one
         dtype and shape (outputs freshly allocated, so writable and overlapping nothing).
-        What ``all_reduce`` does after its checks, with less Python per replica."""
-        a0 = ins[0]
-        size = a0.size
-        waits = sorted({a._stream for a in ins if a._stream is not None})
-        self._group.run(
-            "all_reduce",
-            _dtype_name(a0._dtype),
-            op,
-            algorithm,
-            0,
-            [(a._ptr, size, a._device) for a in ins],
-            [(a._ptr, size, a._device) for a in outs],
-            None,
-            -1,
-            waits,
-        )
+        What ``all_reduce`` does after its checks."""
+        self._run("all_reduce", ins, outs, op, algorithm, 0, (None, -1))
 
     def _check_root(self, root: Any) -> int:
         return _index(root, self.size, "root")
