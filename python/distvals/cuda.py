@@ -186,9 +186,51 @@ class DeviceArray:
     def _new_many(cls, shape: Tuple[int, ...], dtype: np.dtype, devices: Sequence[int]) -> List[DeviceArray]:
         """One new array per device of ``devices`` (CUDA ordinals), of a shape and dtype
         already checked: what a collective's outputs need, in one visit to the cache."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        blocks = cuda_memory.allocate_many(_require_backend(), nbytes, devices)
-        return [cls._view(b.ptr, shape, dtype, b.gpu, b) for b in blocks]
+        return [row[0] for row in cls._new_set(((shape, dtype),), devices)]
+
+    @classmethod
+    def _new_set(
+        cls, specs: Sequence[Tuple[Tuple[int, ...], np.dtype]], devices: Sequence[int]
+    ) -> List[List[DeviceArray]]:
+        """For each device of ``devices`` (one per replica, CUDA ordinals, repeats
+        allowed), one new array per (shape, dtype) of ``specs``, already checked: the
+        outputs of a step's collectives, ``[replica][spec]``.
+
+        One block of the cache per distinct device holds every array made on it, each
+        at an offset of whole 512-byte classes of the cache (so as aligned as the
+        block itself, which cudaMalloc aligns to 256 bytes): the Python work per step is one block per
+        GPU instead of one per array, which for 8 logical replicas on one GPU was most
+        of a step. The block goes back to the cache when the last of its arrays is
+        dropped, so one result kept alive keeps its siblings' memory too (at most the
+        step's outputs on that GPU)."""
+        # Step 1: each spec's offset within one replica's part of a block.
+        offsets = []
+        stride = 0
+        for shape, dtype in specs:
+            offsets.append(stride)
+            stride += cuda_memory.size_class(math.prod(shape) * dtype.itemsize)
+        # Step 2: how many replicas share each device, and each replica's slot there.
+        slots: List[int] = []
+        counts: Dict[int, int] = {}
+        for d in devices:
+            k = counts.get(d, 0)
+            slots.append(k)
+            counts[d] = k + 1
+        # Step 3: one block per device (in one visit to the cache when they are alike),
+        # then the views.
+        gpus = list(counts)
+        if len(set(counts.values())) == 1:
+            blocks = cuda_memory.allocate_many(_require_backend(), stride * counts[gpus[0]], gpus)
+        else:
+            blocks = [cuda_memory.allocate(_require_backend(), stride * counts[g], g) for g in gpus]
+        by_gpu = dict(zip(gpus, blocks))
+        view = cls._view
+        out = []
+        for d, k in zip(devices, slots):
+            b = by_gpu[d]
+            base = b.ptr + k * stride
+            out.append([view(base + off, shape, dtype, d, b) for off, (shape, dtype) in zip(offsets, specs)])
+        return out
 
     @classmethod
     def _view(

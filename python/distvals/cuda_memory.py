@@ -75,6 +75,7 @@ class _Cache:
         self._idle: Dict[_Key, List[Any]] = {}
         self._order: Deque[Tuple[_Key, int]] = collections.deque()  # (key, id(buffer)), oldest first
         self._bytes: Dict[int, int] = {}  # device -> idle bytes
+        self._count = 0  # idle buffers, all devices
         self._limit = _DEFAULT_LIMIT
         self._kind: Any = None  # the backend's buffer type (tests swap backends)
         # A forked child gets a new lock (a parent's thread may hold this one at the fork).
@@ -93,6 +94,7 @@ class _Cache:
             self._idle.setdefault(key, []).append(buf)
             self._order.append((key, id(buf)))
             self._bytes[key[1]] = self._bytes.get(key[1], 0) + size
+            self._count += 1
             touched.add(key[1])
         for gpu in touched:
             self._trim(gpu)
@@ -117,13 +119,16 @@ class _Cache:
             if id(buf) == ident:
                 del bufs[i]
                 self._bytes[key[1]] -= key[2]
+                self._count -= 1
                 return
 
     def _release(self, gpu: int) -> int:
         """Frees every idle block of ``gpu`` (all devices for -1); the bytes freed."""
         freed = 0
         for key in [k for k in self._idle if gpu < 0 or k[1] == gpu]:
-            freed += key[2] * len(self._idle.pop(key))
+            bufs = self._idle.pop(key)
+            freed += key[2] * len(bufs)
+            self._count -= len(bufs)
             self._bytes[key[1]] = 0
         self._order = collections.deque(e for e in self._order if e[0] in self._idle)
         return freed
@@ -146,11 +151,12 @@ class _Cache:
                 if bufs:
                     blocks.append(_Block(bufs.pop()))  # the most recently freed: likely still in the L2 cache
                     self._bytes[gpu] -= size
+                    self._count -= 1
                 else:
                     blocks.append(None)
             # Taken entries stay behind in the order, pointing at nothing: skipped by
             # _drop, and pruned here when stale entries outnumber live ones.
-            if len(self._order) > 64 + 2 * sum(len(v) for v in self._idle.values()):
+            if len(self._order) > 64 + 2 * self._count:
                 live = {(k, id(b)) for k, v in self._idle.items() for b in v}
                 self._order = collections.deque(e for e in self._order if e in live)
         for i, gpu in enumerate(gpus):
