@@ -1030,8 +1030,10 @@ def _gpu_bench_rows(monkeypatch, corrupt):
 
 def test_the_gpu_bench_counts_a_result_read_from_one_replica_twice(monkeypatch):
     ok = _gpu_bench_rows(monkeypatch, None)
-    assert [r["wrong"] for r in ok] == [0]
+    assert [r["wrong"] for r in ok] == [0, 0]
     assert ok[0]["run_us"] > 0  # strategy.run timed, its result checked right
+    # And the row of a structure of 50 arrays of 4 KiB, checked too.
+    assert ok[1]["leaves"] == 50 and ok[1]["bytes"] == 50 * 4096 and ok[1]["run_us"] > 0
 
     def sum_of_replica_one_three_times(views, inputs):
         # A sum that reads replica 1 three times: with inputs of the form base + r it has
@@ -1057,6 +1059,25 @@ def test_the_gpu_bench_checks_what_strategy_run_returns(monkeypatch):
     monkeypatch.setattr(gpu, "_strategy_run_us", off)
     rows = _gpu_bench_rows(monkeypatch, None)
     assert rows[0]["wrong"] > 0
+
+
+def test_the_gpu_bench_checks_every_leaf_of_a_structures_result(monkeypatch):
+    # A structure's all-reduce that gives replica 0 leaf 1's result as its leaf 0 (right
+    # values, wrong place) counts as wrong: each leaf holds its own part of the inputs.
+    from distvals.local_extended import LocalExtended
+
+    real = LocalExtended._resolve_quick_gpu_tree
+
+    def swapped(self, requests):
+        out = real(self, requests)
+        out[0][0] = out[0][1]
+        return out
+
+    monkeypatch.setattr(LocalExtended, "_resolve_quick_gpu_tree", swapped)
+    rows = _gpu_bench_rows(monkeypatch, None)
+    assert rows[0]["wrong"] == 0 and rows[1]["leaves"] == 50
+    # (Not all 1024 of its elements: small integers, some equal in both leaves.)
+    assert 0 < rows[1]["wrong"] <= 1024
 
 
 def test_out_of_place_rows_count_a_call_that_writes_nothing_into_its_outputs(monkeypatch):

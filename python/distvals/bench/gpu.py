@@ -10,7 +10,9 @@ reference). Where cupy is installed, a peer column: cupy summing the same N buff
 into one output (``cupy.add``), on the same memory. The ``run(us)`` column is the layer
 users call every step: ``MirroredStrategy.run`` of a function doing
 ``ctx.all_reduce`` of the same buffers (a new result per call, synchronous, as a
-training step sees it; host wall time, median), its result checked like the engine's.
+training step sees it; host wall time, median), its result checked like the engine's;
+after each replica count's table, one row does the same for a list of 50 arrays of
+4 KiB (a model's gradients; ``--leaves``, ``--leaf-size``).
 """
 
 from __future__ import annotations
@@ -109,6 +111,44 @@ def _strategy_run_us(strategy: Any, views: Sequence[DeviceArray], op: str, iters
     return float(np.median(times)) * 1e6, first
 
 
+def _structure_run_us(
+    strategy: Any, n: int, leaves: int, count: int, dtype: str, op: str, gpu: int, iters: int = 30
+) -> Tuple[float, int]:
+    """Median wall time of ``strategy.run`` of one ``ctx.all_reduce(op, grads)`` of a
+    list of ``leaves`` DeviceArrays of ``count`` elements per replica (a model's
+    gradients), and the wrong elements of its first result: the leaves, concatenated,
+    checked like the engine's result (every leaf holds its own part of the inputs)."""
+    from ..context import get_replica_context
+
+    dt = np.dtype(dtype)
+    grads = []
+    for r in range(n):
+        host = bd.make_input(n, r, leaves * count, dtype, op)
+        row = []
+        for i in range(leaves):
+            a = DeviceArray((count,), dt, gpu)
+            a.copy_from(np.ascontiguousarray(host[i * count : (i + 1) * count]))
+            row.append(a)
+        grads.append(row)
+    per = strategy.experimental_distribute_values_from_function(lambda ctx: grads[ctx.replica_id_in_sync_group])
+
+    def step(g: Any) -> Any:
+        ctx = get_replica_context()
+        assert ctx is not None  # run calls step in a replica context
+        return ctx.all_reduce(op, g)
+
+    first = strategy.experimental_local_results(strategy.run(step, args=(per,)))
+    results = [np.concatenate([leaf.numpy() for leaf in res]) for res in first]
+    wrong = bd.count_wrong(results, n, dtype, op, count=leaves * count, copies=n)
+    del first, results
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        strategy.run(step, args=(per,))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e6, wrong
+
+
 def _prefix(buf: DeviceArray, count: int) -> DeviceArray:
     return DeviceArray._view(buf.ptr, (count,), buf.dtype, buf.device, buf)
 
@@ -123,9 +163,13 @@ def run(
     budget_seconds: float = 150.0,
     out: TextIO = sys.stdout,
     strategy_run: bool = True,
+    leaves: int = 50,
+    leaf_bytes: int = 4096,
 ) -> List[Dict[str, Any]]:
     """Measure and print the table; returns one dict per row. ``strategy_run`` adds the
-    ``run(us)`` column."""
+    ``run(us)`` column and, with ``leaves`` > 0, one row per replica count (its
+    ``leaves`` key set) for ``strategy.run`` of an all-reduce of a list of ``leaves``
+    arrays of ``leaf_bytes`` each (a model's gradients)."""
     t0 = time.monotonic()
     dt = np.dtype(dtype)
     esize = dt.itemsize
@@ -205,6 +249,25 @@ def run(
                     file=out,
                     flush=True,
                 )
+            if strategy is not None and leaves > 0:
+                leaf_count = max(1, leaf_bytes // esize)
+                tree_us, tree_wrong = _structure_run_us(strategy, n, leaves, leaf_count, dtype, op, gpu)
+                print(
+                    f"# strategy.run of one all_reduce of {leaves} arrays of {format_size(leaf_count * esize)}: "
+                    f"{tree_us:.1f} us, wrong {tree_wrong}",
+                    file=out,
+                    flush=True,
+                )
+                rows.append(
+                    dict(
+                        replicas=n,
+                        bytes=leaves * leaf_count * esize,
+                        count=leaf_count,
+                        leaves=leaves,
+                        run_us=tree_us,
+                        wrong=tree_wrong,
+                    )
+                )
             group.close()
             if strategy is not None:
                 strategy.close()
@@ -225,7 +288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--gpu", type=int, default=0, help="the CUDA device to run on")
     p.add_argument("--budget-seconds", type=float, default=150.0, help="stop measuring after this long")
     p.add_argument("--json", help="also write the rows to this file")
-    p.add_argument("--no-run", action="store_true", help="skip the strategy.run column")
+    p.add_argument("--no-run", action="store_true", help="skip the strategy.run column and row")
+    p.add_argument("--leaves", type=int, default=50, help="arrays of the strategy.run row's structure (0: no row)")
+    p.add_argument("--leaf-size", type=parse_size, default=parse_size("4K"), help="bytes of each of those arrays")
     a = p.parse_args(argv)
     if device_count() == 0:
         print(f"no CUDA device: {unavailable_reason()}", file=sys.stderr)
@@ -235,7 +300,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sizes.append(s)
         s *= 2
     replicas = [int(x) for x in a.replicas.split(",") if x.strip()]
-    rows = run(replicas, sizes, a.dtype, a.op, a.algorithm, a.gpu, a.budget_seconds, strategy_run=not a.no_run)
+    rows = run(
+        replicas,
+        sizes,
+        a.dtype,
+        a.op,
+        a.algorithm,
+        a.gpu,
+        a.budget_seconds,
+        strategy_run=not a.no_run,
+        leaves=a.leaves,
+        leaf_bytes=a.leaf_size,
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
