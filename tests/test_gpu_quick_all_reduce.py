@@ -398,3 +398,28 @@ def test_new_arrays_of_devices_holding_different_numbers_of_replicas(monkeypatch
     for r, row in enumerate(rows):
         for i, a in enumerate(row):
             np.testing.assert_array_equal(a.numpy(), np.arange(a.size, dtype=a.dtype) * (r + 1) + i)
+
+
+def test_a_call_refused_midway_waits_for_the_queued_ones_then_reports(setup, monkeypatch):
+    s, backend, taken = setup
+    n = s.num_replicas_in_sync
+    events = []
+    group_type = type(s.extended._gpu_quick._group)
+    group_run = group_type.run
+
+    def run(self, *args, **kwargs):
+        events.append("run")
+        if len(events) == 3:
+            raise RuntimeError("the third leaf's call, refused")
+        return group_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(group_type, "run", run)
+    monkeypatch.setattr(backend, "synchronize_stream", lambda st, gpu=-1, timeout_seconds=None: events.append("wait"))
+    step = lambda x: dv.get_replica_context().all_reduce("sum", x)  # noqa: E731
+    host = _tree_host(n, "sum")
+    with pytest.raises(RuntimeError, match="third leaf"):
+        s.run(step, args=(_tree_on_gpus(s, host),))
+    assert events == ["run", "run", "run", "wait"]
+    # The strategy stays usable: the next step is right.
+    _check_tree(s, s.run(step, args=(_tree_on_gpus(s, host),)), host, "sum")
+    assert taken == [True]  # (the refused step raised through the counter)

@@ -197,12 +197,12 @@ class DeviceArray:
         outputs of a step's collectives, ``[replica][spec]``.
 
         One block of the cache per distinct device holds every array made on it, each
-        at an offset of whole 512-byte classes of the cache (so as aligned as the
-        block itself, which cudaMalloc aligns to 256 bytes): the Python work per step is one block per
-        GPU instead of one per array, which for 8 logical replicas on one GPU was most
-        of a step. The block goes back to the cache when the last of its arrays is
-        dropped, so one result kept alive keeps its siblings' memory too (at most the
-        step's outputs on that GPU)."""
+        at an offset of whole 512-byte classes of the cache (so as aligned as the block
+        itself, which cudaMalloc aligns to 256 bytes). The Python work is then one block
+        per GPU instead of one per array: for 8 logical replicas on one H200 that cut
+        making a step's outputs from 60 to 12 µs. The block goes back to the cache when
+        the last of its arrays is dropped, so one result kept alive keeps its siblings'
+        memory too (at most the step's outputs on that GPU)."""
         # Step 1: each spec's offset within one replica's part of a block.
         offsets = []
         stride = 0

@@ -294,8 +294,17 @@ class CudaReplicaGroup:
             return
         gpu = self._gpus[0]
         stream = (self._consumer(0, None), gpu)
-        for ins, outs, op, algorithm in calls[1:]:
-            self._run("all_reduce", ins, outs, op, algorithm, 0, stream)
+        try:
+            for ins, outs, op, algorithm in calls[1:]:
+                self._run("all_reduce", ins, outs, op, algorithm, 0, stream)
+        except BaseException:
+            # A call refused midway: the ones queued before it still finish before the
+            # error reaches the caller, so nothing runs on arrays it may drop or reuse.
+            try:
+                _core.cuda.synchronize_stream(stream[0], gpu)
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
+            raise
         _core.cuda.synchronize_stream(stream[0], gpu)
 
     def _check_root(self, root: Any) -> int:
