@@ -199,12 +199,12 @@ def test_replicas_that_differ_get_the_general_paths_error_naming_them(setup, dif
 def test_the_cache_hands_out_one_block_per_device_in_one_visit(setup):
     s, backend, _ = setup
     places = s.extended._places
-    blocks = cuda_memory.allocate_many(dvc._require_backend(), 1000, places)
+    blocks = cuda_memory.allocate_many(dvc._require_backend(), [1000] * len(places), places)
     assert [b.gpu for b in blocks] == list(places)
     assert len({b.ptr for b in blocks}) == len(places) and all(b.nbytes == 1024 for b in blocks)
     ptrs = {b.ptr for b in blocks}
     del blocks
-    again = cuda_memory.allocate_many(dvc._require_backend(), 600, places)
+    again = cuda_memory.allocate_many(dvc._require_backend(), [600] * len(places), places)
     assert {b.ptr for b in again} == ptrs  # the same size class: the dropped blocks again
 
 

@@ -216,13 +216,9 @@ class DeviceArray:
             k = counts.get(d, 0)
             slots.append(k)
             counts[d] = k + 1
-        # Step 3: one block per device (in one visit to the cache when they are alike),
-        # then the views.
+        # Step 3: one block per device, in one visit to the cache, then the views.
         gpus = list(counts)
-        if len(set(counts.values())) == 1:
-            blocks = cuda_memory.allocate_many(_require_backend(), stride * counts[gpus[0]], gpus)
-        else:
-            blocks = [cuda_memory.allocate(_require_backend(), stride * counts[g], g) for g in gpus]
+        blocks = cuda_memory.allocate_many(_require_backend(), [stride * counts[g] for g in gpus], gpus)
         by_gpu = dict(zip(gpus, blocks))
         view = cls._view
         out = []

@@ -362,7 +362,7 @@ class CudaReplicaGroup:
         ins = self._arrays(buffers, "all_gather", False, s[0])
         shape = ins[0].shape
         gathered = (self.size,) if not shape else (shape[0] * self.size,) + shape[1:]
-        outs = [DeviceArray(gathered, ins[0].dtype, g) for g in self._gpus]
+        outs = DeviceArray._new_many(gathered, ins[0].dtype, self._gpus)
         self._run("all_gather", ins, outs, "sum", "direct", 0, s)
         return self._written_on(outs, s)
 
@@ -371,7 +371,7 @@ class CudaReplicaGroup:
         s = _stream_arg(stream)
         ins = self._arrays(buffers, "reduce_scatter", False, s[0])
         part = self._scattered(ins[0].shape, None)
-        outs = [DeviceArray(part, ins[0].dtype, g) for g in self._gpus]
+        outs = DeviceArray._new_many(part, ins[0].dtype, self._gpus)
         self._run("reduce_scatter", ins, outs, op, "direct", 0, s)
         return self._written_on(outs, s)
 

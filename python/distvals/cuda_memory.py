@@ -135,18 +135,18 @@ class _Cache:
 
     # ---- the interface ----------------------------------------------------------------
     def allocate(self, backend: Any, nbytes: int, gpu: int) -> _Block:
-        return self.allocate_many(backend, nbytes, (gpu,))[0]
+        return self.allocate_many(backend, (nbytes,), (gpu,))[0]
 
-    def allocate_many(self, backend: Any, nbytes: int, gpus: Sequence[int]) -> List[_Block]:
+    def allocate_many(self, backend: Any, sizes: Sequence[int], gpus: Sequence[int]) -> List[_Block]:
         kind = backend.DeviceBuffer
-        size = size_class(nbytes)
+        classes = [size_class(n) for n in sizes]
         blocks: List[Any] = []
         with self._lock:
             if kind is not self._kind:
                 self._release(-1)  # another backend's memory is of no use any more
                 self._kind = kind
             self._file_returned()
-            for gpu in gpus:
+            for gpu, size in zip(gpus, classes):
                 bufs = self._idle.get((kind, gpu, size))
                 if bufs:
                     blocks.append(_Block(bufs.pop()))  # the most recently freed: likely still in the L2 cache
@@ -161,7 +161,7 @@ class _Cache:
                 self._order = collections.deque(e for e in self._order if e in live)
         for i, gpu in enumerate(gpus):
             if blocks[i] is None:
-                blocks[i] = self._new(kind, size, gpu)
+                blocks[i] = self._new(kind, classes[i], gpu)
         return blocks
 
     def _new(self, kind: Any, size: int, gpu: int) -> _Block:
@@ -219,10 +219,10 @@ def allocate(backend: Any, nbytes: int, gpu: int) -> _Block:
     return _cache.allocate(backend, nbytes, gpu)
 
 
-def allocate_many(backend: Any, nbytes: int, gpus: Sequence[int]) -> List[_Block]:
-    """One block of at least ``nbytes`` bytes on each CUDA device of ``gpus``, in one
-    visit to the cache."""
-    return _cache.allocate_many(backend, nbytes, gpus)
+def allocate_many(backend: Any, sizes: Sequence[int], gpus: Sequence[int]) -> List[_Block]:
+    """One block per CUDA device of ``gpus``, of at least the bytes of ``sizes`` at the
+    same index, in one visit to the cache."""
+    return _cache.allocate_many(backend, sizes, gpus)
 
 
 def cached_bytes(device: int = -1) -> int:

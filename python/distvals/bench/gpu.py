@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
 
@@ -90,25 +90,31 @@ def _cupy_sum_us(bufs: Sequence[DeviceArray], count: int, iters: int) -> Optiona
         return float(np.median(times))
 
 
-def _strategy_run_us(strategy: Any, views: Sequence[DeviceArray], op: str, iters: int) -> Tuple[float, List[Any]]:
-    """Median wall time of ``strategy.run`` of one ``ctx.all_reduce(op, x)`` over
-    ``views`` (one per replica), and the results of the first call."""
+def _timed_run(strategy: Any, per: Any, op: str, iters: int, read: Callable[[Any], Any]) -> Tuple[float, Any]:
+    """Median wall time of ``strategy.run`` of one ``ctx.all_reduce(op, x)`` of the
+    distributed value ``per``, and ``read`` of the local results of the first call
+    (read before the timed calls, so that those results' device memory is free again)."""
     from ..context import get_replica_context
-
-    per = strategy.experimental_distribute_values_from_function(lambda ctx: views[ctx.replica_id_in_sync_group])
 
     def step(x: Any) -> Any:
         ctx = get_replica_context()
         assert ctx is not None  # run calls step in a replica context
         return ctx.all_reduce(op, x)
 
-    first = [r.numpy() for r in strategy.experimental_local_results(strategy.run(step, args=(per,)))]
+    first = read(strategy.experimental_local_results(strategy.run(step, args=(per,))))
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         strategy.run(step, args=(per,))
         times.append(time.perf_counter() - t)
     return float(np.median(times)) * 1e6, first
+
+
+def _strategy_run_us(strategy: Any, views: Sequence[DeviceArray], op: str, iters: int) -> Tuple[float, List[Any]]:
+    """Median wall time of ``strategy.run`` of one ``ctx.all_reduce(op, x)`` over
+    ``views`` (one per replica), and the results of the first call."""
+    per = strategy.experimental_distribute_values_from_function(lambda ctx: views[ctx.replica_id_in_sync_group])
+    return _timed_run(strategy, per, op, iters, lambda first: [r.numpy() for r in first])
 
 
 def _structure_run_us(
@@ -118,8 +124,6 @@ def _structure_run_us(
     list of ``leaves`` DeviceArrays of ``count`` elements per replica (a model's
     gradients), and the wrong elements of its first result: the leaves, concatenated,
     checked like the engine's result (every leaf holds its own part of the inputs)."""
-    from ..context import get_replica_context
-
     dt = np.dtype(dtype)
     grads = []
     for r in range(n):
@@ -131,22 +135,10 @@ def _structure_run_us(
             row.append(a)
         grads.append(row)
     per = strategy.experimental_distribute_values_from_function(lambda ctx: grads[ctx.replica_id_in_sync_group])
-
-    def step(g: Any) -> Any:
-        ctx = get_replica_context()
-        assert ctx is not None  # run calls step in a replica context
-        return ctx.all_reduce(op, g)
-
-    first = strategy.experimental_local_results(strategy.run(step, args=(per,)))
-    results = [np.concatenate([leaf.numpy() for leaf in res]) for res in first]
-    wrong = bd.count_wrong(results, n, dtype, op, count=leaves * count, copies=n)
-    del first, results
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        strategy.run(step, args=(per,))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e6, wrong
+    us, results = _timed_run(
+        strategy, per, op, iters, lambda first: [np.concatenate([leaf.numpy() for leaf in res]) for res in first]
+    )
+    return us, bd.count_wrong(results, n, dtype, op, count=leaves * count, copies=n)
 
 
 def _prefix(buf: DeviceArray, count: int) -> DeviceArray:
