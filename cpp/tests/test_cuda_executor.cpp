@@ -79,6 +79,28 @@ std::vector<float> host(const buffer_view& v) {
   return h;
 }
 
+// What a consumer on `stream` (of device `gpu`) reads of every replica's buffer: on the
+// host model, work queued on that stream alone and the host waiting for that stream alone,
+// as a user's kernel after the call would (so a call whose end is not ordered before the
+// stream's next work shows as wrong values and a hazard); on a GPU, after a host wait for
+// the stream.
+std::vector<std::vector<float>> consume(const std::vector<buffer_view>& v, void* stream, int gpu) {
+  std::vector<std::vector<float>> seen(v.size());
+  if (is_model()) {
+    for (std::size_t r = 0; r < v.size(); ++r) {
+      const auto* p = static_cast<const float*>(v[r].data);
+      std::vector<float>* out = &seen[r];
+      const std::size_t n = v[r].count;
+      B->model()->enqueue_host_work(stream, [p, out, n]() { out->assign(p, p + n); }, v[r].data, v[r].bytes());
+    }
+    drain(stream, gpu);
+  } else {
+    drain(stream, gpu);
+    for (std::size_t r = 0; r < v.size(); ++r) seen[r] = host(v[r]);
+  }
+  return seen;
+}
+
 call_desc all_reduce_desc(std::size_t count) {
   return call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::automatic, count, 0};
 }
@@ -157,30 +179,112 @@ TEST_CASE("replicas on several devices: one launch per device and one start and 
 
 TEST_CASE("back-to-back calls alternating two caller streams stay in order") {
   // In place, so every call reads what the previous one wrote: a call that overtook the
-  // previous one (on the other stream) would read a half-written buffer.
-  for (int n : {2, 8}) {
-    auto g = B->make_group(n);
+  // previous one (on the other stream) would read a half-written buffer. Over every way
+  // the executor orders a call: replicas on one device (the caller's), replicas on two
+  // devices (start and end events between them), and replicas on a device other than the
+  // caller streams' (the group's own stream, joined to the caller's by an end event).
+  struct layout {
+    std::vector<int> gpus;
+    int caller_gpu;
+  };
+  std::vector<layout> layouts{{{0, 0}, 0}, {std::vector<int>(8, 0), 0}};
+  if (B->devices() >= 2) {
+    layouts.push_back({{0, 1}, 0});
+    layouts.push_back({{0, 1, 0, 1}, 1});
+    layouts.push_back({{1, 1}, 0});
+  }
+  for (const auto& l : layouts) {
+    const int n = static_cast<int>(l.gpus.size());
+    auto g = B->make_group(n, {}, l.gpus);
     const std::size_t count = is_model() ? 50000 : (4u << 20) + 3;
     auto v = floats(*g, count, [](int r, std::size_t) { return r == 0 ? 1.0f : 0.0f; });
-    void* a = new_stream(0);
-    void* b = new_stream(0);
+    void* a = new_stream(l.caller_gpu);
+    void* b = new_stream(l.caller_gpu);
     const int calls = is_model() ? 6 : 40;
-    for (int i = 0; i < calls; ++i) enqueue(*g, all_reduce_desc(count), v, v, i % 2 ? b : a, 0);
-    drain(a, 0);
-    drain(b, 0);
+    for (int i = 0; i < calls; ++i) enqueue(*g, all_reduce_desc(count), v, v, i % 2 ? b : a, l.caller_gpu);
     // Replica 0 starts at 1, the others at 0: after k calls every element is n^(k-1).
     const float want = std::pow(static_cast<float>(n), static_cast<float>(calls - 1));
+    const auto seen = consume(v, (calls - 1) % 2 ? b : a, l.caller_gpu);
+    drain(a, l.caller_gpu);
     for (int r = 0; r < n; ++r) {
-      const auto h = host(v[r]);
+      const auto& h = seen[r];
       std::size_t wrong = 0;
       for (float x : h) wrong += x != want;
-      CHECK_MSG(wrong == 0, "replica " + std::to_string(r) + ": " + std::to_string(wrong) + " wrong, e.g. " +
-                                std::to_string(h[0]) + " want " + std::to_string(want));
+      CHECK_MSG(wrong == 0, "replica " + std::to_string(r) + " of " + std::to_string(n) + " on GPU " +
+                                std::to_string(l.gpus[r]) + ", callers on GPU " + std::to_string(l.caller_gpu) +
+                                ": " + std::to_string(wrong) + " wrong, e.g. " + std::to_string(h[0]) + " want " +
+                                std::to_string(want));
     }
     rt().stream_destroy(a);
     rt().stream_destroy(b);
+    no_hazards("alternating streams, callers on GPU " + std::to_string(l.caller_gpu));
   }
-  no_hazards("alternating streams");
+}
+
+TEST_CASE("a collective follows the work queued on the caller's stream before it, on every device") {
+  // A producer on the caller's stream writes every replica's input slowly, then the call
+  // is enqueued on that stream: every device's kernel must wait for it (the caller's device
+  // through the stream's order, the others through its start event, or through a fork
+  // event when the caller's device holds no replica).
+  if (!is_model()) return;  // needs a slow producer, which the host model provides
+  std::vector<std::pair<std::vector<int>, int>> layouts{{{0, 0}, 0}};
+  if (B->devices() >= 2) {
+    layouts.push_back({{0, 1}, 0});
+    layouts.push_back({{0, 1, 1}, 1});
+    layouts.push_back({{1, 1}, 0});
+  }
+  for (const auto& [gpus, caller_gpu] : layouts) {
+    const int n = static_cast<int>(gpus.size());
+    auto g = B->make_group(n, {}, gpus);
+    const std::size_t count = 20000;
+    auto v = floats(*g, count, [](int, std::size_t) { return 1.0f; });
+    void* s = new_stream(caller_gpu);
+    for (int r = 0; r < n; ++r) {
+      float* p = static_cast<float*>(v[r].data);
+      B->model()->enqueue_host_work(
+          s,
+          [p, r, count]() {
+            std::this_thread::sleep_for(5ms);
+            for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(r + 2);
+          },
+          p, count * sizeof(float));
+    }
+    enqueue(*g, all_reduce_desc(count), v, v, s, caller_gpu);
+    const auto seen = consume(v, s, caller_gpu);
+    const float want = static_cast<float>(n * (n + 3) / 2);  // 2 + 3 + ... + (n + 1)
+    for (int r = 0; r < n; ++r) {
+      std::size_t wrong = 0;
+      for (float x : seen[r]) wrong += x != want;
+      CHECK_MSG(wrong == 0, "replica " + std::to_string(r) + " on GPU " + std::to_string(gpus[r]) +
+                                ", caller on GPU " + std::to_string(caller_gpu) + ": " + std::to_string(wrong) +
+                                " wrong");
+    }
+    rt().stream_destroy(s);
+    no_hazards("caller's producer, caller on GPU " + std::to_string(caller_gpu));
+  }
+}
+
+TEST_CASE("a synchronous call follows the work queued on each device's legacy default stream") {
+  // What a user queued on the default stream (cudaMemcpy, a kernel on stream 0) of any
+  // replica's device comes before a synchronous call, as it would before a blocking stream.
+  if (!is_model() || B->devices() < 2) return;
+  auto g = B->make_group(2, {}, {0, 1});
+  auto v = floats(*g, 1000, [](int, std::size_t) { return 1.0f; });
+  for (int r = 0; r < 2; ++r) {
+    cuda::device_scope scope(rt());
+    scope.set(r);
+    float* p = static_cast<float*>(v[r].data);
+    B->model()->enqueue_host_work(
+        cuda::legacy_stream(),
+        [p, r]() {
+          std::this_thread::sleep_for(10ms);
+          for (int i = 0; i < 1000; ++i) p[i] = static_cast<float>(r + 4);
+        },
+        p, 1000 * sizeof(float));
+  }
+  g->run(all_reduce_desc(1000), v, v);
+  for (int r = 0; r < 2; ++r) CHECK(host(v[r])[999] == 9.0f);
+  no_hazards("legacy default streams");
 }
 
 TEST_CASE("a caller stream destroyed and made again at the same address still follows the previous call") {
@@ -343,13 +447,15 @@ TEST_CASE("a failure in the middle of enqueueing: the next call still waits for 
     threw = true;
   }
   CHECK(threw);
-  // The next call must not overtake device 0's kernel of the failed call: the host model
-  // reports it as a hazard if it does.
-  enqueue(*g, all_reduce_desc(20000), v, v, s, 0);
-  drain(s, 0);
+  // The next call, on another stream, must not overtake device 0's kernel of the failed
+  // call: the host model reports it as a hazard if it does.
+  void* s2 = new_stream(0);
+  enqueue(*g, all_reduce_desc(20000), v, v, s2, 0);
+  drain(s2, 0);
   m.synchronize_all();
   no_hazards("after a failed enqueue");
   rt().stream_destroy(s);
+  rt().stream_destroy(s2);
 }
 
 TEST_CASE("without peer access the unreachable replicas are staged, with copies naming their devices") {
