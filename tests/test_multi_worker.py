@@ -605,3 +605,53 @@ def _interrupt_each_call_of_a_submit() -> int:
             break  # every event of a submit had its turn
         assert k < 500, f"a submit made more than 500 calls and returns; the last interrupt: {tracer.where}"
     return k
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "float16"])
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("nsrc,ndst", [(1, 2), (2, 1), (3, 2)])
+def test_reduce_into_writes_every_destination_from_every_source(dtype, cached, nsrc, ndst):
+    """The exchanges' one-pass reduction (mpi_exchanges.reduce_into): every destination
+    holds the sources reduced, over more elements than one cached block, in place too."""
+    from distvals import _core
+    from distvals.reduce_op import ReduceOp
+
+    count = 300_001  # several of the cached path's blocks, and a partial last one
+    rng = np.random.default_rng([nsrc, ndst])
+    for op, ref in ((ReduceOp.SUM, np.sum), (ReduceOp.MAX, np.max), (ReduceOp.MIN, np.min)):
+        srcs = [rng.integers(-50, 50, count).astype(dtype) + i for i in range(nsrc)]
+        want = ref(np.stack([s.astype(np.float64) for s in srcs]), axis=0)
+        dsts = [np.full(count, 77, dtype=dtype) for _ in range(ndst)]
+        assert _core.reduce_into(srcs, dsts, op, cached)
+        for d, out in enumerate(dsts):
+            np.testing.assert_array_equal(out.astype(np.float64), want, err_msg=f"{op} destination {d}")
+        # In place: the first destination is the first source.
+        first = srcs[0].copy()
+        srcs_in_place = [first, *srcs[1:]]
+        assert _core.reduce_into(srcs_in_place, [first, *dsts[1:]], op, cached)
+        np.testing.assert_array_equal(first.astype(np.float64), want, err_msg=f"{op} in place")
+
+
+def test_reduce_into_refuses_what_its_kernels_cannot_take_and_writes_nothing():
+    from distvals import _core
+    from distvals.reduce_op import ReduceOp
+
+    a = np.arange(10, dtype=np.float32)
+    out = np.full(10, 5, dtype=np.float32)
+    readonly = np.zeros(10, dtype=np.float32)
+    readonly.setflags(write=False)
+    refused = [
+        ([a, np.arange(11, dtype=np.float32)], [out], ReduceOp.SUM),  # sizes differ
+        ([a, a.astype(np.float64)], [out], ReduceOp.SUM),  # dtypes differ
+        ([a], [np.full(10, 5, dtype=np.float64)], ReduceOp.SUM),  # destination of another dtype
+        ([np.arange(20, dtype=np.float32)[::2]], [out], ReduceOp.SUM),  # not contiguous
+        ([a], [readonly], ReduceOp.SUM),  # read-only destination
+        ([a], [out], ReduceOp.MEAN),  # no divisor here
+        ([a.astype(np.complex64)], [out.astype(np.complex64)], ReduceOp.SUM),  # no kernel
+        ([], [out], ReduceOp.SUM),
+        ([a], [], ReduceOp.SUM),
+        ([a.tolist()], [out], ReduceOp.SUM),  # not an ndarray
+    ]
+    for srcs, dsts, op in refused:
+        assert _core.reduce_into(srcs, dsts, op) is False
+        assert np.all(out == 5) and np.all(readonly == 0)

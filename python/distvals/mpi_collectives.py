@@ -225,16 +225,19 @@ class HierarchicalCollectives(WorkerAgreement):
         self._last_kind: Tuple[Any, Any, Tuple[int, ...], Optional[_ArraysKind]] = (None, None, (), None)
         # The point-to-point all-reduce of large buffers.
         self._exchanges = Exchanges(self.rank, self.num_workers)
-        # Two host replicas and an engine of one thread (the host's cores shared by its
-        # workers): their values are reduced with numpy on this thread. Its plain stores
-        # leave the buffer in the cache for MPI, which reads it next, where the engine
-        # streams large outputs past the cache (measured, 2 workers x 2 replicas on 2
-        # cores, whole call: 1 MiB 375-387 against 419-454 us, 16 MiB 7.9-8.3 against
-        # 9.8-10.3 ms; the same at 64 MiB).
+        # Several host replicas and an engine of one thread (the host's cores shared by
+        # its workers): their values are reduced on this thread, where handing them to
+        # the engine's thread gains nothing. Buffers that cross by the exchanges in one
+        # piece are reduced inside them (Exchanges.all_reduce's ``local``); the others,
+        # with two replicas, by numpy, whose plain stores leave the buffer in the cache
+        # for MPI, which reads it next, where the engine streams large outputs past the
+        # cache (measured, 2 workers x 2 replicas on 2 cores, whole call: 1 MiB 375-387
+        # against 419-454 us, 16 MiB 7.9-8.3 against 9.8-10.3 ms; the same at 64 MiB).
         group = self.group
-        self._numpy_pair_reduce = (
-            not self._on_gpu and self.num_local == 2 and getattr(getattr(group, "engine", None), "threads", 0) == 1
+        self._local_on_caller = (
+            not self._on_gpu and self.num_local >= 2 and getattr(getattr(group, "engine", None), "threads", 0) == 1
         )
+        self._numpy_pair_reduce = self._local_on_caller and self.num_local == 2
 
     @property
     def group(self) -> Any:
@@ -316,17 +319,21 @@ class HierarchicalCollectives(WorkerAgreement):
         buf: np.ndarray,
         op: ReduceOp,
         send: Optional[np.ndarray],
-        agree: bool,
+        agree: Optional[bool],
         what: str,
         timeout: Optional[float],
+        local: Optional[List[np.ndarray]] = None,
+        outs: Optional[List[np.ndarray]] = None,
     ) -> bool:
-        """``buf`` all-reduced (from ``send`` when given) by the exchanges, with this
-        worker's agreement flag riding them; whether every worker's flag was True (when
-        not, ``buf`` holds nothing of use)."""
+        """``buf`` all-reduced (from ``send`` when given; from the local replicas' arrays
+        ``local`` into every one of ``outs`` when given) by the exchanges, with this
+        worker's agreement flag riding them unless ``agree`` is None; whether every
+        worker's flag was True (when not, ``buf`` holds nothing of use)."""
         t, deadline = self._deadline(timeout)
         self.stats["data_calls"] += 1
         route = self._exchanges.route(buf.nbytes, buf.dtype)
-        return self._exchanges.all_reduce(route, buf, op, send, self._polled_exchange(what, t, deadline), agree)
+        exchange = self._polled_exchange(what, t, deadline)
+        return self._exchanges.all_reduce(route, buf, op, send, exchange, agree, local, outs)
 
     def _submit(self, buf: np.ndarray, op: ReduceOp, send: Optional[np.ndarray]) -> MpiJob:
         """Starts the all-reduce of ``buf`` (from ``send`` when given) on the MPI thread,
@@ -805,13 +812,22 @@ class HierarchicalCollectives(WorkerAgreement):
         n = self.num_local
         local_op = _LOCAL_OP[op]
 
-        def cross(buf: np.ndarray, send: Optional[np.ndarray] = None) -> bool:
-            # The one piece across MPI, with or after the agreement.
+        def cross(
+            buf: np.ndarray,
+            send: Optional[np.ndarray] = None,
+            local: Optional[List[np.ndarray]] = None,
+            outs: Optional[List[np.ndarray]] = None,
+        ) -> bool:
+            # The one piece across MPI, with or after the agreement (``local``: the local
+            # replicas' arrays, reduced inside the exchanges into every one of ``outs``).
             if agreed is not None:
                 agreed()
-                self._mpi_all_reduce(buf, local_op, what, timeout, send=send)
+                if local is None:
+                    self._mpi_all_reduce(buf, local_op, what, timeout, send=send)
+                else:
+                    self._carried_all_reduce(buf, local_op, None, None, what, timeout, local, outs)
                 return True
-            if not self._carried_all_reduce(buf, local_op, send, True, what, timeout):
+            if not self._carried_all_reduce(buf, local_op, send, True, what, timeout, local, outs):
                 return False
             self._last = sig
             return True
@@ -841,6 +857,11 @@ class HierarchicalCollectives(WorkerAgreement):
             agreed()  # type: ignore[misc]
             for lo, hi in chunks:
                 self._mpi_all_reduce(res[0][lo:hi], local_op, what, timeout, send=ins[0][lo:hi])
+        elif len(chunks) == 1 and self._local_on_caller and self.carries_agreement(total, work):
+            # The local reduce and broadcast on this thread, inside the exchanges: each
+            # input read once, each result written once (Exchanges.all_reduce).
+            if not cross(res[0], None, ins, res):
+                return None
         elif len(chunks) == 1:
             # Nothing to overlap: the three steps one after the other, on this thread.
             self._reduce_chunk(local_op, ins, res, 0, total)

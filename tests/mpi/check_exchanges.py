@@ -10,6 +10,9 @@ result, the same bits on every worker.
 - The same from ``strategy.run`` with chunks small enough that the pipeline runs
   (several chunks, the last one below 64 KiB) and large enough that one chunk takes
   the ring.
+- Several local arrays per worker (a different number on each) reduced inside the
+  swapped buffers and the ring, into new results and in place, every result of every
+  worker against the reference; a worker whose agreement flag is False stops them all.
 - Signed zeros under MIN and MAX: every worker's result has the same bits.
 """
 
@@ -74,6 +77,44 @@ def main() -> int:
                     checks += 1
     want_routes = {"nonblocking", "pair", "ring"} if size == 2 else {"nonblocking", "blocking", "ring"}
     expect(want_routes <= seen, rank, f"routes taken: {sorted(seen)}, expected at least {sorted(want_routes)}")
+
+    # ---- several local replicas reduced inside the exchanges ---------------------------------------
+    # Worker w has 1 + (w + k) % 3 local arrays (so the workers' counts differ); every
+    # result of every worker must be the reduction of every array of every worker.
+    def n_local(w: int, k: int) -> int:
+        return 1 + (w + k) % 3
+
+    for k, count in enumerate([40_000, 1_600_001]):
+        for dtype, ops in (("float32", list(OPS)), ("int64", ["sum", "max"]), ("complex64", ["sum"])):
+            dt = np.dtype(dtype)
+            route = coll._exchanges.route(count * dt.itemsize, dt)
+            if route not in ("pair", "ring"):
+                continue
+            for op in ops:
+                ids = [(w, r) for w in range(size) for r in range(n_local(w, k))]
+                arrays = {i: value_for(10 * i[0] + i[1], (count,), dtype, op, salt=count) for i in ids}
+                want = reference(list(arrays.values()), op)
+                mine = [arrays[(rank, r)].copy() for r in range(n_local(rank, k))]
+                for in_place in (True, False):
+                    local = [m.copy() for m in mine]
+                    outs = local if in_place else [np.full(count, 99, dtype=dt) for _ in local]
+                    ok = coll._carried_all_reduce(outs[0], OPS[op], None, True, "check", None, local, outs)
+                    what = f"{len(local)} local arrays, {op} {dtype} x{count} by {route}, in place: {in_place}"
+                    expect(ok, rank, f"{what}: the flags said some worker disagreed")
+                    for r, o in enumerate(outs):
+                        expect_close(o, want, rank, f"{what}, result {r}", tolerance(dtype))
+                        expect(o.tobytes() == outs[0].tobytes(), rank, f"{what}: result {r} differs from 0")
+                    if not in_place:
+                        expect(
+                            all(np.array_equal(x, m) for x, m in zip(local, mine)), rank, f"{what}: an input changed"
+                        )
+                    same_everywhere(outs[0], rank, what)
+                    checks += 1
+            # A worker whose flag says "not my call": every worker learns it, none finishes.
+            local = [m.copy() for m in [value_for(rank, (count,), dtype)] * n_local(rank, k)]
+            ok = coll._carried_all_reduce(local[0], OPS["sum"], None, rank != size - 1, "check", None, local, local)
+            expect(not ok, rank, f"{dtype} x{count} by {route}: the last worker's flag was False, yet ok")
+            checks += 1
 
     # Signed zeros: worker w passes -0.0 where w is odd, +0.0 where even.
     for op in ("min", "max"):
