@@ -655,3 +655,24 @@ def test_reduce_into_refuses_what_its_kernels_cannot_take_and_writes_nothing():
     for srcs, dsts, op in refused:
         assert _core.reduce_into(srcs, dsts, op) is False
         assert np.all(out == 5) and np.all(readonly == 0)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "float32"])
+def test_exchanges_reduce_into_takes_aliased_destinations_with_and_without_kernels(dtype):
+    """mpi_exchanges.reduce_into, as the exchanges call it: the first result may be the
+    second source (the pair route's second worker) or each result its own source (in
+    place); dtypes without kernels (complex) go through numpy with the same results."""
+    from distvals.mpi_exchanges import reduce_into
+    from distvals.reduce_op import ReduceOp
+
+    rng = np.random.default_rng(3)
+    imag = 1j if dtype == "complex64" else 0
+    srcs = [(rng.integers(-9, 9, 70_001) + imag * rng.integers(-9, 9, 70_001)).astype(dtype) for _ in range(3)]
+    want = np.sum([s.astype(np.complex128) for s in srcs], axis=0)
+    a, b = srcs[0].copy(), srcs[1].copy()
+    reduce_into(ReduceOp.SUM, [a, b], [b])  # the destination is the second source
+    np.testing.assert_array_equal(b.astype(np.complex128), srcs[0].astype(np.complex128) + srcs[1])
+    local = [s.copy() for s in srcs]
+    reduce_into(ReduceOp.SUM, local, local)  # every result its own source
+    for r, x in enumerate(local):
+        np.testing.assert_array_equal(x.astype(np.complex128), want, err_msg=f"result {r}")

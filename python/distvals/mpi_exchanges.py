@@ -103,8 +103,8 @@ NUMPY_OPS = {
 def reduce_into(op: ReduceOp, srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray], cached: bool = False) -> None:
     """Every array of ``dsts`` set to ``srcs`` reduced with ``op`` (not MEAN), element by
     element in the order given: in one pass of the engine's kernels on this thread where
-    the arrays are its kind, else with numpy. A destination may be a source of the same
-    index. ``cached``: the results are sent on at once, so they stay in the cache (see
+    the arrays are its kind, else with numpy. A destination may be one of the first two
+    sources, or the source of its own index. ``cached``: the results are sent on at once, so they stay in the cache (see
     ``_core.reduce_into``)."""
     if _core.reduce_into(list(srcs), list(dsts), op, cached):
         return
