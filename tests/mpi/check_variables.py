@@ -217,6 +217,8 @@ def main() -> int:
     expect(written == ["worker0.npz"], rank, f"only the chief writes: found {written}")
     leftovers = [f for f in os.listdir(a.dir) if f.endswith(".tmp")]
     expect(not leftovers, rank, f"no temporary files left: {leftovers}")
+    # Every worker has looked before the chief, which writes the next file at once, starts it.
+    world.Barrier()
     # Variables of no strategy (each process's own, here of distinct values): the chief
     # process alone writes them (a worker that called it first returns without waiting).
     plain = dv.Variable(np.float64(100 + rank), name="step")
