@@ -170,38 +170,13 @@ py::object worker_small_all_reduce(const py::list& ins, const py::array& data, c
   return std::move(results);
 }
 
-// The array behind `x` when it is an ndarray the kernels read as it is, of `t`'s dtype
-// (`t` set from the first) and `count` elements (`count` set from the first), writable
-// when `writable`; nullptr otherwise.
-void* kernel_data(PyObject* x, bool writable, bool first, distvals::dtype& t, std::size_t& count) {
-  const auto& api = py::detail::npy_api::get();
-  if (Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(api.PyArray_Type_) || !engine_readable(x)) return nullptr;
-  const auto* a = py::detail::array_proxy(x);
-  if (writable && !(a->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_)) return nullptr;
-  std::size_t n = 1;
-  for (int d = 0; d < a->nd; ++d) n *= static_cast<std::size_t>(a->dimensions[d]);
-  distvals::dtype mine;
-  try {
-    mine = to_dtype(py::reinterpret_borrow<py::dtype>(reinterpret_cast<PyObject*>(a->descr)), 0);
-  } catch (const py::type_error&) {
-    return nullptr;
-  }
-  if (first) {
-    t = mine;
-    count = n;
-  } else if (mine != t || n != count) {
-    return nullptr;
-  }
-  return a->data;
-}
-
 // reduce_into(srcs, dsts, op): every dsts[d] = srcs[0] op srcs[1] op ... in one pass on
 // the calling thread, without the GIL. The exchanges of large all-reduces between
 // workers (distvals.mpi_exchanges) end each piece with the local replicas' values and
 // the piece received from the other workers reduced straight into every local replica's
 // result; numpy would take a pass per operand and another per copy. False, with nothing
 // written, when an array is not an ndarray the kernels read as it is (C-contiguous,
-// aligned, a writable destination) or the arrays differ in dtype or size, or op is not
+// aligned, a writable destination) or the arrays differ in dtype or shape, or op is not
 // one the kernels apply element by element (MEAN). `cached`: the results stay in the
 // cache (plain stores, block by block), for results that are sent on at once; otherwise
 // the kernels write large results that alias no source past the cache.
@@ -210,17 +185,28 @@ bool reduce_into(const py::list& srcs, const py::list& dsts, const py::handle& o
   const auto nd = static_cast<int>(dsts.size());
   distvals::reduce_op o;
   if (ns < 1 || nd < 1 || !engine_op(op, o) || o == distvals::reduce_op::mean) return false;
-  distvals::dtype t{};
-  std::size_t count = 0;
+  // Every array of the first one's kind (same_kind), and that kind one the kernels take.
+  PyObject* first = PyList_GET_ITEM(srcs.ptr(), 0);
+  if (!py::isinstance<py::array>(first)) return false;
+  const auto like = py::reinterpret_borrow<py::array>(first);
+  distvals::dtype t;
+  try {
+    t = to_dtype(like.dtype(), 0);
+  } catch (const py::type_error&) {
+    return false;
+  }
+  const auto count = static_cast<std::size_t>(like.size());
   std::vector<const void*> in(static_cast<std::size_t>(ns));
   std::vector<void*> out(static_cast<std::size_t>(nd));
   for (int i = 0; i < ns; ++i) {
-    in[static_cast<std::size_t>(i)] = kernel_data(PyList_GET_ITEM(srcs.ptr(), i), false, i == 0, t, count);
-    if (in[static_cast<std::size_t>(i)] == nullptr) return false;
+    PyObject* x = PyList_GET_ITEM(srcs.ptr(), i);
+    if (!same_kind(x, like, false)) return false;
+    in[static_cast<std::size_t>(i)] = py::detail::array_proxy(x)->data;
   }
   for (int i = 0; i < nd; ++i) {
-    out[static_cast<std::size_t>(i)] = kernel_data(PyList_GET_ITEM(dsts.ptr(), i), true, false, t, count);
-    if (out[static_cast<std::size_t>(i)] == nullptr) return false;
+    PyObject* x = PyList_GET_ITEM(dsts.ptr(), i);
+    if (!same_kind(x, like, true)) return false;
+    out[static_cast<std::size_t>(i)] = py::detail::array_proxy(x)->data;
   }
   nogil released;
   if (!cached) {
@@ -249,7 +235,7 @@ void register_worker_small(py::module_& m) {
         "Every array of `dsts` set to the arrays of `srcs` reduced with `op` (a ReduceOp other "
         "than MEAN), in one pass on the calling thread without the GIL. False, with nothing "
         "written, when an array is not a C-contiguous aligned ndarray (a writable one in "
-        "`dsts`) or the arrays differ in dtype or size. A destination may be a source. `cached`: "
+        "`dsts`) or the arrays differ in dtype or shape. A destination may be a source. `cached`: "
         "plain stores, leaving the results in the cache (large results that alias no source are "
         "otherwise written past it).");
   m.def("worker_small_all_reduce", &worker_small_all_reduce, py::arg("ins"), py::arg("data"), py::arg("flat"),
