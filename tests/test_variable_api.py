@@ -414,3 +414,98 @@ def test_a_scalar_variable_or_value_is_not_an_empty_sequence(s2):
             return "refused", rid()
 
     assert s2.experimental_local_results(s2.run(iterate_part, args=(m,))) == (("refused", 0), ("refused", 1))
+
+
+# ---- v[key].assign: writing part of a variable ---------------------------------------------------------
+
+
+KEYS = [
+    (slice(1, 3), None),
+    ((0, slice(None, None, 2)), None),
+    ((slice(None), -1), None),
+    (([2, 0],), None),
+    (np.array([[True, False, True], [False, True, False], [True, True, False]]), None),
+    ((Ellipsis, slice(1, None)), None),
+]
+
+
+@pytest.mark.parametrize("key", [k for k, _ in KEYS], ids=["rows", "strided", "column", "fancy", "mask", "ellipsis"])
+def test_assigning_a_part_of_a_plain_variable_matches_numpy(key):
+    start = np.arange(9, dtype=np.float32).reshape(3, 3) * 1.5
+    v = dv.Variable(start)
+    part = v[key]
+    want_part = start[key]
+    assert isinstance(part, np.ndarray) and np.array_equal(part, want_part) and not part.flags.writeable
+    new = -np.arange(want_part.size, dtype=np.float32).reshape(want_part.shape) - 1
+    assert part.assign(new) is v
+    want = start.copy()
+    want[key] = new
+    assert np.array_equal(v.numpy(), want)
+    # A scalar broadcasts over the part, as in numpy.
+    v[key].assign(7.0)
+    want[key] = 7.0
+    assert np.array_equal(v.numpy(), want)
+    # What was read before is a snapshot: unchanged.
+    assert np.array_equal(part, want_part)
+
+
+def test_arrays_computed_from_a_part_are_plain_and_cannot_write_back():
+    v = dv.Variable(np.arange(6.0))
+    part = v[1:4]
+    for derived in (part * 2, part + part, np.sqrt(part), np.concatenate([part, part]), part.sum(keepdims=True)):
+        assert type(derived) is np.ndarray
+    assert type(part[0]) is np.float64
+    assert type(np.asarray(part)) is np.ndarray
+    with pytest.raises(TypeError, match="only the part read by indexing"):
+        part.copy().assign([1.0, 2.0, 3.0])
+    assert np.array_equal(v.numpy(), np.arange(6.0))
+    # A whole-element index gives numpy's scalar, as before.
+    assert type(v[2]) is np.float64
+
+
+def test_a_bad_value_for_a_part_is_refused_and_nothing_changes():
+    v = dv.Variable(np.arange(6, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"shape \(3,\) does not fit the part's shape \(2,\)"):
+        v[1:3].assign([1, 2, 3])
+    with pytest.raises(TypeError, match="float64 value for a int64 variable") as err:
+        v[1:3].assign([1.5, 2.0])
+    assert str(err.value).count("of variable") == 1
+    assert np.array_equal(v.numpy(), np.arange(6))
+
+
+def test_a_part_assigned_in_cross_replica_context_changes_every_copy(s3):
+    with s3.scope():
+        v = dv.Variable(np.arange(12.0).reshape(3, 4))
+        r = dv.Variable(np.zeros(4), synchronization=ON_READ, aggregation=SUM)
+    assert v[1:, ::3].assign([[10.0, 11.0], [12.0, 13.0]]) is v
+    want = np.arange(12.0).reshape(3, 4)
+    want[1:, ::3] = [[10.0, 11.0], [12.0, 13.0]]
+    for c in copies(v):
+        assert np.array_equal(c, want)
+    r[2:].assign([6.0, 9.0])
+    assert np.array_equal(r.numpy(), [0.0, 0.0, 6.0, 9.0])
+
+
+def test_a_part_assigned_inside_run_follows_the_aggregation(s3):
+    with s3.scope():
+        first = dv.Variable(np.zeros(5), aggregation=FIRST)
+        own = dv.Variable(np.zeros(5))
+        mean = dv.Variable(np.zeros(5), aggregation=MEAN)
+
+    def step():
+        g = rid()
+        first[1:3].assign([10.0 + g, 20.0 + g])
+        own[g : g + 2].assign(float(g + 1))
+        return g
+
+    s3.run(step)
+    for c in copies(first):
+        assert np.array_equal(c, [0.0, 10.0, 20.0, 0.0, 0.0])
+    for g, c in enumerate(copies(own)):
+        want = np.zeros(5)
+        want[g : g + 2] = g + 1
+        assert np.array_equal(c, want)
+    with pytest.raises(NotImplementedError, match="MEAN aggregation"):
+        s3.run(lambda: mean[0:2].assign(float(rid())))
+    for c in copies(mean):
+        assert np.array_equal(c, np.zeros(5))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import context, devices, nest, sparse
+from . import context, devices, nest, sparse, variable_slices
 from .errors import OutOfRangeError
 from .fork_locks import shared_after_fork
 from .reduce_op import ReduceOp
@@ -156,6 +156,11 @@ class DistributedVariable(DistributedValues, Variable):
 
     def read_value(self) -> Any:
         return self._read()
+
+    def __getitem__(self, key: Any) -> Any:
+        # The part of the value this context reads, written back through this variable
+        # (its aggregation, every copy), not through the copy it was read from.
+        return variable_slices.slice_of(self, self._read(), key)
 
     def _replica_write(self, r: int, kind: str, value: Any) -> None:
         """Replica ``r``'s update of its own copy, from inside ``strategy.run``. A replica

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, 
 
 import numpy as np
 
-from . import context, devices, kinds, sparse
+from . import context, devices, kinds, sparse, variable_slices
 from ._convert import refuse_masked
 from .errors import OutOfRangeError
 from .fork_locks import renewed_after_fork
@@ -851,7 +851,8 @@ class Variable(metaclass=_VariableMeta):
         return ~self.read_value()
 
     def __getitem__(self, key: Any) -> Any:
-        return self.read_value()[key]
+        # The part, which can write itself back: ``v[2:5].assign(x)`` (variable_slices).
+        return variable_slices.slice_of(self, self.read_value(), key)
 
     def __iter__(self) -> Any:
         # Over the value's rows, as numpy and TensorFlow iterate; a 0-d value raises
@@ -987,7 +988,8 @@ def commit_copies(copies: Sequence[Variable], kind: str, values: Sequence[Any]) 
 def coerce_sparse(var: Any, kind: str, value: Any) -> sparse.SparseDelta:
     if isinstance(value, sparse.SparseDelta):
         return value
-    coerce = lambda v, what: _coerce_dtype(var, _unwrap(v), what)  # noqa: E731
+    # (_coerce_dtype names the variable itself: it gets the update's kind alone.)
+    coerce = lambda v, what: _coerce_dtype(var, _unwrap(v), kind)  # noqa: E731
     if kind.startswith("scatter_nd_"):
         indices, updates = value
         return sparse.nd_delta(indices, updates, var.shape, coerce, f"{kind} of variable '{var.name}'")
