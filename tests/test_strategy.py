@@ -359,6 +359,36 @@ def test_reduce_non_distributed(s2):
         one.close()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_every_cross_replica_result_is_a_new_array_the_caller_may_change(s2, dtype):
+    # The result of each call is written to in place; the value it came from (and every
+    # other result of the call) must not change.
+    x = np.arange(1, 5, dtype=dtype) * 3
+    per = dv.PerReplica(tuple(x + r for r in range(2)))
+    mirrored = dv.Mirrored(tuple(np.array(x) for _ in range(2)))
+    ext = s2.extended
+    calls = {
+        "reduce_to one, Mirrored MEAN": lambda: ext.reduce_to("MEAN", mirrored, "CPU:0"),
+        "reduce_to all, Mirrored MEAN": lambda: ext.reduce_to("MEAN", mirrored, mirrored),
+        "batch_reduce_to, Mirrored MEAN": lambda: ext.batch_reduce_to("MEAN", [(mirrored, "CPU:1")])[0],
+        "reduce_to one, PerReplica MAX": lambda: ext.reduce_to("MAX", per, "CPU:0"),
+        "strategy.reduce, Mirrored MEAN": lambda: s2.reduce("MEAN", mirrored, axis=None),
+        "broadcast_to one": lambda: ext.broadcast_to(x, "CPU:1"),
+        "broadcast_to all": lambda: ext.broadcast_to(x, ["CPU:0", "CPU:1"]),
+    }
+    for what, call in calls.items():
+        before = [np.array(v) for v in (x, *per.values, *mirrored.values)]
+        got = call()
+        results = list(got.values) if isinstance(got, dv.DistributedValues) else [got]
+        want = [np.array(r) for r in results]
+        for r in results:
+            r += 1
+        for i, (r, w) in enumerate(zip(results, want)):
+            np.testing.assert_array_equal(r, w + 1, err_msg=f"{what}: result {i} changed by another's update")
+        for b, v in zip(before, (x, *per.values, *mirrored.values)):
+            np.testing.assert_array_equal(v, b, err_msg=f"{what}: changing the result changed its input")
+
+
 def test_reduce_mirrored_mean_is_the_value(s2):
     m = dv.Mirrored((np.array([3, 4]), np.array([3, 4])))
     out = s2.reduce("MEAN", m)

@@ -318,11 +318,13 @@ class CrossReplicaExtended(StrategyExtended):
             out = devices.to_replica_device(v, place, copy=copy)
         return self._placed(out, value)
 
-    def _spread(self, out: Any, dests: List[str]) -> Any:
-        """``out`` on every destination: the value itself for one, a Mirrored of copies."""
+    def _spread(self, out: Any, dests: List[str], fresh: bool = True) -> Any:
+        """``out`` on every destination: the value itself for one, a Mirrored of copies.
+        ``fresh``: ``out`` is a new value of this call's own (else every destination gets
+        a copy, so that changing a result in place cannot change the caller's value)."""
         if len(dests) == 1:
-            return self._put(out, dests[0], copy=False)
-        return Mirrored(tuple(self._put(out, d, copy=i > 0) for i, d in enumerate(dests)))
+            return self._put(out, dests[0], copy=not fresh)
+        return Mirrored(tuple(self._put(out, d, copy=i > 0 or not fresh) for i, d in enumerate(dests)))
 
     def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None) -> Any:
         """Reduces ``value`` (a PerReplica, or a plain value present on every replica) onto
@@ -344,7 +346,11 @@ class CrossReplicaExtended(StrategyExtended):
         if holds_sparse(value):
             return self._spread(self._reduce_sparse(op, value, None, "reduce_to"), dests)
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN:
-            return self._spread(reduced_alone(op, unwrap_part(value.values[0])), dests)
+            # Every copy is the value, so its mean is the value itself (in a MEAN's dtype):
+            # copied, as every reduction's result is new.
+            part = unwrap_part(value.values[0])
+            mean = reduced_alone(op, part)
+            return self._spread(mean, dests, fresh=mean is not part)
         parts = self._part_values(value, "reduce_to")
         original = unwrap_part(value.values[0])
         # (Values that are not numbers take the general path, which reduces Python
@@ -455,7 +461,9 @@ class CrossReplicaExtended(StrategyExtended):
         value = unwrap_part(tensor.values[0]) if isinstance(tensor, DistributedValues) else unwrap_part(tensor)
         _refuse_structure(value, "broadcast_to")
         if len(dests) == 1:
-            return self._put(value, dests[0], copy=False) if self._on_gpu else value
+            # A copy, as for several destinations: changing the result in place must not
+            # change the caller's value.
+            return self._put(value, dests[0], copy=True)
         if dests == list(self._devices):
             return Mirrored(tuple(self._broadcast_value(value)))
         # Every copy new, as above: changing one in place changes neither the others nor

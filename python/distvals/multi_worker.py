@@ -471,10 +471,10 @@ class _MultiWorkerExtended(LocalExtended):
         later collectives."""
         return self._wrap_results and dests == list(self._devices)
 
-    def _spread(self, out: Any, dests: List[str]) -> Any:
+    def _spread(self, out: Any, dests: List[str], fresh: bool = True) -> Any:
         if self._wraps(dests):
-            return Mirrored((self._put(out, dests[0], copy=False),))
-        return super()._spread(out, dests)
+            return Mirrored((self._put(out, dests[0], copy=not fresh),))
+        return super()._spread(out, dests, fresh)
 
     def reduce_to(
         self, reduce_op: Any, value: Any, destinations: Any, options: Optional[CommunicationOptions] = None
