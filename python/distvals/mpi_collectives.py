@@ -846,7 +846,9 @@ class HierarchicalCollectives(WorkerAgreement):
         given = outs is not None
         res = outs if outs is not None else [new_array((total,), work) for _ in range(n)]
         if len(leaves[0]) == 1:
-            ins = [np.ascontiguousarray(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
+            # Contiguous and aligned (a copy otherwise): MPI and the engine's kernels take
+            # the buffers as they are, and mpi4py cannot send a misaligned one.
+            ins = [np.require(np.asarray(leaves[r][0], dtype=work), requirements="CA").reshape(-1) for r in range(n)]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
         if n == 1 and len(chunks) == 1:

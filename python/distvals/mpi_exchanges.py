@@ -169,7 +169,10 @@ class Exchanges:
         ``flags[1:2]`` when ``flags`` is given) and reductions on this thread; see the
         module doc. ``agree``: this worker's agreement flag, carried by the exchanges; the
         result is whether every worker's flag was True (when one was not, ``buf`` holds
-        nothing of use; every worker returns the same). Without ``agree``: True.
+        nothing of use; every worker returns the same). Without ``agree``: True. The
+        reduce-scatter writes before the flags are known, so results that are the inputs
+        (in place) may hold partial reductions when some flag was False: callers whose
+        inputs must survive a disagreement pass separate results (the strategies do).
 
         ``local`` and ``outs``: the arrays of several local replicas (flat, ``buf``'s
         size and dtype) and their results (``buf`` first; ``outs[r]`` may be
@@ -261,4 +264,7 @@ class Exchanges:
         if self._scratch.nbytes < need + 4096:
             self._scratch = np.empty(max(need + 4096, 2 * self._scratch.nbytes), dtype=np.uint8)
         start = (like.ctypes.data - self._scratch.ctypes.data) % 4096
+        # Never misaligned for the dtype (MPI cannot receive into such a buffer), whatever
+        # ``like`` is.
+        start -= start % dtype.alignment
         return self._scratch[start : start + need].view(dtype)

@@ -423,6 +423,30 @@ def main() -> int:
                     )
     checks += 1
 
+    # Arrays that are C-contiguous but misaligned (a view one byte into a buffer) on every
+    # route across workers: the small call, the pair and the ring (and blocking Allreduce
+    # with 3 workers), with every other replica misaligned, into new results and in run.
+    for length in (100, 20_000, 300_000, 600_001):
+
+        def misaligned(g, length=length):
+            x = value_for(g, (length,), "float32", salt=11)
+            if g % 2:
+                return x
+            raw = np.zeros(x.nbytes + 1, np.uint8)
+            a = np.frombuffer(raw.data, dtype=np.float32, count=length, offset=1)
+            a[...] = x
+            return a
+
+        per = s.experimental_distribute_values_from_function(lambda c: misaligned(c.replica_id_in_sync_group))
+        want = reference([misaligned(g) for g in range(total)], "sum")
+        got = s.reduce("SUM", per, axis=None)
+        in_run = s.run(lambda per=per: dv.get_replica_context().all_reduce("SUM", per))
+        for what, y in [("reduce", got)] + [("all_reduce", y) for y in s.experimental_local_results(in_run)]:
+            expect_close(y, want, rank, f"{what} of misaligned float32 x {length}", tolerance("float32"))
+        for r, part in enumerate(s.experimental_local_results(per)):
+            expect(np.array_equal(part, misaligned(offset + r)), rank, f"misaligned x {length}: input {r} changed")
+    checks += 1
+
     # A 0-d value stays 0-d, also on the path where the workers' values are gathered and
     # numpy reduces them (8-bit sums, bools).
     for dt, op in (("int8", "SUM"), ("uint8", "SUM"), ("int16", "SUM"), ("bool", "MAX"), ("float32", "SUM")):
