@@ -848,7 +848,9 @@ class HierarchicalCollectives(WorkerAgreement):
         if len(leaves[0]) == 1:
             # Contiguous and aligned (a copy otherwise): MPI and the engine's kernels take
             # the buffers as they are, and mpi4py cannot send a misaligned one.
-            ins = [np.require(np.asarray(leaves[r][0], dtype=work), requirements="CA").reshape(-1) for r in range(n)]
+            ins = [
+                np.require(np.asarray(leaves[r][0], dtype=work), requirements=("C", "A")).reshape(-1) for r in range(n)
+            ]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
         if n == 1 and len(chunks) == 1:
