@@ -100,6 +100,12 @@ _LOCAL_OP = {
 }
 
 
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous and aligned for its dtype (a copy where it is not)."""
+    a = np.ascontiguousarray(a)
+    return a if a.flags.aligned else a.copy()
+
+
 def _native_mpi(dtype: np.dtype, op: ReduceOp) -> bool:
     """True when MPI reduces ``dtype`` with ``op`` itself."""
     if not dtype.isnative:
@@ -848,9 +854,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if len(leaves[0]) == 1:
             # Contiguous and aligned (a copy otherwise): MPI and the engine's kernels take
             # the buffers as they are, and mpi4py cannot send a misaligned one.
-            ins = [
-                np.require(np.asarray(leaves[r][0], dtype=work), requirements=("C", "A")).reshape(-1) for r in range(n)
-            ]
+            ins = [_aligned(np.asarray(leaves[r][0], dtype=work)).reshape(-1) for r in range(n)]
         else:
             ins = [self.local._pack(list(leaves[r]), work, r) for r in range(n)]
         if n == 1 and len(chunks) == 1:
