@@ -202,3 +202,59 @@ def test_cupy_and_jax_device_arrays_in_and_out(gpu_strategy):
         np.testing.assert_allclose(cupy.asnumpy(back.values[1]), [0.5, 0.5])
     finally:
         cpu_strategy.close()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_reducing_or_gathering_a_plain_value_gives_a_new_array(env, n):
+    # The value stands for every replica's; its reduction (MEAN, or any op with one
+    # replica) and gather are the value itself, but as a new array: changing the input
+    # afterwards (in place, as a later collective or a framework's in-place op would)
+    # must not change them.
+    s = env.strategy(n)
+    start = np.arange(1, 5, dtype=np.float32)
+
+    def make():
+        x = np.array(start)
+        return dvc.to_device(x, env.place(0)) if env.on_gpu else x
+
+    def overwrite(x):
+        if env.on_gpu:
+            x.copy_from(np.full(4, 99, np.float32))
+        else:
+            x[...] = 99
+
+    calls = {
+        "strategy.reduce MEAN": lambda x: s.reduce("MEAN", x, axis=None),
+        "reduce_to MEAN, one device": lambda x: s.extended.reduce_to("MEAN", x, env.device(0)),
+    }
+    if n == 1:
+        calls["strategy.reduce SUM"] = lambda x: s.reduce("SUM", x, axis=None)
+        calls["strategy.gather"] = lambda x: s.gather(x, axis=0)
+        calls["0-d strategy.gather"] = None
+    for what, call in calls.items():
+        if call is None:
+            x = np.array(7.0, np.float32)
+            got = s.gather(x, axis=0)
+            x[...] = 99
+            np.testing.assert_array_equal(host_of(got), [7.0], err_msg=what)
+            continue
+        x = make()
+        got = call(x)
+        overwrite(x)
+        np.testing.assert_array_equal(host_of(got), start, err_msg=f"{what}: changing the input changed the result")
+
+
+def test_indexing_a_variable_reads_and_assigns_a_part_or_says_why_not(env):
+    s = env.strategy(2)
+    with s.scope():
+        v = dv.Variable(np.arange(6, dtype=np.float32))
+    if env.on_gpu:
+        # A DeviceArray has no indexing: the error says what to use instead, and nothing changes.
+        with pytest.raises(TypeError, match=r"DeviceArray on a GPU.*v\.numpy\(\)\[key\].*scatter_nd_update"):
+            v[1:3].assign([7.0, 8.0])
+        want = np.arange(6, dtype=np.float32)
+    else:
+        v[1:3].assign([7.0, 8.0])
+        want = np.array([0, 7, 8, 3, 4, 5], np.float32)
+    for r, c in enumerate(v.values):
+        np.testing.assert_array_equal(host_of(c.value()), want, err_msg=f"copy {r}")

@@ -235,10 +235,11 @@ class CrossReplicaExtended(StrategyExtended):
             one = reduced_alone(op, part)
             if one is not part:
                 return one
-            # The value itself is its reduction; a numpy array comes back as a new array,
-            # as every other reduction's result does (one that the caller then changes in
-            # place must not change the value it came from).
-            return part.copy() if type(part) is np.ndarray else value
+            # The value itself is its reduction; an array comes back as a new array (on
+            # the host or its GPU, in its framework), as every other reduction's result
+            # does: one that the caller then changes in place must not change the value it
+            # came from.
+            return _new_copy(part, value)
         from . import devices
 
         a = kinds.to_numpy(unwrap_part(value))
@@ -265,9 +266,8 @@ class CrossReplicaExtended(StrategyExtended):
                 # The one replica's 0-d value (run returns it plain): gathered as every
                 # replica's 0-d parts are, into a vector (of one element).
                 a = a.reshape(1)
-            if not isinstance(value, np.ndarray):
-                return kinds.restore(a, unwrap_part(value))
-            return a.copy() if a is value else a  # a new array, as a gather of parts makes
+            # A new array, as a gather of parts makes (``a`` may be the caller's own).
+            return _new_copy(a, unwrap_part(value))
         parts = self._part_values(value, what)
         ax = normalize_axis(axis, parts[0].ndim, what, 0)
         for r, p in enumerate(parts):
@@ -469,6 +469,19 @@ class CrossReplicaExtended(StrategyExtended):
         # Every copy new, as above: changing one in place changes neither the others nor
         # the caller's value.
         return Mirrored(tuple(self._put(value, d, copy=True) for d in dests))
+
+
+def _new_copy(a: Any, original: Any) -> Any:
+    """A copy of ``a`` (``original``'s value, or a view or conversion of it) that shares no
+    memory with ``original``, in ``original``'s kind: numpy arrays and device arrays are
+    copied where they live; a Python value that is not an array comes back as it is."""
+    from . import devices
+
+    if isinstance(a, np.ndarray) or devices.is_device_array(a) or kinds.framework_of(a) != "other":
+        if isinstance(a, (np.generic, int, float, complex, bool)):
+            return a
+        return kinds.restore(devices.copy(a), original)
+    return a
 
 
 def reduced_alone(op: ReduceOp, x: Any) -> Any:

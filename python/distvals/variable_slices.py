@@ -125,6 +125,14 @@ def _describe(key: Any) -> str:
 def slice_of(variable: Variable, value: Any, key: Any) -> Any:
     """``value[key]`` (``value`` read from ``variable``), linked back to the variable when
     it is an array of the host (see the module doc)."""
+    from . import devices
+
+    if devices.is_device_array(value):
+        raise TypeError(
+            f"variable '{variable.name}'[{key!r}]: its value is a DeviceArray on a GPU, which has no "
+            "indexing; read a part with v.numpy()[key] (a host copy) and write one with "
+            "v.scatter_nd_update(indices, updates)"
+        )
     part = value[key]
     if type(part) is not np.ndarray:
         return part
