@@ -508,6 +508,55 @@ def test_ctrl_c_while_a_bad_argument_is_reported_is_raised_then_not_later():
         g2.close()
 
 
+def test_ctrl_c_while_a_replica_reads_its_arguments_aborts_the_others_not_reports_a_bad_argument():
+    # Ctrl-C landing while replica 0's array is read (here: raised by the array-like's own
+    # protocol) is not a bad argument of replica 0: the others are released with
+    # AbortedError naming no replica, as from an interrupted wait, and their arrays keep
+    # their values.
+    class Interrupting:
+        @property
+        def __array_interface__(self):
+            raise KeyboardInterrupt
+
+        def __dlpack__(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+        def __dlpack_device__(self):
+            raise KeyboardInterrupt
+
+    g = dv.ReplicaGroup(3, timeout_seconds=10)
+    bufs = {r: np.full(4, r + 1.0, np.float32) for r in (1, 2)}
+    errors = {}
+
+    def replica(r):
+        try:
+            g.replica_all_reduce(r, bufs[r])
+        except BaseException as e:  # recorded for the asserts
+            errors[r] = e
+
+    threads = [threading.Thread(target=replica, args=(r,), daemon=True) for r in (1, 2)]
+    try:
+        for t in threads:
+            t.start()
+        with pytest.raises(KeyboardInterrupt):
+            g.replica_all_reduce(0, Interrupting())
+        for t in threads:
+            t.join(10)
+        for r in (1, 2):
+            e = errors.get(r)
+            assert isinstance(e, dv.AbortedError) and e.replica == -1, f"replica {r}: {e!r}"
+            assert "interrupted (KeyboardInterrupt)" in str(e), f"replica {r}: {e}"
+            np.testing.assert_array_equal(bufs[r], np.full(4, r + 1.0, np.float32))
+        # After reset() the group works again.
+        g.reset()
+        outs = [np.full(4, r + 1.0, np.float32) for r in range(3)]
+        g.all_reduce(outs)
+        for o in outs:
+            np.testing.assert_array_equal(o, np.full(4, 6.0, np.float32))
+    finally:
+        g.close()
+
+
 def test_a_refused_single_call_leaves_the_group_aborted():
     # An abort stays until reset(): a single call refused meanwhile must not clear it,
     # or a late per-replica caller would wait for replicas that already left.

@@ -1187,6 +1187,7 @@ def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(
     s = mirrored(2, timeout=5.0, execution=execution)
     with s.scope():
         mv = dv.Variable(np.zeros(2))
+        mean = dv.Variable(np.zeros(2), aggregation=dv.VariableAggregation.MEAN)
     pv = dv.Variable(np.zeros(2))
     dist_it = iter(s.experimental_distribute_dataset(dv.data.Dataset.range(100).batch(4)))
     release = threading.Event()
@@ -1198,7 +1199,9 @@ def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(
             entered.release()
             release.wait(30)
 
-    locks = [pv._lock, mv.values[1]._lock, dist_it._lock]
+    # (The strategy's own lock: what a thread holds in the middle of a step's collective
+    # or a cross-replica reduce.)
+    locks = [pv._lock, mv.values[1]._lock, dist_it._lock, s.extended._lock]
     threads = [threading.Thread(target=hold, args=(lock,), daemon=True) for lock in locks]
     for t in threads:
         t.start()
@@ -1213,6 +1216,10 @@ def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(
         assert mv.values[1].numpy().tolist() == [1.0, 1.0]
         got = [np.asarray(x).tolist() for x in s.experimental_local_results(next(dist_it))]
         assert got == [[0, 1], [2, 3]]
+        s.run(lambda: mean.assign_add(np.full(2, 2.0 * replica_id() + 1)))
+        assert [c.numpy().tolist() for c in mean.values] == [[2.0, 2.0], [2.0, 2.0]]
+        check_step(s.run(tagged_step, args=(3,)), 3, 2)
+        assert s.reduce("SUM", s.run(lambda: np.float64(replica_id() + 1)), axis=None) == 3.0
         assert time.monotonic() - t0 < 5
 
     try:

@@ -270,6 +270,14 @@ py::object per_replica(group& g, const parameters& p, std::size_t timeout_index,
   try {
     c = prepare(replica, bind_arguments(p, args, kwargs));
   } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_Exception)) {
+      // Not a bad argument: Ctrl-C (or another BaseException) while the arguments were
+      // read. The others are released as from an interrupted wait, with AbortedError
+      // that names no replica, not with this replica's "invalid argument".
+      g.abort(-1, std::string("a ") + p.function + " call of replica " + std::to_string(replica) +
+                      " was interrupted (" + exception_text(e) + ")");
+      throw;
+    }
     report_invalid(g, replica, exception_text(e), e.matches(PyExc_TypeError), timeout_for_report());
     throw;
   } catch (const py::type_error& e) {

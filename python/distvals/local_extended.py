@@ -32,6 +32,7 @@ from .cross_replica import CrossReplicaExtended
 from .cuda import DeviceArray
 from .engine_collectives import FUSE_LEAF_BYTES, exact_algorithm, host_pack_bytes
 from .errors import replica_error
+from .fork_locks import renewed_after_fork
 from .meeting import check_calls, check_leaves, check_structures
 from .options import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -227,8 +228,9 @@ class LocalExtended(CrossReplicaExtended):
         self._quick_tree = self._quick_tree_ok()
         self._make_gpu_quick_path()
         # One collective at a time per strategy: a step's meetings and cross-replica calls
-        # from other threads (a logging thread's strategy.reduce) take turns.
-        self._lock = threading.RLock()
+        # from other threads (a logging thread's strategy.reduce) take turns. A new one in
+        # a forked child: a thread that held it in the parent does not exist there.
+        self._lock = renewed_after_fork(self, threading.RLock)
         # Held while a step runs; _claim_lock settles who takes over a stale one.
         self._run_lock = threading.Lock()
         self._claim_lock = threading.Lock()
