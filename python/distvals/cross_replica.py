@@ -477,9 +477,9 @@ def _new_copy(a: Any, original: Any) -> Any:
     copied where they live; a Python value that is not an array comes back as it is."""
     from . import devices
 
+    if isinstance(a, (np.generic, int, float, complex, bool)):
+        return a  # immutable
     if isinstance(a, np.ndarray) or devices.is_device_array(a) or kinds.framework_of(a) != "other":
-        if isinstance(a, (np.generic, int, float, complex, bool)):
-            return a
         return kinds.restore(devices.copy(a), original)
     return a
 

@@ -23,7 +23,7 @@ before: a scalar cannot carry a method, and ``v[1:2].assign(...)`` writes one el
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import numpy as np
 
@@ -84,24 +84,17 @@ class VariableSlice(np.ndarray):
                 "assign on an array computed from a variable's part: only the part read by "
                 "indexing the variable (v[key].assign(x)) writes back to it"
             )
-        shape = tuple(var.shape)
-        # The index of every element the key selects, in the part's shape: the same key
-        # applied to an array of positions.
-        positions = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)[self._key]
-        positions = np.asarray(positions)
-        if shape:
-            indices = np.stack(np.unravel_index(positions, shape), axis=-1)
-        else:
-            indices = np.zeros(positions.shape + (0,), dtype=np.int64)
+        indices = _indices_of(tuple(var.shape), self._key)
+        part_shape = indices.shape[:-1]
         if not isinstance(value, DistributedValues):
             value = np.asarray(value)
-            if value.shape != positions.shape:
+            if value.shape != part_shape:
                 try:
-                    value = np.broadcast_to(value, positions.shape)
+                    value = np.broadcast_to(value, part_shape)
                 except ValueError:
                     raise ValueError(
                         f"assign to {_describe(self._key)} of variable '{var.name}': a value of shape "
-                        f"{value.shape} does not fit the part's shape {positions.shape}"
+                        f"{value.shape} does not fit the part's shape {part_shape}"
                     ) from None
         from .distributed_variables import SyncOnReadVariable
         from .variables import _coerce_dtype
@@ -116,6 +109,20 @@ class VariableSlice(np.ndarray):
         else:
             var.scatter_nd_update(indices, value)
         return var if read_value else None
+
+
+def _indices_of(shape: Tuple[int, ...], key: Any) -> np.ndarray:
+    """The index of every element ``key`` selects from an array of ``shape``, in the shape
+    of the selection, with one more axis of length ``len(shape)`` (scatter_nd's indices).
+    Each axis's coordinate is an arange broadcast to ``shape`` without copying, and the key
+    applied to it: memory of the selection's size, not the variable's."""
+    if not shape:
+        return np.zeros(np.empty(())[key].shape + (0,), dtype=np.int64)
+    coords = []
+    for k, n in enumerate(shape):
+        axis = np.arange(n, dtype=np.int64).reshape((n,) + (1,) * (len(shape) - 1 - k))
+        coords.append(np.asarray(np.broadcast_to(axis, shape)[key]))
+    return np.stack(coords, axis=-1)
 
 
 def _describe(key: Any) -> str:
