@@ -97,7 +97,7 @@ class CrossReplicaExtended(StrategyExtended):
         if isinstance(value, Mirrored) and op is ReduceOp.MEAN and axis is None:
             # Every copy is the value: its mean is a copy of it, in a MEAN's dtype.
             mean = reduced_alone(op, parts[0])
-            return kinds.restore(self._coll_copy(mean) if mean is parts[0] else mean, original)
+            return _new_copy(mean, original) if mean is parts[0] else kinds.restore(mean, original)
         with self._lock:
             if axis is None:
                 _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what)
@@ -161,13 +161,6 @@ class CrossReplicaExtended(StrategyExtended):
         """Before a structure's leaves are reduced or gathered one by one: nothing to agree
         on within one process (a multi-worker strategy makes its workers agree on the
         structure here)."""
-
-    def _coll_copy(self, x: Any) -> Any:
-        if isinstance(x, np.ndarray):
-            return np.array(x, copy=True)
-        from . import devices
-
-        return devices.copy(x)
 
     def _reduce_along(self, op: ReduceOp, parts: List[Any], axis: int, what: str) -> Any:
         """``strategy.reduce`` with an axis: each part reduced along it (on the host), then
