@@ -769,6 +769,127 @@ def test_one_step_at_a_time(s2):
     assert result["v"] == 1
 
 
+def test_steps_from_three_threads_at_once_each_run_whole_or_are_refused(s2):
+    """Three threads call run on one strategy as fast as they can, with thread switches
+    forced as often as the interpreter allows, so that a claim on the step is read while
+    its step ends and another begins: every call returns its own step's all-reduce on
+    every replica, or is refused as a step already running; nothing else."""
+    ok, refused, other, wrong = [0], [0], [], []
+    end = time.monotonic() + 1.5
+
+    def fn(b):
+        return dv.get_replica_context().all_reduce("SUM", np.float64(b + replica_id()))
+
+    def drive(k: int) -> None:
+        i = 0
+        while time.monotonic() < end:
+            i += 1
+            b = float(k * 1_000_000 + i)
+            try:
+                got = [float(v) for v in s2.experimental_local_results(s2.run(fn, args=(b,)))]
+            except RuntimeError as e:
+                if "already running a step" in str(e):
+                    refused[0] += 1
+                else:
+                    other.append(repr(e))
+                continue
+            except Exception as e:  # reported below
+                other.append(repr(e))
+                continue
+            if got == [2 * b + 1] * 2:
+                ok[0] += 1
+            else:
+                wrong.append((b, got))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=drive, args=(k,)) for k in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+    assert not any(t.is_alive() for t in ts)
+    assert wrong == [] and other[:3] == []
+    assert ok[0] > 0 and refused[0] > 0
+    assert_usable(s2)
+
+
+def test_a_claim_on_the_step_whose_call_is_over_is_taken_over(s2):
+    """A step that an interrupt cut short before it let go of its claim leaves one whose
+    call has returned; one whose thread has ended is as stale. The next run takes either
+    over, and a step still running is refused (its claim found again, not the stale one
+    read first)."""
+
+    def returned_frame():
+        return sys._getframe()
+
+    ext = s2.extended
+    ext._claims[0] = (threading.get_ident(), returned_frame())
+    assert_usable(s2)
+    done = []
+    t = threading.Thread(target=lambda: done.append((threading.get_ident(), sys._getframe())))
+    t.start()
+    t.join(20)
+    ext._claims[0] = done[0]
+    assert_usable(s2)
+    assert ext._claims == {}
+
+    inside, release = threading.Event(), threading.Event()
+
+    def slow():
+        if replica_id() == 0:
+            inside.set()
+            release.wait(20)
+        return 1
+
+    t = threading.Thread(target=s2.run, args=(slow,))
+    t.start()
+    try:
+        assert inside.wait(20)
+        with pytest.raises(RuntimeError, match="already running a step"):
+            # Read while a stale claim held the step; the running step's is there now.
+            ext._claim_step((threading.get_ident(), returned_frame()), (threading.get_ident(), sys._getframe()))
+    finally:
+        release.set()
+        t.join(20)
+    assert_usable(s2)
+
+
+@pytest.mark.parametrize("inner", EXECUTION_MODES)
+def test_a_step_times_out_while_its_merge_fn_runs_another_strategys_step(inner):
+    """The step of an inline strategy ends at its own timeout while its merge_fn runs a
+    step of another strategy (whose timeout is long) that computes on."""
+    a = mirrored(2, timeout=1.0, execution="inline")
+    b = mirrored(2, execution=inner)
+    stop = threading.Event()
+
+    def b_fn():
+        if replica_id() == 1:
+            t0 = time.monotonic()
+            while not stop.is_set() and time.monotonic() - t0 < 20:
+                pass  # Python work, which an interrupt can end
+        return dv.get_replica_context().all_reduce("SUM", np.float64(1))
+
+    def a_fn():
+        return dv.get_replica_context().merge_call(lambda _: b.experimental_local_results(b.run(b_fn)))
+
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(dv.CollectiveTimeoutError, match="within 1 s"):
+            a.run(a_fn)
+        assert time.monotonic() - t0 < 6
+        stop.set()
+        assert_usable(a)
+        assert_usable(b)
+    finally:
+        stop.set()
+        a.close()
+        b.close()
+
+
 def test_two_strategies_from_two_threads_at_once():
     errors = []
 

@@ -12,6 +12,7 @@ collectives directly (``distvals.cross_replica``, its base class).
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -52,6 +53,7 @@ from .replicas import (
     StepTimeout,
     TreeExtra,
     as_request,
+    executing,
     fork_generation,
     names,
 )
@@ -123,32 +125,11 @@ class _SingleRunner:
 
 
 _get_ident = threading.get_ident
+_getframe = sys._getframe
 try:
     from greenlet import getcurrent as _getcurrent
 except ImportError:  # pragma: no cover - inline replicas need greenlet; without it they do not run
     _getcurrent = None
-
-
-def _runs_step(ext: Any, thread_id: int, me: int) -> bool:
-    """True when thread ``thread_id`` is inside ``ext``'s ``_call_for_each_replica`` now
-    (looked up on its current stack, or on the caller's own stack for itself)."""
-    import sys
-
-    # For this thread, start above the _call_for_each_replica that is asking (frames: this
-    # function, _claim_step, that call).
-    frame = sys._getframe(3) if thread_id == me else sys._current_frames().get(thread_id)
-    top = frame
-    code = LocalExtended._call_for_each_replica.__code__
-    while frame is not None:
-        if frame.f_code is code and frame.f_locals.get("self") is ext:
-            return True
-        frame = frame.f_back
-    # A thread running an inline replica is inside that replica's greenlet, whose frames
-    # do not lead back to the scheduler's: look for the runner there.
-    from .replicas_inline import InlineRunner, runs_in
-
-    runner = getattr(ext, "_runner", None)
-    return isinstance(runner, InlineRunner) and runs_in(runner, top)
 
 
 def _unwrap(x: Any) -> Any:
@@ -231,10 +212,12 @@ class LocalExtended(CrossReplicaExtended):
         # from other threads (a logging thread's strategy.reduce) take turns. A new one in
         # a forked child: a thread that held it in the parent does not exist there.
         self._lock = renewed_after_fork(self, threading.RLock)
-        # Held while a step runs; _claim_lock settles who takes over a stale one.
-        self._run_lock = threading.Lock()
-        self._claim_lock = threading.Lock()
-        self._owner: Optional[int] = None  # the thread running a step
+        # The step running now, as {0: claim}: a claim is a tuple made for that one call,
+        # (its thread's id, its frame), put there by dict.setdefault, which claims
+        # atomically, and taken away by its own call only. _claim_lock settles who takes
+        # over a stale one.
+        self._claims: Dict[int, Tuple[int, Any]] = {}
+        self._claim_lock = renewed_after_fork(self, threading.Lock)
         self._step_active = False
         self._fork = fork_generation()
         # Variables created under this strategy's scope get one copy per replica.
@@ -402,11 +385,13 @@ class LocalExtended(CrossReplicaExtended):
             )
         if self._closed:
             raise ClosedError(f"{self._container!r} is closed")
-        if self._run_lock.acquire(False):
-            # The common case, no step running (the rest is _claim_step's).
-            self._owner = _get_ident()
-        else:
-            self._claim_step()
+        # One bytecode claims the step (the common case: no step running) or finds the
+        # claim that holds it, so no other thread ever sees a step without its thread.
+        mine = (_get_ident(), _getframe())
+        claims = self._claims
+        held = claims.setdefault(0, mine)
+        if held is not mine:
+            self._claim_step(held, mine)
         try:
             if self._fork != _forks[0]:
                 self._after_fork()
@@ -414,31 +399,36 @@ class LocalExtended(CrossReplicaExtended):
             return self._step(fn, args, kwargs)
         finally:
             self._step_active = False
-            self._owner = None
-            self._run_lock.release()
+            # Only this call's own claim is let go (never one that took over from it).
+            if claims.get(0) is mine:
+                del claims[0]
+            del mine, held  # the claim holds this frame: no cycle left for the collector
 
-    def _claim_step(self) -> None:
-        """Makes this thread the one running a step, or raises when a step is running.
-        A claim left behind by a step that a KeyboardInterrupt cut short before it could
-        let go (the interrupt may land between any two bytecodes) is recognized as stale
-        (its thread no longer runs a step of this strategy) and taken over: a strategy
-        never refuses forever."""
-        me = _get_ident()
-        # Tried again although run() tried first: the step that held the lock may have
-        # ended since, and taking over a lock that nobody holds would leave it unlocked.
-        if self._run_lock.acquire(False):
-            self._owner = me
-            return
-        # Held: by a step running now, or by one that an interrupt cut short.
+    def _claim_step(self, held: Tuple[int, Any], mine: Tuple[int, Any]) -> None:
+        """Makes ``mine`` the claim of the step running, or raises when another step is
+        running (``held``, its claim, was found in place). A claim left behind by a step
+        that a KeyboardInterrupt cut short before it could let go (the interrupt may land
+        between any two bytecodes) is recognized as stale (its call has returned) and
+        taken over: a strategy never refuses forever. A live claim's call has not
+        returned, so a live one is never taken for stale."""
+        claims = self._claims
         with self._claim_lock:
-            owner = self._owner
-            if owner is not None and _runs_step(self, owner, me):
-                raise RuntimeError(
-                    f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
-                    "another thread); one step at a time"
-                )
-            # Stale: the lock is ours now (a lock may be released by any thread).
-            self._owner = me
+            while True:
+                # Claimed again: the step that held it may have ended since.
+                held = claims.setdefault(0, mine)
+                if held is mine:
+                    return
+                if executing(held[1], held[0]):
+                    raise RuntimeError(
+                        f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
+                        "another thread); one step at a time"
+                    )
+                # Stale: taken over, unless its call let go of it since it was read (and
+                # another may have claimed the step): then the claim is tried again. Only
+                # a stale claim's thread could remove it, and its call has returned.
+                if claims.get(0) is held:
+                    claims[0] = mine
+                    return
 
     def _step(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         n = self._n

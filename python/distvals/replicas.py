@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Type
 
@@ -39,6 +40,7 @@ __all__ = [
     "StepTimeout",
     "TreeExtra",
     "as_request",
+    "executing",
     "foreign_greenlet_error",
     "fork_generation",
     "names",
@@ -199,6 +201,22 @@ def set_async_exception(thread_id: Optional[int], exc_type: Optional[Type[BaseEx
     # id() of a live type object is its address; the type outlives the pending call.
     done: int = _set_async_exc(thread_id, None if exc_type is None else id(exc_type))
     return done == 1
+
+
+def executing(frame: Any, thread_id: Optional[int]) -> bool:
+    """True while ``frame``, the frame of a function call on thread ``thread_id``, has
+    not returned. Not by looking for the frame on the thread's current stack: an ``f_back``
+    chain seen from another thread can end early (inside greenlets and generators), and a
+    call that runs would look over. A running frame refuses ``clear()`` (and so does one
+    suspended in a greenlet); clearing one that has returned only drops its locals. A
+    thread that no longer exists (another thread, seen from a forked child) runs nothing."""
+    if frame is None or thread_id not in sys._current_frames():
+        return False
+    try:
+        frame.clear()
+    except RuntimeError:
+        return True
+    return False
 
 
 def main_thread_id() -> Optional[int]:

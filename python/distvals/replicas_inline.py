@@ -52,6 +52,7 @@ from .replicas import (
     Request,
     StepTimeout,
     as_request,
+    executing,
     foreign_greenlet_error,
     main_thread_id,
     names,
@@ -70,6 +71,7 @@ except ImportError:  # pragma: no cover - greenlet is a dependency; threads mode
 __all__ = ["InlineRunner", "available"]
 
 _get_ident = threading.get_ident
+_getframe = sys._getframe
 
 _EMPTY: Dict[str, Any] = {}
 _INF = math.inf
@@ -164,6 +166,7 @@ class InlineRunner:
         self._deadline = math.inf
         self._timeout = math.inf
         self._thread_id: Optional[int] = None
+        self._step_frame: Optional[types.FrameType] = None  # the running step's (see _fire)
         self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent instead
         # The greenlets' body, with (a weak reference to) this runner in its frame, where
         # the watchdog and the strategy look for it. A strong one would make a cycle
@@ -323,6 +326,8 @@ class InlineRunner:
         failures: List[Failure]
         self.failures = failures = []
         results: List[Any] = [None] * n
+        # While this frame runs, the step runs (the watchdog's test, see _fire).
+        self._step_frame = _getframe()
         local = context._local
         saved = local.stack
         gls = self._greenlets
@@ -389,6 +394,7 @@ class InlineRunner:
             self._running = None
             local.stack = saved
             fired = self._disarm() if self._active else 0
+            self._step_frame = None
             # The step's results and requests are the caller's now: the runner keeps no
             # reference to them (they may be large) until the next step.
             self._results = self._msgs = None
@@ -512,9 +518,10 @@ class InlineRunner:
             if not self._active or now < self._deadline or self._fired:
                 return
             tid = self._thread_id
-            if not _in_step_of(self, tid):
+            if not executing(self._step_frame, tid):
                 # A step interrupted before it could disarm: nothing runs it any more.
                 self._active = False
+                self._step_frame = None
                 return
             call = self._call
             if call is not None and not self._call_waits(call[0]):
@@ -565,30 +572,6 @@ def _report_cleanup_error(replica: int, error: BaseException) -> None:
         object=None,
     )
     sys.unraisablehook(hook_args)
-
-
-def _in_step_of(runner: InlineRunner, thread_id: Optional[int]) -> bool:
-    """True when thread ``thread_id`` is now inside a step of ``runner``: its scheduler
-    (``step``, whose loop runs in C) or one of its replica greenlets (``_replica_main``)
-    is on the thread's current stack."""
-    return runs_in(runner, sys._current_frames().get(thread_id))  # type: ignore[arg-type]
-
-
-def runs_in(runner: InlineRunner, frame: Any) -> bool:
-    """True when ``frame`` (a thread's current frame) or a frame below it belongs to a
-    step of ``runner``: its scheduler, or one of its replica greenlets."""
-    while frame is not None:
-        if frame.f_code in _STEP_CODES:
-            local = frame.f_locals
-            owner = local["self"] if "self" in local else local.get("runner")
-            if isinstance(owner, weakref.ref):
-                owner = owner()
-            return owner is runner
-        frame = frame.f_back
-    return False
-
-
-_STEP_CODES = frozenset([InlineRunner.step.__code__, _replica_main.__code__])
 
 
 class _Watchdog:
