@@ -30,6 +30,16 @@ namespace distvals {
 
 using detail::clock_type;
 
+/// True when a replica's `progress` (see group::impl::replica_state) has reached
+/// `target`. Compared as serial numbers, not as plain integers: seq << 32 wraps around
+/// 2^64 at call 2^32, where a plain >= would take the previous call's progress for this
+/// one's (no wait, stale data). Every two values compared lie within a few calls of each
+/// other (a replica is at most one call ahead; reset() and fork restart both at 0), far
+/// below 2^63, so the sign of their difference orders them.
+inline bool reached(std::uint64_t progress, std::uint64_t target) noexcept {
+  return static_cast<std::int64_t>(progress - target) >= 0;
+}
+
 // Hidden: the implementation is not part of the library's ABI, even though `group` is exported.
 struct __attribute__((visibility("hidden"))) group::impl {
   // ---- configuration -----------------------------------------------------------
@@ -48,7 +58,8 @@ struct __attribute__((visibility("hidden"))) group::impl {
   // ---- per-replica state -------------------------------------------------------
   // progress = (seq << 32) | steps completed in call `seq`. A replica sets it to
   // seq << 32 when it arrives at call seq, then bumps it after every step. Values only
-  // grow, so "replica j completed step k of call seq" is progress >= (seq<<32) + k + 1.
+  // grow, so "replica j completed step k of call seq" is reached(progress, (seq<<32) + k + 1).
+  // (seq << 32 wraps around at call 2^32; see reached().)
   struct alignas(64) replica_state {
     std::atomic<std::uint64_t> progress{0};
     // True while a thread executes a step of this replica's program. A replica that

@@ -137,15 +137,24 @@ void group::impl::run_replica(int replica, const call_desc& desc_in, const buffe
                                    ": a per-thread default stream (handle 2) cannot be waited for from another "
                                    "thread; pass the stream object itself, or synchronize it first");
     }
-    if (options.ndim > 0 && options.shape != nullptr) {
-      // A shape describes the input: its elements must be the call's.
+    if (options.ndim > 0 && options.shape == nullptr) {
+      throw invalid_argument_error("replica " + std::to_string(replica) + ": ndim is " +
+                                   std::to_string(options.ndim) + " but shape is null");
+    }
+    if (options.ndim > 0) {
+      // A shape describes the input: its elements must be the call's. A product past
+      // 2^64 describes no buffer (wrapped around, it could equal the count).
       std::uint64_t elements = 1;
-      bool negative = false;
+      bool negative = false, zero = false, overflow = false;
       for (int i = 0; i < options.ndim; ++i) {
         negative = negative || options.shape[i] < 0;
-        elements *= static_cast<std::uint64_t>(options.shape[i]);
+        zero = zero || options.shape[i] == 0;
       }
-      if (negative || (desc.kind != collective::broadcast && elements != desc.count)) {
+      for (int i = 0; i < options.ndim && !negative && !zero; ++i) {
+        overflow = overflow || __builtin_mul_overflow(elements, static_cast<std::uint64_t>(options.shape[i]), &elements);
+      }
+      if (zero) elements = 0;
+      if (negative || overflow || (desc.kind != collective::broadcast && elements != desc.count)) {
         std::string s = "(";
         for (int i = 0; i < options.ndim; ++i) s += (i ? ", " : "") + std::to_string(options.shape[i]);
         throw invalid_argument_error("replica " + std::to_string(replica) + ": shape " + s + ") does not describe " +
@@ -212,7 +221,7 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
   const std::uint64_t base = seq << 32;
 
   // Step 2: wait for everybody to arrive.
-  auto arrived = [&](int j) { return reps[j].progress.load(std::memory_order_acquire) >= base; };
+  auto arrived = [&](int j) { return reached(reps[j].progress.load(std::memory_order_acquire), base); };
   wait(
       [&]() {
         for (int j = 0; j < n; ++j) {
@@ -293,7 +302,7 @@ void group::impl::run_arrived(int replica, std::uint64_t seq, const call_desc& d
     publish(0, seq, 1);
     return;
   }
-  auto ran = [&]() { return reps[0].progress.load(std::memory_order_acquire) >= base + 1; };
+  auto ran = [&]() { return reached(reps[0].progress.load(std::memory_order_acquire), base + 1); };
   wait(ran, deadline, replica, [&]() {
     return "distvals: " + std::string(collective_name(desc.kind)) + " timed out after " +
            detail::timeout_text(timeout) + " in replica " + std::to_string(replica) +

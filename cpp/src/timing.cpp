@@ -48,6 +48,10 @@ std::vector<double> time_collective(group& g, const call_desc& desc, const std::
 
 std::vector<double> time_copy(int threads, std::size_t bytes, int iterations, int warmup) {
   using clk = std::chrono::steady_clock;
+  // Checked as time_memory_bound checks them: with no thread the barrier below would
+  // wait forever for one.
+  if (threads < 1) throw std::invalid_argument("time_copy needs at least one thread");
+  if (iterations < 1 || warmup < 0) throw std::invalid_argument("time_copy: iterations >= 1, warmup >= 0");
   std::vector<buffer> src, dst;
   for (int i = 0; i < threads; ++i) {
     src.emplace_back(bytes, dtype::uint8);

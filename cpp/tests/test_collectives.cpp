@@ -3,6 +3,8 @@
 // `test_collectives cpu`, `... model` (GPU replicas on the host model of CUDA, on one
 // device and spread over several, with and without peer access) and `... cuda`.
 // Outputs are poisoned first, so an element the engine forgot to write shows up as wrong.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -10,6 +12,7 @@
 
 #include "backends.hpp"
 #include "check.hpp"
+#include "group_impl.hpp"  // only to set a group's call counters (the 2^32 test)
 #include "reference.hpp"
 
 using namespace distvals;
@@ -331,6 +334,64 @@ TEST_CASE("batches: overlapping ones are counted, the workers linger until the l
   CHECK(g->batch(false) == 0);
   CHECK(g->set_linger_us(0) == 0);  // batches never touch the linger setting
   run_case(*g, {collective::all_reduce, algorithm::ring, dtype::float64, 1001, reduce_op::max, style::single_call, true, 0});
+}
+
+// A group's implementation, reached through the accessor subclasses are given.
+struct state_of : group {
+  static group::impl& get(const group& g) { return (g.*(&state_of::state))(); }
+};
+
+TEST_CASE("per-replica calls across call number 2^32 wait for a late replica and reduce its data") {
+  // The call counters are set as 2^32 - 3 calls would leave them. Each replica's
+  // progress is (call << 32) + steps, which wraps around at call 2^32: compared as plain
+  // integers, the previous call's progress passed for "arrived" there (no wait, stale
+  // data).
+  auto g = B->make_group(2);
+  group::impl& m = state_of::get(*g);
+  const std::uint64_t start = (std::uint64_t{1} << 32) - 3;
+  for (int r = 0; r < 2; ++r) {
+    m.reps[r].seq.store(start);
+    m.reps[r].progress.store(start << 32);
+  }
+  const std::size_t n = 4099;
+  const call_desc d{collective::all_reduce, dtype::float64, reduce_op::sum, algorithm::automatic, n, 0};
+  std::vector<buffer_view> v = {B->alloc(*g, 0, n, dtype::float64), B->alloc(*g, 1, n, dtype::float64)};
+  for (int call = 0; call < 6; ++call) {
+    buffer h0(n, dtype::float64), h1(n, dtype::float64);
+    std::fill_n(static_cast<double*>(h0.data()), n, 1.0 + call);
+    std::fill_n(static_cast<double*>(h1.data()), n, 10.0 + call);
+    B->to_device(v[0], h0.data());
+    std::string e0, e1;
+    std::thread late([&] {
+      // Replica 1's input is written only now, just before it arrives.
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      B->to_device(v[1], h1.data());
+      try {
+        g->run(1, d, v[1], v[1]);
+      } catch (const std::exception& e) {
+        e1 = e.what();
+      }
+    });
+    try {
+      g->run(0, d, v[0], v[0]);
+    } catch (const std::exception& e) {
+      e0 = e.what();
+    }
+    late.join();
+    CHECK_MSG(e0.empty() && e1.empty(), e0 + " | " + e1);
+    B->synchronize_all();
+    const double want = 11.0 + 2 * call;
+    for (int r = 0; r < 2; ++r) {
+      buffer got(n, dtype::float64);
+      B->to_host(got.data(), v[static_cast<std::size_t>(r)]);
+      const auto* p = static_cast<const double*>(got.data());
+      const std::size_t wrong = static_cast<std::size_t>(std::count_if(p, p + n, [&](double x) { return x != want; }));
+      CHECK_MSG(wrong == 0, "call " + std::to_string(start + static_cast<std::uint64_t>(call) + 1) + ", replica " +
+                                std::to_string(r) + ": " + std::to_string(wrong) + " elements differ from " +
+                                std::to_string(want));
+    }
+  }
+  B->release();
 }
 
 int main(int argc, char** argv) {

@@ -269,6 +269,47 @@ TEST_CASE("per replica: shapes must agree, and the message names the first diffe
   CHECK(!g.aborted());
 }
 
+TEST_CASE("per replica: a shape whose product passes 2^64, or a missing one, is refused before any data") {
+  group g(2);
+  buffer a(2, dtype::float32), b(2, dtype::float32);
+  auto* pa = static_cast<float*>(a.data());
+  auto* pb = static_cast<float*>(b.data());
+  pa[0] = pa[1] = 1.0f;
+  pb[0] = pb[1] = 2.0f;
+  // 3 * 6148914691236517206 = 2^64 + 2: wrapped around, it would "describe" 2 elements.
+  const std::int64_t wraps[] = {3, 6148914691236517206};
+  auto err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    o.shape = wraps;
+    o.ndim = 2;
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 2, 0},
+          r == 0 ? a.view() : b.view(), r == 0 ? a.view() : b.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MSG(contains(err[r], "does not describe 2 elements"), err[r]);
+  err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    o.ndim = r == 1 ? 1 : -1;  // replica 1: one dimension, but no shape
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 2, 0},
+          r == 0 ? a.view() : b.view(), r == 0 ? a.view() : b.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MSG(contains(err[r], "replica 1: ndim is 1 but shape is null"), err[r]);
+  CHECK(pa[0] == 1.0f && pa[1] == 1.0f && pb[0] == 2.0f && pb[1] == 2.0f);
+  // A dimension of 0 after huge ones describes no elements, not an overflow.
+  const std::int64_t empty[] = {6148914691236517206, 3, 0};
+  buffer e(0, dtype::float32), f(0, dtype::float32);
+  err = on_threads(2, [&](int r) {
+    replica_options o;
+    o.timeout = 5s;
+    o.shape = empty;
+    o.ndim = 3;
+    g.run(r, call_desc{collective::all_reduce, dtype::float32, reduce_op::sum, algorithm::direct, 0, 0},
+          r == 0 ? e.view() : f.view(), r == 0 ? e.view() : f.view(), o);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MSG(err[r].empty(), err[r]);
+}
+
 TEST_CASE("per replica: a scalar and a vector of one element are different shapes") {
   group g(2);
   buffer a(1, dtype::float32), b(1, dtype::float32);

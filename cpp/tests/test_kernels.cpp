@@ -14,6 +14,7 @@
 #include "distvals/config.hpp"
 #include "distvals/error.hpp"
 #include "distvals/host_reduce.hpp"
+#include "distvals/timing.hpp"
 
 namespace {
 
@@ -249,7 +250,19 @@ TEST_CASE("reduce_on_caller reduces host buffers on the calling thread as a grou
   const void* with_null[] = {big.data(), nullptr};
   CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::int32, reduce_op::sum, with_null, 2, into_untouched, 1, 2),
                   distvals::invalid_argument_error);
+  // Enums past the last value (they index the kernel table): refused, not run.
+  CHECK_THROWS_AS(distvals::reduce_on_caller(static_cast<dtype>(8), reduce_op::sum, ints, 2, into_untouched, 1, 2),
+                  distvals::dtype_error);
+  CHECK_THROWS_AS(distvals::reduce_on_caller(dtype::int32, static_cast<reduce_op>(7), ints, 2, into_untouched, 1, 2),
+                  distvals::invalid_argument_error);
   CHECK(untouched[0] == 42 && untouched[1] == 42);
+}
+
+TEST_CASE("time_copy refuses no threads or no iterations instead of waiting for them") {
+  CHECK_THROWS_AS(distvals::time_copy(0, 64, 1, 0), std::invalid_argument);
+  CHECK_THROWS_AS(distvals::time_copy(-1, 64, 1, 0), std::invalid_argument);
+  CHECK_THROWS_AS(distvals::time_copy(1, 64, 0, 0), std::invalid_argument);
+  CHECK(distvals::time_copy(1, 64, 2, 1).size() == 2);
 }
 
 }  // namespace

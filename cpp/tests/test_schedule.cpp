@@ -179,6 +179,41 @@ TEST_CASE("all-reduce schedules compute the sum in any valid order and have no h
   }
 }
 
+TEST_CASE("a chunk too small for the count grows: every output element is still written, in few steps") {
+  // 2^31 + 1 and 2^32 + 3 elements in chunks of one: the step numbers of as many chunks
+  // would not fit in an int (the tree then covered none or a few elements).
+  for (algorithm a : {algorithm::ring, algorithm::tree}) {
+    for (int n : {2, 3}) {
+      for (std::size_t count : {(std::size_t{1} << 31) + 1, (std::size_t{1} << 32) + 3}) {
+        const schedule s = make_schedule({collective::all_reduce, a, n, count, 0, 1, 16});
+        const std::string what = std::string(algorithm_name(a)) + " n=" + std::to_string(n) +
+                                 " count=" + std::to_string(count);
+        for (int r = 0; r < n; ++r) {
+          const auto& prog = s.programs[static_cast<std::size_t>(r)];
+          CHECK_MSG(prog.size() <= std::size_t{4} * static_cast<std::size_t>(n) * 16384, what);
+          // The ranges of replica r's output that the steps write, merged, are [0, count).
+          std::vector<std::pair<std::size_t, std::size_t>> written;
+          for (const auto& prog_j : s.programs) {
+            for (const step& st : prog_j) {
+              for (const slot_ref& d : st.dsts) {
+                if (d.replica == r && d.output && st.count > 0) written.emplace_back(d.offset, d.offset + st.count);
+              }
+            }
+          }
+          std::sort(written.begin(), written.end());
+          std::size_t covered = 0;
+          for (const auto& [b, e] : written) {
+            if (b > covered) break;
+            covered = std::max(covered, e);
+          }
+          CHECK_MSG(covered == count, what + ": replica " + std::to_string(r) + "'s output is written up to " +
+                                          std::to_string(covered));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("direct schedules cut into fewer slices than replicas (one per thread)") {
   for (collective c : {collective::all_reduce, collective::reduce}) {
     for (int n : {2, 3, 8, 13}) {

@@ -44,7 +44,8 @@ struct group_options {
   /// CPU: worker threads that run the single-call style (caller included).
   /// 0: min(replicas, hardware threads).
   int threads = 0;
-  /// CPU: pipelining chunk of ring and tree, in bytes; 0: the default (256 KiB).
+  /// CPU: pipelining chunk of ring and tree, in bytes; 0: the default (256 KiB). A chunk
+  /// that would cut a buffer into more than 16,384 chunks is raised to fit.
   std::size_t chunk_bytes = 0;
   /// CPU: how long a wait spins before it yields and then blocks, in microseconds, at
   /// most 10,000 (larger values are taken as 10,000). Negative: the default (20 µs, none
@@ -88,7 +89,8 @@ struct replica_options {
   std::chrono::nanoseconds timeout{0};
   /// The logical shape of this replica's input, outermost dimension first; every
   /// replica of a call must pass the same shape (mismatch_error names the first
-  /// difference). Read during the call only; may be null when `ndim` is 0 or less.
+  /// difference). Read during the call only; may be null when `ndim` is 0 or less (with
+  /// `ndim` above 0 a null `shape` is an invalid_argument_error).
   const std::int64_t* shape = nullptr;
   /// Number of dimensions in `shape`: 0 is a scalar, which differs from a vector of one
   /// element; negative (the default) gives no shape, and the input counts as a flat

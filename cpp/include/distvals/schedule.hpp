@@ -81,7 +81,10 @@ struct schedule_key {
   int replicas = 1;                          ///< N
   std::size_t count = 0;                     ///< elements, as in schedule::count
   int root = 0;                              ///< reduce and broadcast only
-  std::size_t chunk = 0;                     ///< pipelining chunk in elements; 0: one chunk
+  /// pipelining chunk in elements; 0: one chunk. Ring and tree raise a chunk that would
+  /// cut a range into more than 16,384 chunks (step numbers stay small, and so does the
+  /// schedule).
+  std::size_t chunk = 0;
   std::size_t align = 16;  ///< slice boundaries are multiples of this many elements
   /// `direct` only: into how many slices the work is cut (programs 0 .. parts-1 get one
   /// each, the others none); 0 means one per replica. A backend that runs the replicas

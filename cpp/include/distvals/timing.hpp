@@ -23,8 +23,9 @@ DISTVALS_EXPORT std::vector<double> time_collective(group& g, const call_desc& d
 /// from a private source to a private destination, all at once, `iterations` times.
 /// Returns the seconds of each round (all threads between two barriers). Bytes moved
 /// per round: 2 · threads · bytes (read plus write). Starts `threads - 1` threads of its
-/// own and joins them before returning. Throws std::bad_alloc and std::system_error
-/// (threads that cannot start). Any thread.
+/// own and joins them before returning. Throws std::invalid_argument (threads < 1,
+/// iterations < 1, warmup < 0), std::bad_alloc and std::system_error (threads that
+/// cannot start). Any thread.
 DISTVALS_EXPORT std::vector<double> time_copy(int threads, std::size_t bytes, int iterations,
                                               int warmup);
 

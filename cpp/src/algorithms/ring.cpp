@@ -38,7 +38,7 @@ schedule ring_all_reduce(const schedule_key& key) {
     split_range(key.count, n, c, key.align, &seg_begin[c], &seg_end[c]);
     longest = std::max(longest, seg_end[c] - seg_begin[c]);
   }
-  const std::size_t chunk = key.chunk == 0 ? std::max<std::size_t>(longest, 1) : key.chunk;
+  const std::size_t chunk = bounded_chunk(longest, key.chunk);
   const std::size_t chunks = std::max<std::size_t>(1, (longest + chunk - 1) / chunk);
   const int per_chunk = 2 * (n - 1);  // steps per chunk: N-1 reduce-scatter + N-1 all-gather
 

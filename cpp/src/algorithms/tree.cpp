@@ -33,7 +33,7 @@ schedule tree_all_reduce(const schedule_key& key) {
   s.count = key.count;
   s.programs.resize(static_cast<std::size_t>(n));
 
-  const std::size_t chunk = key.chunk == 0 ? std::max<std::size_t>(key.count, 1) : key.chunk;
+  const std::size_t chunk = bounded_chunk(key.count, key.chunk);
   const std::size_t chunks = std::max<std::size_t>(1, (key.count + chunk - 1) / chunk);
   const int kk = static_cast<int>(chunks);
 

@@ -211,8 +211,8 @@ void cpu_executor::run_programs(const schedule& s, std::uint64_t seq, const int*
                                 clock_type::time_point deadline, int me) {
   const std::uint64_t base = seq << 32;
   auto done_at = [&](const step_dep& dep) {
-    return m_.reps[dep.replica].progress.load(std::memory_order_acquire) >=
-           base + static_cast<std::uint64_t>(dep.step) + 1;
+    return reached(m_.reps[dep.replica].progress.load(std::memory_order_acquire),
+                   base + static_cast<std::uint64_t>(dep.step) + 1);
   };
   auto ready = [&](const step& st) {
     for (const auto& dep : st.deps) {
@@ -426,7 +426,7 @@ void cpu_executor::run_part(int replica, const call& c) {
   // Step 5: leave only when nobody can still read or write our buffers.
   const std::uint64_t base = c.seq << 32;
   auto finished = [&](int j) {
-    return m_.reps[j].progress.load(std::memory_order_acquire) >= base + sched->programs[j].size();
+    return reached(m_.reps[j].progress.load(std::memory_order_acquire), base + sched->programs[j].size());
   };
   m_.wait(
       [&]() {
