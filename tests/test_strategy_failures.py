@@ -819,25 +819,48 @@ def test_steps_from_three_threads_at_once_each_run_whole_or_are_refused(s2):
 
 def test_a_claim_on_the_step_whose_call_is_over_is_taken_over(s2):
     """A step that an interrupt cut short before it let go of its claim leaves one whose
-    call has returned; one whose thread has ended is as stale. The next run takes either
-    over, and a step still running is refused (its claim found again, not the stale one
-    read first)."""
+    call has returned; one whose thread has ended is as stale, and so is another thread's
+    from before a fork (in a forked child a new thread can have that thread's id, and its
+    frame looks as if it still ran). The next run takes each over; a step that runs is
+    refused."""
+    from distvals.replicas import fork_generation
 
     def returned_frame():
         return sys._getframe()
 
     ext = s2.extended
-    ext._claims[0] = (threading.get_ident(), returned_frame())
+    gen = fork_generation()
+    ext._claims[0] = (threading.get_ident(), returned_frame(), gen)
     assert_usable(s2)
     done = []
-    t = threading.Thread(target=lambda: done.append((threading.get_ident(), sys._getframe())))
+    t = threading.Thread(target=lambda: done.append((threading.get_ident(), sys._getframe(), gen)))
     t.start()
     t.join(20)
     ext._claims[0] = done[0]
     assert_usable(s2)
     assert ext._claims == {}
 
-    inside, release = threading.Event(), threading.Event()
+    parked, release = threading.Event(), threading.Event()
+    frames = []
+
+    def park():
+        frames.append(sys._getframe())
+        parked.set()
+        release.wait(20)
+
+    t = threading.Thread(target=park)
+    t.start()
+    try:
+        assert parked.wait(20)
+        ext._claims[0] = (t.ident, frames[0], gen - 1)  # running, but from before a fork
+        assert_usable(s2)
+        assert ext._claims == {}
+    finally:
+        release.set()
+        t.join(20)
+
+    inside = threading.Event()
+    release = threading.Event()
 
     def slow():
         if replica_id() == 0:
@@ -850,8 +873,7 @@ def test_a_claim_on_the_step_whose_call_is_over_is_taken_over(s2):
     try:
         assert inside.wait(20)
         with pytest.raises(RuntimeError, match="already running a step"):
-            # Read while a stale claim held the step; the running step's is there now.
-            ext._claim_step((threading.get_ident(), returned_frame()), (threading.get_ident(), sys._getframe()))
+            ext._claim_step((threading.get_ident(), sys._getframe(), gen))
     finally:
         release.set()
         t.join(20)
@@ -1321,16 +1343,26 @@ def test_a_child_forked_while_a_thread_is_inside_an_update_or_next_can_use_them(
             release.wait(30)
 
     # (The strategy's own lock: what a thread holds in the middle of a step's collective
-    # or a cross-replica reduce.)
-    locks = [pv._lock, mv.values[1]._lock, dist_it._lock, s.extended._lock]
+    # or a cross-replica reduce; and the one a thread holds while it takes over a stale
+    # claim on the step, which the child's first run finds below.)
+    locks = [pv._lock, mv.values[1]._lock, dist_it._lock, s.extended._lock, s.extended._claim_lock]
     threads = [threading.Thread(target=hold, args=(lock,), daemon=True) for lock in locks]
     for t in threads:
         t.start()
     for _ in threads:
         assert entered.acquire(timeout=10)
 
+    def returned_frame():
+        return sys._getframe()
+
+    from distvals.replicas import fork_generation
+
+    s.extended._claims[0] = (threading.get_ident(), returned_frame(), fork_generation())
+
     def child():
         t0 = time.monotonic()
+        # Each lock is renewed as what it was (the strategy's is reentrant).
+        assert type(s.extended._lock) is type(threading.RLock())
         pv.assign_add(np.full(2, 5.0))
         assert pv.numpy().tolist() == [5.0, 5.0]
         mv.values[1].assign_add(np.ones(2))  # a copy's own update, as a replica's thread makes it

@@ -213,11 +213,11 @@ class LocalExtended(CrossReplicaExtended):
         # a forked child: a thread that held it in the parent does not exist there.
         self._lock = renewed_after_fork(self, threading.RLock)
         # The step running now, as {0: claim}: a claim is a tuple made for that one call,
-        # (its thread's id, its frame), put there by dict.setdefault, which claims
-        # atomically, and taken away by its own call only. _claim_lock settles who takes
-        # over a stale one.
-        self._claims: Dict[int, Tuple[int, Any]] = {}
-        self._claim_lock = renewed_after_fork(self, threading.Lock)
+        # (its thread's id, its frame, the process's fork generation), put there by
+        # dict.setdefault, which claims atomically, and taken away by its own call only.
+        # _claim_lock settles who takes over a stale one.
+        self._claims: Dict[int, Tuple[int, Any, int]] = {}
+        self._claim_lock = renewed_after_fork(self, threading.Lock, "_claim_lock")
         self._step_active = False
         self._fork = fork_generation()
         # Variables created under this strategy's scope get one copy per replica.
@@ -387,11 +387,14 @@ class LocalExtended(CrossReplicaExtended):
             raise ClosedError(f"{self._container!r} is closed")
         # One bytecode claims the step (the common case: no step running) or finds the
         # claim that holds it, so no other thread ever sees a step without its thread.
-        mine = (_get_ident(), _getframe())
+        mine = (_get_ident(), _getframe(), _forks[0])
         claims = self._claims
-        held = claims.setdefault(0, mine)
-        if held is not mine:
-            self._claim_step(held, mine)
+        if claims.setdefault(0, mine) is not mine:
+            try:
+                self._claim_step(mine)
+            except BaseException:
+                del mine  # the refusal's traceback holds this frame: no cycle through it
+                raise
         try:
             if self._fork != _forks[0]:
                 self._after_fork()
@@ -402,30 +405,40 @@ class LocalExtended(CrossReplicaExtended):
             # Only this call's own claim is let go (never one that took over from it).
             if claims.get(0) is mine:
                 del claims[0]
-            del mine, held  # the claim holds this frame: no cycle left for the collector
+            del mine  # the claim holds this frame: no cycle left for the collector
 
-    def _claim_step(self, held: Tuple[int, Any], mine: Tuple[int, Any]) -> None:
+    def _claim_step(self, mine: Tuple[int, Any, int]) -> None:
         """Makes ``mine`` the claim of the step running, or raises when another step is
-        running (``held``, its claim, was found in place). A claim left behind by a step
-        that a KeyboardInterrupt cut short before it could let go (the interrupt may land
-        between any two bytecodes) is recognized as stale (its call has returned) and
-        taken over: a strategy never refuses forever. A live claim's call has not
+        running (its claim was found in place). A claim left behind by a step that a
+        KeyboardInterrupt cut short before it could let go (the interrupt may land
+        between any two bytecodes) is recognized as stale and taken over: a strategy
+        never refuses forever. Stale: its call has returned, or it is another thread's
+        claim from before a fork (that thread does not exist here, and a thread of the
+        child may have its id and its stack's old place). A live claim's call has not
         returned, so a live one is never taken for stale."""
         claims = self._claims
-        with self._claim_lock:
-            while True:
-                # Claimed again: the step that held it may have ended since.
-                held = claims.setdefault(0, mine)
-                if held is mine:
-                    return
-                if executing(held[1], held[0]):
-                    raise RuntimeError(
-                        f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
-                        "another thread); one step at a time"
-                    )
-                # Stale: taken over, unless its call let go of it since it was read (and
-                # another may have claimed the step): then the claim is tried again. Only
-                # a stale claim's thread could remove it, and its call has returned.
+        while True:
+            # Claimed again: the step that held it may have ended since.
+            held = claims.setdefault(0, mine)
+            if held is mine:
+                return
+            me, generation = mine[0], mine[2]
+            if held[2] == generation or held[0] == me:
+                live = executing(held[1], held[0])
+            else:
+                live = False
+            if live:
+                del held  # the error's traceback must not keep the running step's frame
+                raise RuntimeError(
+                    f"{self._container!r} is already running a step (strategy.run from merge_fn or from "
+                    "another thread); one step at a time"
+                )
+            # Stale: taken over, unless its call let go of it since it was read (and
+            # another may have claimed the step): then the claim is tried again. Only
+            # a stale claim's thread could remove it, and its call has returned. (The
+            # test above is outside the lock: clearing a returned frame runs its locals'
+            # finalizers, which may call into this strategy.)
+            with self._claim_lock:
                 if claims.get(0) is held:
                     claims[0] = mine
                     return

@@ -208,8 +208,11 @@ def executing(frame: Any, thread_id: Optional[int]) -> bool:
     not returned. Not by looking for the frame on the thread's current stack: an ``f_back``
     chain seen from another thread can end early (inside greenlets and generators), and a
     call that runs would look over. A running frame refuses ``clear()`` (and so does one
-    suspended in a greenlet); clearing one that has returned only drops its locals. A
-    thread that no longer exists (another thread, seen from a forked child) runs nothing."""
+    suspended in a greenlet); clearing one that has returned drops its locals at once,
+    running their finalizers on the calling thread (call it holding no lock that those
+    might need). A thread that no longer exists runs nothing. (In a forked child, a
+    thread of the child may have the id of one of the parent's, and the frame of that
+    one stays "running": see the claims in ``LocalExtended._claim_step``.)"""
     if frame is None or thread_id not in sys._current_frames():
         return False
     try:

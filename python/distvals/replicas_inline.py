@@ -100,8 +100,8 @@ _Task = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
 
 def _replica_main(task: Optional[_Task] = None, runner: Any = None) -> None:
     # The body of every replica greenlet: run a task, switch its outcome to the
-    # scheduler (the parent), receive the next task. `runner` stays in this frame so
-    # that the watchdog can tell whose step a thread is in (see _in_step_of). The
+    # scheduler (the parent), receive the next task. `runner` is a weak reference to
+    # the runner whose replica this is (see the GreenletExit case below). The
     # outcome is a list that the scheduler empties once it has taken it: this frame
     # waits for the next step with it, and must not keep the result (or the
     # exception, with the frames of its traceback) alive until then.
@@ -496,8 +496,10 @@ class InlineRunner:
             _WATCHDOG.watch(self)
 
     def _disarm(self) -> int:
-        # No lock: the watchdog fires only while it sees this thread inside the step
-        # (see _in_step_of), and the step has left it by now.
+        # No lock: a Ctrl-C must not land in a lock's acquire in the step's finally. So
+        # a watchdog that saw the step still active (its frame runs until this finally
+        # is done) may send its interrupt just after this read of _fired; that interrupt
+        # then lands after the step. The window is a few bytecodes at the deadline.
         self._active = False
         fired = self._fired
         if fired:
