@@ -50,14 +50,22 @@ void check_enum(E value, E last, const char* what) {
   }
 }
 
+}  // namespace
+
+void detail::check_dtype_and_op(dtype type, reduce_op op) {
+  if (static_cast<unsigned>(type) >= static_cast<unsigned>(dtype_count)) {
+    throw dtype_error("dtype " + std::to_string(static_cast<unsigned>(type)) + " is not one of the " +
+                      std::to_string(dtype_count) + " dtypes (0 to " + std::to_string(dtype_count - 1) + ")");
+  }
+  check_enum(op, reduce_op::mean, "reduce op");
+}
+
+namespace {
+
 // The call itself, the same for every replica: its enums, and sizes that fit in size_t.
 void check_call(const call_desc& d, int n) {
   check_enum(d.kind, collective::reduce_scatter, "collective");
-  if (static_cast<int>(d.type) >= dtype_count) {
-    throw dtype_error("dtype " + std::to_string(static_cast<unsigned>(d.type)) + " is not one of the " +
-                      std::to_string(dtype_count) + " dtypes (0 to " + std::to_string(dtype_count - 1) + ")");
-  }
-  check_enum(d.op, reduce_op::mean, "reduce op");
+  detail::check_dtype_and_op(d.type, d.op);
   check_enum(d.algo, algorithm::direct, "algorithm");
   // The largest buffer of the call (all_gather's output holds n inputs) in bytes.
   const std::size_t factor = d.kind == collective::all_gather ? static_cast<std::size_t>(n) : 1;

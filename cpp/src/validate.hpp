@@ -19,6 +19,10 @@ using view_getter = const buffer_view& (*)(const void* context, int replica, boo
 /// same posted buffers and gets the same verdict. Touches no data; any thread.
 void check_overlaps(const call_desc& desc, int replicas, view_getter get, const void* context);
 
+/// Throws dtype_error when `type`, or invalid_argument_error when `op`, lies past the
+/// last value of its enum (cast from an integer): they index kernel tables.
+void check_dtype_and_op(dtype type, reduce_op op);
+
 /// check_overlaps over the buffers of a single call.
 void check_overlaps(const call_desc& desc, const std::vector<buffer_view>& in, const std::vector<buffer_view>& out);
 

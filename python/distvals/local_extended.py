@@ -422,12 +422,8 @@ class LocalExtended(CrossReplicaExtended):
             held = claims.setdefault(0, mine)
             if held is mine:
                 return
-            me, generation = mine[0], mine[2]
-            if held[2] == generation or held[0] == me:
-                live = executing(held[1], held[0])
-            else:
-                live = False
-            if live:
+            # Another thread's claim from before a fork is stale without a look.
+            if (held[2] == mine[2] or held[0] == mine[0]) and executing(held[1], held[0]):
                 del held  # the error's traceback must not keep the running step's frame
                 raise RuntimeError(
                     f"{self._container!r} is already running a step (strategy.run from merge_fn or from "

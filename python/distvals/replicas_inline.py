@@ -168,9 +168,9 @@ class InlineRunner:
         self._thread_id: Optional[int] = None
         self._step_frame: Optional[types.FrameType] = None  # the running step's (see _fire)
         self._fired = 0  # 0: no; 1: async exception sent; 2: SIGINT sent instead
-        # The greenlets' body, with (a weak reference to) this runner in its frame, where
-        # the watchdog and the strategy look for it. A strong one would make a cycle
-        # through a suspended greenlet's frame, which the garbage collector cannot see.
+        # The greenlets' body, with (a weak reference to) this runner, which tells a
+        # replica's own GreenletExit from a kill. A strong one would make a cycle through
+        # a suspended greenlet's frame, which the garbage collector cannot see.
         self._main = functools.partial(_replica_main, runner=weakref.ref(self))
         self._registered: Optional[int] = None  # the fork generation it registered in
         # The greenlets of the step that is running (None between steps): their

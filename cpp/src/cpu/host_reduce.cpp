@@ -5,6 +5,7 @@
 
 #include "distvals/error.hpp"
 #include "kernels.hpp"
+#include "validate.hpp"
 
 namespace distvals {
 
@@ -14,13 +15,7 @@ void reduce_on_caller(dtype type, reduce_op op, const void* const* srcs, int nsr
   auto refuse = [](const std::string& why) { throw invalid_argument_error("reduce_on_caller: " + why); };
   // The enums first: they index the kernel table (a value past its end would run
   // whatever lies there).
-  if (static_cast<unsigned>(type) >= static_cast<unsigned>(dtype_count)) {
-    throw dtype_error("reduce_on_caller: dtype " + std::to_string(static_cast<unsigned>(type)) +
-                      " is not one of the " + std::to_string(dtype_count) + " dtypes");
-  }
-  if (static_cast<unsigned>(op) > static_cast<unsigned>(reduce_op::mean)) {
-    refuse("reduce op " + std::to_string(static_cast<unsigned>(op)) + " is not one of the 5 reduce ops");
-  }
+  detail::check_dtype_and_op(type, op);
   if (nsrc < 1) refuse("needs at least one source, got " + std::to_string(nsrc));
   if (ndst < 1) refuse("needs at least one destination, got " + std::to_string(ndst));
   if (op == reduce_op::mean) {
