@@ -136,6 +136,34 @@ def test_a_structure_mixes_indexed_slices_and_dense_arrays(execution, n, op):
         check_slices(out["pair"][1].values[r], [v["pair"][1] for v in inputs], op, f"replica {r} pair", tol=1e-12)
 
 
+class Key:
+    """A dict key that prints like every other (as two unnamed variables' refs do)."""
+
+    def __repr__(self) -> str:
+        return "<Key>"
+
+
+@pytest.mark.parametrize("op", ["SUM", "MEAN"])
+def test_leaves_under_keys_that_print_alike_keep_their_own_rows(execution, op):
+    a, b, nan_a, nan_b = Key(), Key(), float("nan"), float("nan")
+
+    def value(r):
+        return {
+            a: slices_for(r, 2),
+            b: slices_for(r + 5, 3),
+            nan_a: slices_for(r + 10, 1),
+            nan_b: slices_for(r + 20, 2),
+            "dense": np.full(3, r + 1.0),
+        }
+
+    inputs = [value(r) for r in range(3)]
+    with strategy(3, execution) as s:
+        out = s.run(all_reduce_step(op, lambda r: inputs[r]))
+    for r in range(3):
+        for key in (a, b, nan_a, nan_b):
+            check_slices(out[key].values[r], [v[key] for v in inputs], op, f"replica {r}, key {key!r} #{id(key)}")
+
+
 @pytest.mark.parametrize(
     "dtype,op,result",
     [

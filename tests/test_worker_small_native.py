@@ -1,5 +1,5 @@
-"""distvals._core.worker_small_all_reduce, the native steady state of a small all-reduce
-between MPI workers, driven here without MPI: ctypes stands in for MPI_Start and
+"""distvals._core.WorkerSmallPlan, the native steady state of a small all-reduce between
+MPI workers, driven here without MPI: ctypes stands in for MPI_Start and
 MPI_Test, and the "other worker" adds its contribution to the buffer when the request
 completes, as a real all-reduce would. (The MPI jobs in test_multi_worker.py run it
 against Open MPI.)"""
@@ -47,12 +47,19 @@ class FakeRequest:
         flag[0] = int(not self.active)
         return 0
 
-    def call(self, ins, data, outs, op, mean_divisor=0, agree=0, spin=0.01):
+    def plan(self, data, op, n, local_op=None, mean_divisor=0, agree=0, spin=0.01):
+        """A plan of the call ``op`` of ``n`` replicas on this request."""
         start = ctypes.cast(self.start_fn, ctypes.c_void_p).value
         test = ctypes.cast(self.test_fn, ctypes.c_void_p).value
-        return _core.worker_small_all_reduce(
-            ins, data, self.flat, outs, op, mean_divisor, agree, self.address, start, test, spin
+        local_op = op if local_op is None else local_op
+        return _core.WorkerSmallPlan(
+            data, self.flat, op, local_op, n, mean_divisor, agree, self.address, start, test, spin
         )
+
+    def call(self, ins, data, outs, op, mean_divisor=0, agree=0, spin=0.01):
+        """One call of a plan made for ``ins``' replicas."""
+        local_op = dv.ReduceOp.SUM if mean_divisor else op
+        return self.plan(data, op, len(ins), local_op, mean_divisor, agree, spin).arrays(op, ins, outs)
 
 
 def kind_buffer(shape, dtype):
@@ -128,6 +135,30 @@ def test_a_raised_flag_is_reported_with_no_result_written():
     assert (outs[0] == -1).all()
 
 
+def test_one_plan_serves_every_repeat_and_rows_come_back_a_list_per_replica():
+    shape = (2, 3)
+    flat, data = kind_buffer(shape, np.float64)
+    other = np.append(np.linspace(-1, 1, 6), 0.0)
+    req = FakeRequest(flat, other)
+    plan = req.plan(data, dv.ReduceOp.SUM, 3)
+    for step in range(4):
+        ins = [np.arange(6.0).reshape(shape) * (r + 1) + step for r in range(3)]
+        want = sum(ins) + other[:-1].reshape(shape)
+        if step % 2:
+            got = plan.rows(dv.ReduceOp.SUM, [[x] for x in ins] if step == 1 else [(x,) for x in ins])
+            assert type(got) is list and [len(row) for row in got] == [1, 1, 1]
+            got = [row[0] for row in got]
+        else:
+            outs = list(ins) if step == 2 else None  # in place: every input read before any output
+            got = plan.arrays(dv.ReduceOp.SUM, ins, outs)
+            if outs is not None:
+                assert all(g is o for g, o in zip(got, outs))
+        for r, g in enumerate(got):
+            np.testing.assert_array_equal(g, want, err_msg=f"step {step}, replica {r}")
+        np.testing.assert_array_equal(plan.data, want)
+    assert req.starts == 4
+
+
 class Sub(np.ndarray):
     pass
 
@@ -143,35 +174,68 @@ def _not_here_cases():
     yield "a read-only output", [a, a], [np.empty(6, np.float32), np.frombuffer(bytes(24), np.float32)]
     yield "too few outputs", [a, a], [np.empty(6, np.float32)]
     yield "a tuple of outputs", [a, a], (np.empty(6, np.float32), np.empty(6, np.float32))
-    yield "no replica", [], None
+    yield "a tuple of arrays", (a, a), None
+    yield "a replica too many", [a, a, a], None
+    yield "a replica too few", [a], None
 
 
 @pytest.mark.parametrize("what,ins,outs", list(_not_here_cases()), ids=[c[0] for c in _not_here_cases()])
-def test_anything_but_the_exact_case_is_refused_before_any_data_moves(what, ins, outs):
+def test_anything_but_the_plans_case_is_refused_before_any_data_moves(what, ins, outs):
     flat, data = kind_buffer((6,), np.float32)
     before = flat.copy()
     req = FakeRequest(flat, np.zeros(7, np.float32))
-    assert req.call(ins, data, outs, dv.ReduceOp.SUM) == NOT_HERE, what
+    plan = req.plan(data, dv.ReduceOp.SUM, 2)
+    assert plan.arrays(dv.ReduceOp.SUM, ins, outs) == NOT_HERE, what
+    if outs is None and isinstance(ins, list):
+        assert plan.rows(dv.ReduceOp.SUM, [[x] for x in ins]) == NOT_HERE, what
     assert req.starts == 0
     np.testing.assert_array_equal(flat, before)
 
 
-def test_dtypes_and_ops_the_engine_does_not_reduce_here_are_refused():
-    for dtype, op, divisor in [
-        (np.uint32, dv.ReduceOp.SUM, 0),
-        (np.complex64, dv.ReduceOp.SUM, 0),
-        (np.int32, dv.ReduceOp.SUM, 4),  # an integer mean
-        (np.float32, dv.ReduceOp.MEAN, 0),  # MEAN crosses workers as SUM; the caller divides
+def test_rows_of_another_layout_another_op_and_a_closed_plan_are_refused():
+    flat, data = kind_buffer((4,), np.int32)
+    before = flat.copy()
+    req = FakeRequest(flat, np.zeros(5, np.int32))
+    plan = req.plan(data, dv.ReduceOp.SUM, 2)
+    a = np.arange(4, dtype=np.int32)
+    for rows in ([[a], [a, a]], [[a], []], [[a], a], ([a], [a]), [[a], [[a]]]):
+        assert plan.rows(dv.ReduceOp.SUM, rows) == NOT_HERE, rows
+    assert plan.rows(dv.ReduceOp.MAX, [[a], [a]]) == NOT_HERE
+    assert plan.arrays(dv.ReduceOp.MAX, [a, a], None) == NOT_HERE
+    assert not plan.closed
+    plan.close()
+    assert plan.closed
+    assert plan.rows(dv.ReduceOp.SUM, [[a], [a]]) == NOT_HERE
+    assert plan.arrays(dv.ReduceOp.SUM, [a, a], None) == NOT_HERE
+    assert req.starts == 0
+    np.testing.assert_array_equal(flat, before)
+
+
+def test_calls_the_plan_cannot_make_are_refused_when_it_is_made_naming_what():
+    for dtype, op, local_op, divisor, match in [
+        (np.uint32, dv.ReduceOp.SUM, dv.ReduceOp.SUM, 0, "dtype"),
+        (np.complex64, dv.ReduceOp.SUM, dv.ReduceOp.SUM, 0, "dtype"),
+        (np.float16, dv.ReduceOp.SUM, dv.ReduceOp.SUM, 0, "16-bit"),
+        (np.int32, dv.ReduceOp.MEAN, dv.ReduceOp.SUM, 4, "divides float results only"),
+        (np.float32, dv.ReduceOp.MEAN, dv.ReduceOp.MEAN, 0, "local op"),
+        (np.float32, dv.ReduceOp.SUM, "SUM", 0, "local op"),
     ]:
         flat, data = kind_buffer((3,), dtype)
-        ins = [np.ones(3, dtype), np.ones(3, dtype)]
         req = FakeRequest(flat, np.zeros(4, dtype))
-        assert req.call(ins, data, None, op, mean_divisor=divisor) == NOT_HERE, (dtype, op)
-        assert req.starts == 0
-    # A data view that is not the front of the flat buffer.
-    flat, _ = kind_buffer((3,), np.float32)
+        with pytest.raises((TypeError, ValueError), match=match):
+            req.plan(data, op, 2, local_op, divisor)
+    flat, data = kind_buffer((3,), np.float32)
     req = FakeRequest(flat, np.zeros(4, np.float32))
-    assert req.call([np.ones(3, np.float32)], flat[1:], None, dv.ReduceOp.SUM) == NOT_HERE
+    with pytest.raises(ValueError, match="data must be its flat buffer but the last element"):
+        req.plan(flat[1:], dv.ReduceOp.SUM, 2)  # not the front of the flat buffer
+    with pytest.raises(ValueError, match="data must be its flat buffer"):
+        req.plan(np.zeros(3, np.float32), dv.ReduceOp.SUM, 2)
+    with pytest.raises(ValueError, match="at least one replica"):
+        req.plan(data, dv.ReduceOp.SUM, 0)
+    with pytest.raises(ValueError, match="C-contiguous, aligned and writable"):
+        ro = flat.copy()
+        ro.flags.writeable = False
+        FakeRequest(ro, ro).plan(ro[:-1], dv.ReduceOp.SUM, 1)
     assert req.starts == 0
 
 

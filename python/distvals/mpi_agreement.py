@@ -171,9 +171,11 @@ class Expected:
     ``request``: a persistent MPI all-reduce of ``buf`` (a buffer of the call's size and
     dtype) that every worker's call of this kind starts, when the MPI layer made one (see
     ``HierarchicalCollectives._flat_expected``); ``address``: where its MPI handle lives,
-    for native code that starts it."""
+    for native code that starts it; ``plan``: the native call that makes the whole call
+    on that request (``HierarchicalCollectives._plan_of``), None until it is asked for,
+    False where there is none."""
 
-    __slots__ = ("address", "buf", "carried", "count", "dtype", "flagged", "op", "request", "signature", "wire")
+    __slots__ = ("address", "buf", "carried", "count", "dtype", "flagged", "op", "plan", "request", "signature", "wire")
 
     def __init__(
         self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool, carried: bool = False
@@ -189,6 +191,7 @@ class Expected:
         self.request: Any = None
         self.address = 0
         self.buf: Optional[np.ndarray] = None
+        self.plan: Any = None
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -209,25 +212,32 @@ def one_collective(method: _F) -> _F:
     the others wait in), and while the steady state's one flagged data call waits
     (``_wait_last``: its interrupted call completes in ``_settle``). With one worker
     there is nothing to pair with."""
+    return collective_named(method.__name__)(method)
 
-    name = method.__name__
 
-    @functools.wraps(method)
-    def call(self: WorkerAgreement, *args: Any, **kwargs: Any) -> Any:
-        if self.num_workers == 1:
-            return method(self, *args, **kwargs)
-        if self._open is not None:
-            self._out_of_step(name, self._open)
-        self._open = name
-        try:
-            result = method(self, *args, **kwargs)
-        except MismatchError:
+def collective_named(name: str) -> Callable[[_F], _F]:
+    """``one_collective`` for a method that does the work of the public collective
+    ``name`` (the name an out-of-step error gives)."""
+
+    def mark(method: _F) -> _F:
+        @functools.wraps(method)
+        def call(self: WorkerAgreement, *args: Any, **kwargs: Any) -> Any:
+            if self.num_workers == 1:
+                return method(self, *args, **kwargs)
+            if self._open is not None:
+                self._out_of_step(name, self._open)
+            self._open = name
+            try:
+                result = method(self, *args, **kwargs)
+            except MismatchError:
+                self._open = None
+                raise
             self._open = None
-            raise
-        self._open = None
-        return result
+            return result
 
-    return cast(_F, call)
+        return cast(_F, call)
+
+    return mark
 
 
 class WorkerAgreement(Collectives):
@@ -384,6 +394,9 @@ class WorkerAgreement(Collectives):
         if req is None:
             return
         self._persistent_count -= 1
+        if expected.plan:
+            expected.plan.close()  # before the request goes: no later call may start it
+        expected.plan = False
         if not any(req is e[0] for e in self._interrupted) and not any(req is h[0] for h in self._held):
             req.Free()
         expected.request = expected.buf = None

@@ -19,10 +19,14 @@ copy: see ``distvals.mpi_exchanges``. Smaller ones cross in one MPI all-reduce: 
 loop, a persistent request (MPI 4's ``Allreduce_init``) that every worker made at the
 same agreed call and starts again at every repeat, on a buffer kept from call to call
 (``_flat_expected``); each ``Iallreduce`` would build its schedule anew. On host
-replicas that repeat is one native call (``_all_reduce_small``): the local reduce, the
-agreement flag, ``MPI_Start`` and ``MPI_Test`` of the request (their addresses taken from
-the MPI library mpi4py loaded: distvals does not link MPI) and the copies out; a wait
-longer than a few tens of microseconds goes back to the polling below.
+replicas that repeat is one native call on a plan bound to the request once
+(``_plan_of``: ``distvals._core.WorkerSmallPlan``): the local reduce, the agreement flag,
+``MPI_Start`` and ``MPI_Test`` of the request (their addresses taken from the MPI library
+mpi4py loaded: distvals does not link MPI) and the copies out; a wait longer than a few
+tens of microseconds goes back to the polling below. The public collectives try the plan
+of the expected call first (``_planned``), before any other work: its own checks of the
+arrays stand in for the general path's, so a repeat costs about 1 µs more than the MPI
+exchange.
 
 A buffer can cross in chunks (``DISTVALS_MPI_CHUNK_BYTES``, the same on every worker), so
 that with several local replicas the local reduce of chunk i+1 and the broadcast of chunk
@@ -57,6 +61,7 @@ from .mpi_agreement import (
     AGREE,
     Expected,
     WorkerAgreement,
+    collective_named,
     describe_call,
     describe_structure,
     dtype_text,
@@ -81,7 +86,7 @@ PIPELINE_CHUNK_BYTES = 4 << 20
 SMALL_BYTES = 64 << 10
 # The most remembered calls that hold a persistent MPI request at once.
 _MAX_PERSISTENT = 64
-# What distvals._core.worker_small_all_reduce returns when it did not finish the call:
+# What a distvals._core.WorkerSmallPlan call returns when it did not finish the call:
 # not its case (nothing done), or its request started and still running.
 _NATIVE_NOT_HERE = 0
 _NATIVE_PENDING = 1
@@ -217,12 +222,10 @@ class HierarchicalCollectives(WorkerAgreement):
         self._what = "all_reduce"
         # Persistent all-reduce requests for small calls (see _flat_expected).
         self._persistent = hasattr(comm, "Allreduce_init")
-        # The steady state of small host calls in one native call (_all_reduce_small), where
+        # The steady state of small host calls in one native call (_plan_of), where
         # the MPI library's MPI_Start and MPI_Test can be found.
         self._request_calls = native_request_calls(MPI)
-        self._native: Optional[Callable[..., Any]] = None
-        if self._request_calls is not None and not self._on_gpu:
-            self._native = getattr(_core, "worker_small_all_reduce", None)
+        self._native_plans = self._request_calls is not None and not self._on_gpu
         # all_reduce_arrays: (op, dtype, shape) -> what it remembers of such calls.
         self._arrays: Dict[Tuple[Any, ...], _ArraysKind] = {}
         # The last kind looked up, by identity of op and dtype: a training loop repeats
@@ -485,7 +488,6 @@ class HierarchicalCollectives(WorkerAgreement):
         return expected
 
     # ---- all-reduce --------------------------------------------------------------------------------
-    @one_collective
     def all_reduce(
         self,
         op: ReduceOp,
@@ -496,6 +498,23 @@ class HierarchicalCollectives(WorkerAgreement):
         timeout: Optional[float] = None,
         value: Any = None,
         what: str = "all_reduce",
+    ) -> List[List[Any]]:
+        if value is None or type(value) is np.ndarray:
+            got = self._planned("all_reduce", op, leaves, None, True, timeout, what)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        return self._all_reduce_collective(op, leaves, algorithm, bytes_per_pack, timeout, value, what)
+
+    @collective_named("all_reduce")
+    def _all_reduce_collective(
+        self,
+        op: ReduceOp,
+        leaves: Sequence[Sequence[Any]],
+        algorithm: str,
+        bytes_per_pack: int,
+        timeout: Optional[float],
+        value: Any,
+        what: str,
     ) -> List[List[Any]]:
         return self._all_reduce(op, leaves, algorithm, bytes_per_pack, timeout, value, what)
 
@@ -548,7 +567,6 @@ class HierarchicalCollectives(WorkerAgreement):
                 out[r][i] = res[r][0]
         return out
 
-    @one_collective
     def all_reduce_arrays(
         self,
         op: ReduceOp,
@@ -560,6 +578,13 @@ class HierarchicalCollectives(WorkerAgreement):
         C-contiguous host array per local replica, all of one dtype and shape (what a
         step's ``ctx.all_reduce(op, x)`` passes). The same MPI calls as ``all_reduce``
         of the same values, with less Python around them."""
+        if self._planned("all_reduce_arrays", op, ins, outs, False, timeout, "all_reduce") is None:
+            self._all_reduce_arrays(op, ins, outs, timeout)
+
+    @collective_named("all_reduce_arrays")
+    def _all_reduce_arrays(
+        self, op: ReduceOp, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], timeout: Optional[float]
+    ) -> None:
         self._all_reduce_kind(self._arrays_kind(op, ins[0]), op, ins, outs, timeout, "all_reduce")
 
     def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any]) -> Optional[_ArraysKind]:
@@ -622,48 +647,123 @@ class HierarchicalCollectives(WorkerAgreement):
             self._settle(what, timeout)  # before the local reduce writes the kind's buffer
         flat = kind.flat
         assert flat is not None  # small kinds have their flat buffer
-        expected = self._expected.get(self._last) if self._native is not None else None
-        if expected is not None and expected.signature == kind.sig and expected.buf is flat:
-            # The steady state: the expected call again, whose persistent request works on
-            # the kind's own buffer, in one native call (local reduce, flag, MPI start and
-            # test, spread). The same MPI calls as the Python path (``_flagged_call``), so
-            # workers on either path pair up. Not the native case (another layout or
-            # dtype): nothing done, and the Python path below does it all.
-            assert self._native is not None and self._request_calls is not None
-            agree = AGREE[kind.op]
-            divisor = self.num_replicas if op is ReduceOp.MEAN else 0
-            got = self._native(
-                ins,
-                kind.data,
-                flat,
-                outs,
-                kind.op,
-                divisor,
-                agree,
-                expected.address,
-                *self._request_calls,
-                _NATIVE_SPIN,
-            )
-            if type(got) is list or got != _NATIVE_NOT_HERE:
-                stats = self.stats
-                stats["data_calls"] += 1
-                stats["native"] += 1
-                if type(got) is list:
-                    self._last = kind.sig
-                    return got
-                # Started, and either still running (waited for here, as the Python path
-                # waits, with its timeout and Ctrl-C) or complete with a flag raised.
-                if got == _NATIVE_PENDING:
-                    self._wait_last(expected.request, flat, kind.op, what, timeout)
-                if flat[-1] == agree:
-                    self._last = kind.sig
-                else:
-                    stats["flagged"] += 1
-                    self._agree_then_reduce(flat, kind.op, kind.sig, kind.description, what, timeout, True)
-                return self._small_spread(kind.data, op, len(ins), outs)
+        expected = self._expected.get(self._last)
+        if expected is not None and expected.signature == kind.sig:
+            # The steady state: the expected call again, in one native call on its plan
+            # (local reduce, flag, MPI start and test, spread). The same MPI calls as the
+            # Python path (``_flagged_call``), so workers on either path pair up. Not the
+            # plan's case (another layout): nothing done, and the Python path does it all.
+            plan = self._plan_of(expected, kind, op)
+            if plan is not None:
+                got = plan.arrays(op, list(ins), None if outs is None else list(outs))
+                if type(got) is list or got != _NATIVE_NOT_HERE:
+                    return self._planned_end(got, expected, plan, op, ins[0], outs, timeout, what)
         data = self._small_local_reduce(kind, ins)
         self._reduce_flat(flat, kind.op, kind.description, what, timeout, kind.sig, True)
         return self._small_spread(data, op, len(ins), outs)
+
+    def _plan_of(self, expected: Expected, kind: _ArraysKind, op: ReduceOp) -> Any:
+        """The native plan of the expected call (``kind``'s, with ``op``), made at its
+        first repeat, on the persistent request of ``expected`` and that request's own
+        buffer. None where there is none: no request, MPI_Start and MPI_Test not found, a
+        GPU worker, a dtype the plan does not take (it says which, and is not asked again)."""
+        plan = expected.plan
+        if plan is None:
+            plan = False
+            buf = expected.buf
+            if self._native_plans and buf is not None and expected.address and kind.flat is not None:
+                assert self._request_calls is not None  # set with _native_plans
+                try:
+                    plan = _core.WorkerSmallPlan(
+                        buf[:-1].reshape(kind.data.shape),
+                        buf,
+                        op,
+                        kind.op,
+                        self.num_local,
+                        self.num_replicas if op is ReduceOp.MEAN else 0,
+                        AGREE[kind.op],
+                        expected.address,
+                        *self._request_calls,
+                        _NATIVE_SPIN,
+                    )
+                except (ValueError, TypeError):
+                    plan = False
+            expected.plan = plan
+        return plan or None
+
+    def _planned(
+        self, name: str, op: ReduceOp, values: Any, outs: Any, rows: bool, timeout: Optional[float], what: str
+    ) -> Any:
+        """The steady state of a small call from the public collective ``name``, before
+        any other work: when the expected call has a plan (``_plan_of``) and ``values``
+        are its case (``rows``: a list per replica holding its one array; else a list of
+        arrays, into the list ``outs`` or new arrays), the whole call in one native call.
+        None, with nothing done, otherwise. This is ``one_collective``'s bracket around
+        the call, inlined: a training loop's small all-reduce repeats it every step, and
+        the plan's own checks stand in for the general path's."""
+        expected = self._expected.get(self._last)
+        if expected is None or self._open is not None or self._interrupted:
+            return None
+        plan = expected.plan
+        if not plan:
+            return None
+        self._open = name
+        self._what = what
+        got = plan.rows(op, values) if rows else plan.arrays(op, values, outs)
+        if type(got) is not list:
+            if got == _NATIVE_NOT_HERE:
+                self._open = None
+                return None
+            try:
+                x0 = values[0][0] if rows else values[0]
+                got = self._planned_end(got, expected, plan, op, x0, outs, timeout, what)
+            except MismatchError:
+                self._open = None
+                raise
+            if rows:
+                got = [[o] for o in got]
+            self._open = None
+            return got
+        stats = self.stats
+        stats["data_calls"] += 1
+        stats["native"] += 1
+        self._last = expected.signature
+        self._open = None
+        return got
+
+    def _planned_end(
+        self,
+        got: Any,
+        expected: Expected,
+        plan: Any,
+        op: ReduceOp,
+        x0: np.ndarray,
+        outs: Optional[Sequence[np.ndarray]],
+        timeout: Optional[float],
+        what: str,
+    ) -> Sequence[np.ndarray]:
+        """The end of a call that a plan started (``got``: its results, or its code):
+        a request still running is waited for here, as the Python path waits, with its
+        timeout and Ctrl-C; a raised flag goes to the agreement exchange (``x0``: one
+        replica's array, for the call's description). The results, into ``outs`` or new
+        arrays."""
+        stats = self.stats
+        stats["data_calls"] += 1
+        stats["native"] += 1
+        if type(got) is list:
+            self._last = expected.signature
+            return got
+        flat = expected.buf
+        assert flat is not None  # a plan's request has its buffer
+        kind = self._arrays_kind(op, x0)
+        if got == _NATIVE_PENDING:
+            self._wait_last(expected.request, flat, kind.op, what, timeout)
+        if flat[-1] == AGREE[kind.op]:
+            self._last = expected.signature
+        else:
+            stats["flagged"] += 1
+            self._agree_then_reduce(flat, kind.op, kind.sig, kind.description, what, timeout, True)
+        return self._small_spread(plan.data, op, self.num_local, outs)
 
     def _small_local_reduce(self, kind: _ArraysKind, ins: Sequence[np.ndarray]) -> np.ndarray:
         """Step 1 of a small call: the local replicas' arrays reduced into ``kind.data``

@@ -132,7 +132,7 @@ class MpiThread:
 def native_request_calls(MPI: ModuleType) -> Optional[Tuple[int, int]]:
     """The addresses of ``MPI_Start`` and ``MPI_Test`` in the MPI library that mpi4py
     loaded, for native code that starts and tests a persistent request without Python
-    in between (``distvals._core.worker_small_all_reduce``); None where they cannot be
+    in between (``distvals._core.WorkerSmallPlan``); None where they cannot be
     found (another platform, an mpi4py that loads MPI some other way): the Python path
     then makes the same calls. The library is already loaded: looking it up through
     mpi4py's own extension module finds the very functions mpi4py calls."""

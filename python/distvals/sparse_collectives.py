@@ -20,6 +20,7 @@ differ).
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -272,8 +273,12 @@ def all_reduce_rows(
             for k, i in enumerate(dense_at):
                 out[r][i] = reduced[r][k]
     # Each sparse leaf's values and indices, keyed by the leaf's path: the calls between
-    # workers name them by it.
+    # workers name them by it. Keys that print alike (two objects with one repr, NaNs)
+    # give two leaves one path: a path held by more than one leaf also carries the leaf's
+    # number, so that no leaf's rows take another's place.
     paths = nest.paths(value0) if nest.is_nested(value0) else ["value"]
+    held = collections.Counter(paths[i] for i in sparse_at)
+    keys = {i: paths[i] if held[paths[i]] == 1 else f"{paths[i]} (leaf {i})" for i in sparse_at}
     mean = op is ReduceOp.MEAN
 
     between_workers = total > n
@@ -285,7 +290,7 @@ def all_reduce_rows(
             piece = {"indices": p.indices, "values": _divided(p.values, total) if mean else p.values}
             if between_workers:
                 piece["dense_shape"] = _shape_row(p.shape)
-            by_path[paths[i]] = piece
+            by_path[keys[i]] = piece
         return by_path
 
     structures = [pieces(row) for row in rows]
@@ -294,7 +299,7 @@ def all_reduce_rows(
     for r in range(n):
         back = nest.pack_sequence_as(structures[0], gathered[r])
         for i in sparse_at:
-            d = back[paths[i]]
+            d = back[keys[i]]
             if between_workers and r == 0:
                 _same_shapes(d["dense_shape"], what, f" at {paths[i]}" if nest.is_nested(value0) else "")
             out[r][i] = (d["values"], d["indices"])

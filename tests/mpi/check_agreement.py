@@ -437,6 +437,14 @@ def main() -> int:
     return finish(rank, checks, s)
 
 
+def use_plans(coll, on: bool) -> None:
+    """Whether the collectives' small calls repeat through native plans (off: the Python
+    path), from the next repeat on."""
+    coll._native_plans = on
+    for expected in coll._expected.values():
+        expected.plan = None  # made again, or not, at its next repeat
+
+
 def _persistent_requests(s, coll, rank: int) -> int:
     """Small calls in a steady loop start persistent MPI requests (MPI 4's
     Allreduce_init), one per remembered call, bound to a buffer that lives from call to
@@ -478,17 +486,49 @@ def _persistent_requests(s, coll, rank: int) -> int:
     expect(per_step == {"data_calls": 3, "exchanges": 0, "flagged": 0}, rank, f"steady MPI calls: {per_step}")
     if coll._persistent:
         expect(coll._persistent_count >= 3, rank, f"persistent requests held: {coll._persistent_count}")
-        if coll._native is not None:
+        if coll._native_plans:
             expect(native == 3, rank, f"native calls per step: {native}")
+    checks += 1
+
+    # Cross-replica reductions repeat the same way (reduce_to onto the replicas' own
+    # devices, strategy.reduce): each is one native call once it repeats.
+    def value(ctx, i):
+        return np.arange(8, dtype=np.float32).reshape(2, 4) * (ctx.replica_id_in_sync_group + 2) - i
+
+    general = []
+    general_path = coll._all_reduce_collective
+
+    def counted(*args, **kwargs):
+        general.append(args[0])
+        return general_path(*args, **kwargs)
+
+    for i in range(6):
+        if i == 3:
+            before = dict(coll.stats)
+            coll._all_reduce_collective = counted  # every repeat from here is planned
+        pv = s.experimental_distribute_values_from_function(lambda ctx, i=i: value(ctx, i))
+        got = s.extended.reduce_to("MEAN", pv, pv)
+        want = sum(np.arange(8.0).reshape(2, 4) * (g + 2) - i for g in ids) / total
+        for r in range(n):
+            expect_close(s.experimental_local_results(got)[r], want, rank, f"reduce_to loop step {i}, replica {r}")
+        total_sum = s.reduce("SUM", pv, axis=None)
+        expect_close(total_sum, sum(np.arange(8.0).reshape(2, 4) * (g + 2) - i for g in ids), rank, f"reduce {i}")
+    per_step = {k: (coll.stats[k] - before[k]) / 3 for k in coll.stats}
+    native = per_step.pop("native")
+    expect(per_step == {"data_calls": 2, "exchanges": 0, "flagged": 0}, rank, f"steady reduce MPI calls: {per_step}")
+    del coll._all_reduce_collective
+    if coll._persistent and coll._native_plans:
+        expect(native == 2, rank, f"native calls per reduce step: {native}")
+        expect(general == [], rank, f"repeats that took the general path: {general}")
     checks += 1
 
     # The native steady state on one worker, the Python path on the others: their MPI
     # calls pair up, and every result is the reference, for each op and dtype the native
     # call takes (float MIN and MAX reduce across workers with a Python MPI op, called
     # from inside the native call), one array or two per replica, new or given outputs.
-    native_fn = coll._native
+    native_plans = coll._native_plans
     if rank == 0:
-        coll._native = None
+        use_plans(coll, False)
     cases = [
         ("sum", np.float32, 0),
         ("mean", np.float32, 0),
@@ -521,7 +561,7 @@ def _persistent_requests(s, coll, rank: int) -> int:
                 expect(np.asarray(got[r]).dtype == dtype, rank, f"{op} {dtype}: dtype {np.asarray(got[r]).dtype}")
                 what = f"mixed native/Python paths: {op} {dtype} step {i}, replica {r}"
                 expect_close(np.asarray(got[r]), ref, rank, what, tol=1e-6 if op == "mean" else 0.0)
-    coll._native = native_fn
+    use_plans(coll, native_plans)
     checks += 1
 
     # More remembered calls than requests may be held: every shape twice in a row (so

@@ -123,19 +123,30 @@ def quick_all_reduce(
 def quick_all_reduce_with(
     run: Callable[[list[np.ndarray], Any, list[np.ndarray]], None], n: int, requests: list[Any], marker: object
 ) -> list[np.ndarray] | None: ...
-def worker_small_all_reduce(
-    ins: list[np.ndarray],
-    data: np.ndarray,
-    flat: np.ndarray,
-    outs: list[np.ndarray] | None,
-    op: Any,
-    mean_divisor: int,
-    agree: float,
-    request: int,
-    start: int,
-    test: int,
-    spin_seconds: float,
-) -> list[np.ndarray] | int: ...
+
+class WorkerSmallPlan(metaclass=_Pybind11Type):
+    def __init__(
+        self,
+        data: np.ndarray,
+        flat: np.ndarray,
+        op: Any,
+        local_op: Any,
+        replicas: SupportsIndex,
+        mean_divisor: SupportsIndex,
+        agree: float,
+        request: SupportsIndex,
+        start: SupportsIndex,
+        test: SupportsIndex,
+        spin_seconds: float,
+    ) -> None: ...
+    def arrays(self, op: Any, ins: Any, outs: Any) -> list[np.ndarray] | int: ...
+    def rows(self, op: Any, rows: Any) -> list[list[np.ndarray]] | int: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def data(self) -> np.ndarray: ...
+
 def reduce_into(srcs: list[np.ndarray], dsts: list[np.ndarray], op: Any, cached: bool = ...) -> bool: ...
 def nest_flatten(structure: Any) -> list[Any]: ...
 def nest_pack(structure: Any, flat: Sequence[Any]) -> Any: ...

@@ -162,6 +162,11 @@ def _child() -> int:
     return 0
 
 
+def firsts(rows: List[List[np.ndarray]]) -> List[np.ndarray]:
+    """Each replica's one result of a single-array call of the collectives."""
+    return [row[0] for row in rows]
+
+
 def _hierarchical(
     strategy: Any, plan: Sequence[Sequence[int]], dtype: str, clock: _Clock, with_run: bool
 ) -> List[Dict[str, Any]]:
@@ -179,15 +184,18 @@ def _hierarchical(
             for r, b in enumerate(bufs):
                 bd.fill(b, total, offset + r, dtype, "sum")
 
-        def call(bufs: List[np.ndarray] = bufs) -> None:
-            # The strategy's collectives, single-call, without strategy.run around them.
-            got[0] = [row[0] for row in coll.all_reduce(dv.ReduceOp.SUM, [[b] for b in bufs])]
+        leaves = [[b] for b in bufs]
+
+        def call(leaves: List[List[np.ndarray]] = leaves) -> None:
+            # The strategy's collectives, single-call, without strategy.run around them
+            # (their arguments made once, as the plain MPI call's buffer is).
+            got[0] = coll.all_reduce(dv.ReduceOp.SUM, leaves)
 
         refill()
         call()
         row = {
             "time_us": 0.0,
-            "wrong": clock.total(bd.count_wrong(got[0], total, dtype, "sum", count=count, copies=n_local)),
+            "wrong": clock.total(bd.count_wrong(firsts(got[0]), total, dtype, "sum", count=count, copies=n_local)),
         }
         row["time_us"] = _time_calls(clock, iters, refill, call)
         from ..mpi_collectives import PIPELINE_CHUNK_BYTES
@@ -203,7 +211,9 @@ def _hierarchical(
             try:
                 refill()
                 call()
-                row["wrong"] += clock.total(bd.count_wrong(got[0], total, dtype, "sum", count=count, copies=n_local))
+                row["wrong"] += clock.total(
+                    bd.count_wrong(firsts(got[0]), total, dtype, "sum", count=count, copies=n_local)
+                )
                 row["chunked_us"] = _time_calls(clock, iters, refill, call)
             finally:
                 coll.chunk_bytes = chunk_bytes
