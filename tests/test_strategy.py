@@ -1178,6 +1178,21 @@ def test_all_gather_mismatch_is_an_error(s2):
         s2.run(fn)
 
 
+def test_a_mapping_that_is_not_a_dict_is_refused_as_one_leaf_saying_so(s3):
+    import types
+
+    frozen = types.MappingProxyType({"w": np.ones(2)})
+
+    def step():
+        r = replica_id()
+        return dv.get_replica_context().all_reduce("sum", frozen if r == 2 else {"w": np.ones(2)})
+
+    with pytest.raises((TypeError, ValueError)) as info:
+        s3.run(step)
+    assert "mappingproxy (a Mapping that is not a dict: distvals.nest walks dicts only)" in str(info.value)
+    assert_usable(s3)
+
+
 @pytest.mark.parametrize("bad", [object(), "text", np.array([object(), object()])])
 def test_values_that_are_not_numbers_are_refused_by_name(s3, bad):
     def step():
