@@ -640,6 +640,19 @@ def test_reduce_to_and_batch_reduce_to_name_values_that_are_not_numbers(s2, part
 
     out = s2.extended.reduce_to("SUM", dv.PerReplica((Fraction(1, 3), Fraction(1, 6))), s2.extended.worker_devices)
     assert [v for v in out.values] == [Fraction(1, 2)] * 2
+    # batch_reduce_to reduces them as reduce_to does, beside the numbers it fuses.
+    arrays = per_replica(2, seed=3)
+    fractions = dv.PerReplica((Fraction(1, 3), Fraction(-1, 7)))
+    objects = dv.PerReplica((np.array([Fraction(1, 2), 2], dtype=object), np.array([Fraction(1, 5), 3], dtype=object)))
+    got = s2.extended.batch_reduce_to(
+        "SUM", [(arrays, None), (fractions, s2.extended.worker_devices), (objects, None), (arrays, None)]
+    )
+    assert [v for v in got[1].values] == [Fraction(4, 21)] * 2
+    assert list(got[2]) == [Fraction(7, 10), 5] and type(got[2][0]) is Fraction
+    for k in (0, 3):
+        np.testing.assert_allclose(np.asarray(got[k]), np.sum([np.asarray(v, np.float64) for v in arrays.values], 0))
+    with pytest.raises(TypeError, match="cannot reduce replica 0's value of type object"):
+        s2.extended.batch_reduce_to("SUM", [(arrays, None), (dv.PerReplica((object(), object())), None)])
 
 
 def test_batch_reduce_to_names_the_item_and_replica_whose_part_differs(s2):

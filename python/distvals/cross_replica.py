@@ -397,6 +397,7 @@ class CrossReplicaExtended(StrategyExtended):
                 and self._via_root is None
                 and not (isinstance(value, Mirrored) and op is ReduceOp.MEAN)
                 and not holds_sparse(value)  # its rows are gathered, not reduced (reduce_to)
+                and not _holds_objects(value)  # Python numbers: numpy's object arithmetic (reduce_to)
             ):
                 fused.append(i)
             else:
@@ -572,6 +573,17 @@ def _identity(op: ReduceOp, dt: np.dtype) -> Any:
     if dt.kind == "b":
         return big
     return None
+
+
+def _holds_objects(value: DistributedValues) -> bool:
+    """Whether replica 0's part of ``value`` is Python objects (Fractions, Decimals, an
+    object array): ``reduce_to`` reduces those with numpy's object arithmetic, or names
+    what is not a number; the fused all-reduce takes numbers only."""
+    p = unwrap_part(value.values[0])
+    dt = getattr(p, "dtype", None)
+    if dt is None:
+        dt = np.asarray(p).dtype
+    return isinstance(dt, np.dtype) and dt.hasobject
 
 
 def _numeric(dt: np.dtype) -> bool:
