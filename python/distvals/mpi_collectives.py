@@ -25,8 +25,8 @@ replicas that repeat is one native call on a plan bound to the request once
 mpi4py loaded: distvals does not link MPI) and the copies out; a wait longer than a few
 tens of microseconds goes back to the polling below. The public collectives try the plan
 of the expected call first (``_planned``), before any other work: its own checks of the
-arrays stand in for the general path's, so a repeat costs about 1 µs more than the MPI
-exchange.
+arrays stand in for the general path's, so a repeat costs 1 to 2 µs more than a blocking
+``MPI_Allreduce`` of the same bytes (2 workers on one host, 1 KiB).
 
 A buffer can cross in chunks (``DISTVALS_MPI_CHUNK_BYTES``, the same on every worker), so
 that with several local replicas the local reduce of chunk i+1 and the broadcast of chunk
