@@ -1191,6 +1191,18 @@ def test_all_gather_mismatch_is_an_error(s2):
         s2.run(fn)
 
 
+def test_a_ragged_list_is_named_with_its_replica_by_every_cross_replica_reduction(s2):
+    ragged = dv.PerReplica(([1.0, 2.0], [1.0, [2.0, 3.0]]))
+    calls = {
+        "strategy.reduce": lambda: s2.reduce("SUM", ragged, axis=None),
+        "reduce_to": lambda: s2.extended.reduce_to("SUM", ragged, s2.extended.worker_devices),
+        "batch_reduce_to": lambda: s2.extended.batch_reduce_to("SUM", [(per_replica(2), None), (ragged, None)]),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^{what}: replica 1's value of type list is not an array: "):
+            call()
+
+
 def test_a_mapping_that_is_not_a_dict_is_refused_as_one_leaf_saying_so(s3):
     import types
 

@@ -84,7 +84,10 @@ class CrossReplicaExtended(StrategyExtended):
                 p = p._read()
             else:
                 refuse_masked(p, r, what)
-            out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
+            try:
+                out.append(kinds.to_engine_value(p) if self._on_gpu else kinds.to_numpy(p))
+            except ValueError as e:  # numpy's, for a ragged list: which value it was
+                raise ValueError(f"{what}: replica {r}'s value of type {type(p).__name__} is not an array: {e}") from e
         return out
 
     def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
@@ -582,7 +585,10 @@ def _holds_objects(value: DistributedValues) -> bool:
     p = unwrap_part(value.values[0])
     dt = getattr(p, "dtype", None)
     if dt is None:
-        dt = np.asarray(p).dtype
+        try:
+            dt = np.asarray(p).dtype
+        except (TypeError, ValueError):  # a ragged list: the fused path names it
+            return False
     return isinstance(dt, np.dtype) and dt.hasobject
 
 
