@@ -639,9 +639,9 @@ class HierarchicalCollectives(WorkerAgreement):
         what: str,
     ) -> Sequence[np.ndarray]:
         """A small call of ``kind`` (``kind.flat`` is set): the local replicas' arrays
-        reduced into the kind's own flat buffer (data, then the agreement flag), across the
-        workers in one MPI call, then out to every replica: into ``outs``, or new arrays
-        (returned)."""
+        reduced into a flat buffer (data, then the agreement flag: the kind's own, or the
+        expected call's persistent request's, on its plan), across the workers in one MPI
+        call, then out to every replica: into ``outs``, or new arrays (returned)."""
         self._what = what
         if self._interrupted:
             self._settle(what, timeout)  # before the local reduce writes the kind's buffer
@@ -671,7 +671,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if plan is None:
             plan = False
             buf = expected.buf
-            if self._native_plans and buf is not None and expected.address and kind.flat is not None:
+            if self._native_plans and buf is not None and expected.address:
                 assert self._request_calls is not None  # set with _native_plans
                 try:
                     plan = _core.WorkerSmallPlan(
