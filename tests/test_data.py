@@ -417,6 +417,33 @@ def test_a_seed_gives_one_shuffle_order_whatever_comes_before_the_shuffle(buffer
     assert all(int(a) == int(b) for a, b in pairs)
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, 9, 257])
+def test_shuffled_rows_of_arrays_come_in_the_order_of_the_streaming_buffer(n):
+    # Rows of arrays are shuffled by one native walk of the buffer's draws; a source of
+    # elements one by one goes through the streaming buffer itself. Both draw the same
+    # numbers, so every buffer size (filled, draining, larger than the data) and every
+    # pass must give one order.
+    for buffer_size in sorted({1, 2, 3, max(1, n // 2), max(1, n - 1), max(1, n), n + 5}):
+        rows = Dataset.from_tensor_slices(np.arange(n, dtype=np.int64)).shuffle(buffer_size, seed=11)
+        streamed = Dataset.range(n).shuffle(buffer_size, seed=11)
+        for _ in range(2):
+            got = [int(v) for v in rows]
+            assert got == [int(v) for v in streamed], (n, buffer_size)
+            assert sorted(got) == list(range(n))
+
+
+def test_the_native_shuffle_walk_refuses_draws_outside_its_buffer():
+    from distvals import _core
+
+    assert _core.shuffle_order(np.array([0, 1], np.int64), np.array([1, 0], np.int64), 2).tolist() == [0, 1, 3, 2]
+    with pytest.raises(ValueError, match="draw 0 is 5, not a slot of a buffer of 1"):
+        _core.shuffle_order(np.array([5], np.int64), np.array([0], np.int64), 1)
+    with pytest.raises(ValueError, match="draw 2 is 1, not a slot of a buffer of 1"):
+        _core.shuffle_order(np.array([0], np.int64), np.array([0, 1], np.int64), 2)
+    with pytest.raises(ValueError, match="1 tail draws for a buffer of 2 slots"):
+        _core.shuffle_order(np.array([0], np.int64), np.array([0], np.int64), 2)
+
+
 @pytest.mark.parametrize("fails_first", [False, True])
 def test_element_spec_reads_from_the_next_pass_not_an_extra_one(fails_first):
     # A generator with state of its own (one random order per call, from one seeded

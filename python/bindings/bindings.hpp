@@ -27,6 +27,7 @@ void register_nest(py::module_& m);
 void register_scope(py::module_& m);
 void register_scheduler(py::module_& m);
 void register_worker_small(py::module_& m);
+void register_shuffle(py::module_& m);
 void register_cuda(py::module_& m);  // the `cuda` submodule; only with DISTVALS_HAS_CUDA
 
 /// Releases the GIL around blocking engine work, as py::gil_scoped_release does, but

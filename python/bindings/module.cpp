@@ -16,6 +16,7 @@ PYBIND11_MODULE(_core, m) {
   distvals_py::register_scope(m);
   distvals_py::register_scheduler(m);
   distvals_py::register_worker_small(m);
+  distvals_py::register_shuffle(m);
 #if DISTVALS_HAS_CUDA
   distvals_py::register_cuda(m);
 #endif

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, List
 
 import numpy as np
 
-from . import nest, specs
+from . import _core, nest, specs
 from .data_elements import (
     bool_scalar,
     conform,
@@ -240,24 +240,14 @@ def _shuffled_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.nd
     ``rng``: so a seed gives one order whatever came before the shuffle (a map, say), and
     datasets shuffled apart with one seed stay paired in a zip. (numpy gives the same
     integers whether drawn one by one or in one call, with one bound or an array of
-    them.)"""
+    them.) The draws are made here; ``_core.shuffle_order`` walks the buffer with them:
+    while the source lasts the buffer is full, every draw is over ``size`` slots and the
+    next element takes the place of the one given out; once it has ended, each draw is
+    over the elements left, and the last of them takes the place of the one given out."""
     size = min(buffer_size, n)
-    out: List[int] = []
-    give = out.append
-    buf = list(range(size))
-    # 1. While the source lasts the buffer is full: every draw is over ``size`` slots,
-    # and the element after the buffer's takes the place of the one given out.
-    for k, j in enumerate(rng.integers(size, size=n - size).tolist(), size):
-        give(buf[j])
-        buf[j] = k
-    # 2. The source has ended: each draw is over the elements left, and the last of
-    # them takes the place of the one given out.
-    last = buf.pop
-    for j in rng.integers(0, np.arange(size, 0, -1)).tolist() if size else ():
-        give(buf[j])
-        buf[j] = buf[-1]
-        last()
-    return np.array(out, dtype=np.int64)
+    full = rng.integers(size, size=n - size)
+    tail = rng.integers(0, np.arange(size, 0, -1)) if size else np.empty(0, dtype=np.int64)
+    return _core.shuffle_order(full, tail, size)
 
 
 def _card_batch(card: int, size: int, drop_remainder: bool) -> int:
