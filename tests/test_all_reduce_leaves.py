@@ -99,6 +99,9 @@ def test_non_contiguous_leaves_are_reduced_from_a_copy(g2):
         (lambda r: np.array([True, False]), "sum"),  # bool: numpy reduces it
         (lambda r: np.arange(3, dtype=">f4"), "sum"),  # big-endian
         (lambda r: [1.0, 2.0], "sum"),  # not an array
+        # A masked array: its mask would be dropped (the strategies refuse it by name).
+        (lambda r: np.ma.masked_array([1.0, 2.0], mask=[False, True]), "sum"),
+        (lambda r: np.arange(3.0).view(np.recarray), "sum"),  # any other ndarray subclass
     ],
 )
 def test_leaves_it_does_not_take_give_none_and_touch_nothing(g2, leaf, op):

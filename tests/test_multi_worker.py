@@ -655,6 +655,17 @@ def test_reduce_into_refuses_what_its_kernels_cannot_take_and_writes_nothing():
     for srcs, dsts, op in refused:
         assert _core.reduce_into(srcs, dsts, op) is False
         assert np.all(out == 5) and np.all(readonly == 0)
+    # A destination overlapping a source or another destination without being it: the
+    # kernels, block by block, would overwrite elements before reading them.
+    big = np.arange(5001, dtype=np.float32)
+    for srcs, dsts in (
+        ([big[:5000], np.ones(5000, np.float32)], [big[1:]]),  # one element past a source
+        ([big[1:], np.ones(5000, np.float32)], [big[:5000]]),  # one element before it
+        ([np.ones(5000, np.float32)], [big[:5000], big[1:]]),  # two destinations
+    ):
+        for cached in (False, True):
+            assert _core.reduce_into(srcs, dsts, ReduceOp.SUM, cached) is False
+            assert np.array_equal(big, np.arange(5001, dtype=np.float32))
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "float32"])

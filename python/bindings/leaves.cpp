@@ -82,7 +82,9 @@ bool take_leaf(const std::vector<py::sequence>& rows, std::size_t i, distvals::r
     } else {
       x = row[i];
     }
-    if (!py::isinstance<py::array>(x)) return false;
+    // A plain ndarray only: a subclass (a masked array, whose mask the kernels would
+    // drop) takes the general path, which knows what each one means.
+    if (Py_TYPE(x.ptr()) != reinterpret_cast<PyTypeObject*>(py::detail::npy_api::get().PyArray_Type_)) return false;
     py::array a = py::reinterpret_borrow<py::array>(x);
     if (!engine_readable(a.ptr())) {
       a = py::array::ensure(a, engine_array_flags);  // a contiguous, aligned copy, as the engine needs

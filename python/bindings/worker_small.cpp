@@ -283,6 +283,13 @@ class small_plan {
   std::vector<void*> dsts_;
 };
 
+// Whether two buffers of `bytes` bytes share memory without starting at one address.
+bool partly_overlaps(const void* a, const void* b, std::size_t bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x != y && x < y + bytes && y < x + bytes;
+}
+
 // reduce_into(srcs, dsts, op): every dsts[d] = srcs[0] op srcs[1] op ... in one pass on
 // the calling thread, without the GIL. The exchanges of large all-reduces between
 // workers (distvals.mpi_exchanges) end each piece with the local replicas' values and
@@ -290,7 +297,8 @@ class small_plan {
 // result; numpy would take a pass per operand and another per copy. False, with nothing
 // written, when an array is not an ndarray the kernels read as it is (C-contiguous,
 // aligned, a writable destination) or the arrays differ in dtype or shape, or op is not
-// one the kernels apply element by element (MEAN). `cached`: the results stay in the
+// one the kernels apply element by element (MEAN), or a destination overlaps a source
+// or another destination without being it. `cached`: the results stay in the
 // cache (plain stores, block by block), for results that are sent on at once; otherwise
 // the kernels write large results that alias no source past the cache.
 bool reduce_into(const py::list& srcs, const py::list& dsts, const py::handle& op, bool cached) {
@@ -321,6 +329,18 @@ bool reduce_into(const py::list& srcs, const py::list& dsts, const py::handle& o
     if (!same_kind(x, like, true)) return false;
     out[static_cast<std::size_t>(i)] = py::detail::array_proxy(x)->data;
   }
+  // A destination that overlaps a source or another destination without being it
+  // would have elements overwritten before the kernels read them (they work block by
+  // block): numpy's ufuncs, which buffer overlapping operands, take that case.
+  const std::size_t bytes = count * distvals::dtype_size(t);
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    for (const void* x : in) {
+      if (partly_overlaps(out[d], x, bytes)) return false;
+    }
+    for (std::size_t e = 0; e < d; ++e) {
+      if (partly_overlaps(out[d], out[e], bytes)) return false;
+    }
+  }
   nogil released;
   if (!cached) {
     distvals::reduce_on_caller(t, o, in.data(), ns, out.data(), nd, count);
@@ -348,7 +368,8 @@ void register_worker_small(py::module_& m) {
         "Every array of `dsts` set to the arrays of `srcs` reduced with `op` (a ReduceOp other "
         "than MEAN), in one pass on the calling thread without the GIL. False, with nothing "
         "written, when an array is not a C-contiguous aligned ndarray (a writable one in "
-        "`dsts`) or the arrays differ in dtype or shape. A destination may be a source. `cached`: "
+        "`dsts`) or the arrays differ in dtype or shape, or a destination overlaps another array "
+        "without being it. A destination may be a source. `cached`: "
         "plain stores, leaving the results in the cache (large results that alias no source are "
         "otherwise written past it).");
   py::class_<small_plan> plan(m, "WorkerSmallPlan",
