@@ -196,6 +196,31 @@ def test_workers_all_gathering_a_0d_value_and_a_vector_get_a_mismatch():
 
 
 @needs_mpi
+@pytest.mark.parametrize(
+    "mode, named",
+    [
+        ("update-order", ["assign_add of variable #0 'Variable:0'", "assign_add of variable #1 'Variable:0'"]),
+        ("update-or-all-reduce", ["assign_add of variable #0 'Variable:0', worker 1 calls all_reduce(SUM)"]),
+    ],
+)
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_aggregated_updates_made_differently_on_one_worker_get_a_mismatch(mode, named, replicas):
+    """Inside run, after three steps of the same updates of two SUM variables (one name,
+    dtype and shape), worker 1 updates them in the other order, or all-reduces the same
+    array instead of the first update: every worker gets a MismatchError naming what
+    each made, and no step goes on with a variable holding another call's values (the
+    script checks both variables after every step)."""
+    proc = mpirun(2, str(SCRIPTS / "check_failure.py"), "--mode", mode, "--replicas", replicas, "--timeout", "60")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "finished" not in proc.stdout and " holds " not in out, out
+    for w in (0, 1):
+        assert f"distvals: worker {w} (MPI rank {w} of 2) failed: strategy.run raised MismatchError" in out, out
+    for text in named:
+        assert text in out, out
+
+
+@needs_mpi
 @pytest.mark.parametrize("execution", ["inline", "threads"])
 def test_a_missing_worker_ends_the_job_after_the_timeout(execution):
     """Worker 1 never reaches strategy.reduce: the others give up after timeout_seconds

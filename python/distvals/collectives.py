@@ -154,10 +154,16 @@ class Collectives:
         bytes_per_pack: int = 0,
         timeout: Optional[float] = None,
         value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         """Every replica gets, leaf by leaf, ``op`` over every replica's leaf. Small leaves
         of one dtype travel packed in one buffer (at most ``bytes_per_pack`` bytes each when
-        positive). Integer MEAN gives float64 (float32 for 8- and 16-bit integers)."""
+        positive). Integer MEAN gives float64 (float32 for 8- and 16-bit integers).
+
+        ``label`` (here and in ``broadcast``, ``reduce`` and ``gather``): what the call is
+        for, where that is part of what it is (a variable's read or update, which names
+        the variable). Between processes, calls of different labels never pair, whatever
+        their data; in one process there is nothing to pair, and it is not used."""
         raise NotImplementedError
 
     def all_gather(
@@ -173,19 +179,25 @@ class Collectives:
         raise NotImplementedError
 
     def broadcast(
-        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+        self,
+        leaves: Sequence[Sequence[Any]],
+        root: int,
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         """Every replica gets a copy of replica ``root``'s leaves (``root`` counts all
         replicas of the strategy)."""
         raise NotImplementedError
 
     # ---- cross-replica context: one thread combines the parts --------------------------------
-    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
+    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None, label: str = "") -> Any:
         """``op`` over the parts (and over every other process's), one new array where
         replica 0's values live."""
         raise NotImplementedError
 
-    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
+    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None, label: str = "") -> Any:
         """The parts (of every process, in replica order) concatenated along ``axis``."""
         raise NotImplementedError
 

@@ -52,7 +52,13 @@ class CrossReplicaExtended(StrategyExtended):
         def _places(self) -> Tuple[Optional[int], ...]: ...
 
         def _all_reduce_leaves(
-            self, op: ReduceOp, leaves: List[List[Any]], algorithm: str, bytes_per_pack: int, value: Any = None
+            self,
+            op: ReduceOp,
+            leaves: List[List[Any]],
+            algorithm: str,
+            bytes_per_pack: int,
+            value: Any = None,
+            label: str = "",
         ) -> List[List[Any]]: ...
 
         def _total_replicas(self) -> int: ...
@@ -90,7 +96,9 @@ class CrossReplicaExtended(StrategyExtended):
                 raise ValueError(f"{what}: replica {r}'s value of type {type(p).__name__} is not an array: {e}") from e
         return out
 
-    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str, label: str = "") -> Any:
+        """``strategy.reduce`` of one value (``label``: what the call is for, see
+        ``Collectives.all_reduce``)."""
         if not isinstance(value, DistributedValues):
             return self._reduce_plain(op, value, axis, what)
         if holds_sparse(value):
@@ -107,7 +115,7 @@ class CrossReplicaExtended(StrategyExtended):
                 if not _numeric(parts[0].dtype):
                     out = self._reduce_objects(op, parts, value.values[0], what)
                 else:
-                    out = self._coll.reduce(op, parts)
+                    out = self._coll.reduce(op, parts, label=label)
             else:
                 out = self._reduce_along(op, parts, axis, what)
         return kinds.restore(out, original)
@@ -254,7 +262,7 @@ class CrossReplicaExtended(StrategyExtended):
             return devices.to_replica_device(out, devices.place_of(value))
         return kinds.restore(out, unwrap_part(value))
 
-    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
+    def _gather_one(self, value: Any, axis: int, what: str, label: str = "") -> Any:
         if not isinstance(value, DistributedValues):
             a = kinds.to_engine_value(unwrap_part(value)) if self._on_gpu else kinds.to_numpy(unwrap_part(value))
             normalize_axis(axis, a.ndim, what, 0)
@@ -274,7 +282,7 @@ class CrossReplicaExtended(StrategyExtended):
                 )
         _first_difference([tuple(p.shape) for p in parts], [p.dtype for p in parts], what, ax)
         with self._lock:
-            out = self._coll.gather(parts, ax)
+            out = self._coll.gather(parts, ax, label=label)
         return kinds.restore(out, unwrap_part(value.values[0]))
 
     def _place_of(self, device: str) -> Optional[int]:

@@ -42,6 +42,8 @@ class DistributedVariable(DistributedValues, Variable):
 
     _select_whole = True
     _values: Tuple[Variable, ...]
+    # Its number among its strategy's variables, in the order of creation (_call_label).
+    _serial = 0
 
     def __init__(
         self,
@@ -169,6 +171,13 @@ class DistributedVariable(DistributedValues, Variable):
         with committing(lambda: self._dropped(r, kind)):
             self._values[r]._apply(kind, value)
 
+    def _call_label(self, kind: str) -> str:
+        """What a collective that ``kind`` (a read, assign_add, scatter_add ...) of this
+        variable makes is for, as the workers agree on it: with the variable's number
+        among its strategy's variables (created in one order on every worker), so that
+        variables of one name (unnamed ones: 'Variable') are told apart too."""
+        return f"{kind} of variable #{self._serial} '{self.name}'"
+
     def _dropped(self, r: int, kind: str) -> str:
         return (
             f"replica {r}: {kind} of variable '{self.name}' was dropped: this replica's step had already "
@@ -194,13 +203,14 @@ class DistributedVariable(DistributedValues, Variable):
         coerced = self._coerce_parts(value, kind)
         ext = self._strategy.extended
         what = f"{kind} of variable '{self.name}'"
+        label = self._call_label(kind)
         if isinstance(coerced, sparse.SparseDelta):
-            indices = ext._first_replica_value(coerced.indices, f"{what} (indices)")
+            indices = ext._first_replica_value(coerced.indices, f"{what} (indices)", f"{label} (indices)")
             chief = sparse.SparseDelta(
-                indices, ext._first_replica_value(coerced.values, f"{what} (values)"), coerced.nd
+                indices, ext._first_replica_value(coerced.values, f"{what} (values)", f"{label} (values)"), coerced.nd
             )
         else:
-            chief = ext._first_replica_value(coerced, what)
+            chief = ext._first_replica_value(coerced, what, label)
         # The chief's value as it arrived (a host array for GPU copies), cast and placed
         # again; one process's strategies hand back the value itself.
         return coerced if chief is coerced else self._coerce_parts(chief, kind)
@@ -363,12 +373,17 @@ class MirroredVariable(DistributedVariable, Mirrored):
             )
         ext = self._strategy.extended
         what = f"{kind} of variable '{self.name}'"
+        # The variable and the kind of update are part of each call between workers (see
+        # _call_label).
+        label = self._call_label(kind)
         if kind in sparse.SCATTER_KINDS:
             # Every replica's update, of every worker: their rows differ in number, so
             # indices and values are gathered rather than reduced.
             local = [sparse.rows(self._coerce_parts(v, kind)) for v in value.values]
-            idx = ext._every_replica_part([d.indices for d in local], what)
-            vals = ext._every_replica_part([np.asarray(devices.to_host(d.values)) for d in local], what)
+            idx = ext._every_replica_part([d.indices for d in local], what, f"{label} (indices)")
+            vals = ext._every_replica_part(
+                [np.asarray(devices.to_host(d.values)) for d in local], what, f"{label} (values)"
+            )
             deltas = [sparse.SparseDelta(i, v, local[0].nd) for i, v in zip(idx, vals)]
             if agg is VariableAggregation.ONLY_FIRST_REPLICA:
                 return deltas[0]
@@ -376,12 +391,12 @@ class MirroredVariable(DistributedVariable, Mirrored):
             return sparse.concat_deltas(deltas, scale)
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
             # Global replica 0's value: on a multi-worker strategy, the chief's.
-            return ext._first_replica_value(self._coerce_parts(value.values[0], kind), what)
+            return ext._first_replica_value(self._coerce_parts(value.values[0], kind), what, label)
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         # Each part in the variable's dtype first, as inside run: int32 parts of an int64
         # variable must not wrap around in int32 while they are summed.
         parts = PerReplica(tuple(self._coerce_parts(v, kind) for v in value.values))
-        return self._strategy.reduce(op, parts, axis=None)
+        return ext._reduce_one(op, parts, None, what, label)
 
 
 class SyncOnReadVariable(DistributedVariable):
@@ -392,7 +407,9 @@ class SyncOnReadVariable(DistributedVariable):
         agg = self._aggregation
         if agg is VariableAggregation.ONLY_FIRST_REPLICA:
             # Global replica 0's copy: on a multi-worker strategy, the chief's.
-            return self._strategy.extended._first_replica_value(self._values[0]._value, f"read of '{self.name}'")
+            return self._strategy.extended._first_replica_value(
+                self._values[0]._value, f"read of '{self.name}'", self._call_label("read")
+            )
         if agg is VariableAggregation.NONE:
             raise ValueError(
                 f"cannot read SyncOnReadVariable '{self.name}' in cross-replica context: its aggregation is "
@@ -400,7 +417,9 @@ class SyncOnReadVariable(DistributedVariable):
             )
         op = ReduceOp.SUM if agg is VariableAggregation.SUM else ReduceOp.MEAN
         parts = [c._value for c in self._values]
-        out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read")
+        # The variable is part of the call between workers: two sync-on-read variables of
+        # one shape read in different orders on two workers must not pair.
+        out = self._strategy.extended._reduce_one(op, PerReplica(tuple(parts)), None, "read", self._call_label("read"))
         # A DeviceArray on the first replica's GPU for GPU copies (see distvals.cuda_collectives).
         out = devices.cast(devices.as_value(out), self.dtype)
         return devices.freeze(np.asarray(out) if isinstance(out, np.ndarray) else out)

@@ -121,6 +121,7 @@ class EngineCollectives(Collectives):
         bytes_per_pack: int = 0,
         timeout: Optional[float] = None,
         value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         n = self.num_local
         if n > 1 and self.group is not None:
@@ -252,7 +253,13 @@ class EngineCollectives(Collectives):
 
     # ---- broadcast ------------------------------------------------------------------------------
     def broadcast(
-        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+        self,
+        leaves: Sequence[Sequence[Any]],
+        root: int,
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         n = self.num_local
         count = len(leaves[0])
@@ -270,7 +277,7 @@ class EngineCollectives(Collectives):
         return out
 
     # ---- cross-replica ---------------------------------------------------------------------------
-    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
+    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None, label: str = "") -> Any:
         n = len(parts)
         dtype = parts[0].dtype
         work = work_dtype(dtype, op)
@@ -296,7 +303,7 @@ class EngineCollectives(Collectives):
             root = self._divide(root, self.num_replicas, 0)
         return root
 
-    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
+    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None, label: str = "") -> Any:
         if parts[0].ndim == 0:
             parts = [self._reshape(p, (1,)) for p in parts]
         return self._concat(parts, axis, 0)

@@ -136,15 +136,16 @@ class StrategyExtended:
         chief's)."""
         return value
 
-    def _first_replica_value(self, part: Any, what: str) -> Any:
+    def _first_replica_value(self, part: Any, what: str, label: str = "") -> Any:
         """The first replica's value, given ``part``, this process's first replica's (a
-        multi-worker strategy gives every process the chief's)."""
+        multi-worker strategy gives every process the chief's; ``label``: what the call is
+        for, see ``Collectives.all_reduce``)."""
         return part
 
-    def _every_replica_part(self, parts: Sequence[Any], what: str) -> List[Any]:
+    def _every_replica_part(self, parts: Sequence[Any], what: str, label: str = "") -> List[Any]:
         """Every replica's part, in replica order, given this process's replicas' arrays
         ``parts`` (their sizes may differ along the first axis; a multi-worker strategy
-        gathers every worker's)."""
+        gathers every worker's; ``label``: what the call is for)."""
         return list(parts)
 
     # ---- running ---------------------------------------------------------------------------

@@ -222,6 +222,8 @@ class LocalExtended(CrossReplicaExtended):
         self._fork = fork_generation()
         # Variables created under this strategy's scope get one copy per replica.
         self._distributed_variables = False
+        # How many distributed variables were made under it (each one's _serial).
+        self._variables_made = 0
         self._closed = False
         if given_ops:
             # Its reduce, batch_reduce and broadcast, called outside any scope, run here.
@@ -925,11 +927,19 @@ class LocalExtended(CrossReplicaExtended):
         )
 
     def _all_reduce_leaves(
-        self, op: ReduceOp, leaves: List[List[Any]], algorithm: str, bytes_per_pack: int, value: Any = None
+        self,
+        op: ReduceOp,
+        leaves: List[List[Any]],
+        algorithm: str,
+        bytes_per_pack: int,
+        value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         if self._via_root is not None:
             return self._all_reduce_via_root(op, leaves)
-        return self._coll.all_reduce(op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, value=value)
+        return self._coll.all_reduce(
+            op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, value=value, label=label
+        )
 
     def _all_reduce_via_root(self, op: ReduceOp, leaves: List[List[Any]]) -> List[List[Any]]:
         """ReductionToOneDevice: reduce onto the root replica, then broadcast."""
@@ -977,10 +987,14 @@ class LocalExtended(CrossReplicaExtended):
                 f"count it {self._total_replicas()} times; pass each replica's own value, or use aggregation "
                 "MEAN or ONLY_FIRST_REPLICA"
             )
+        # The variable and the kind of update are part of the call between workers: two
+        # variables' updates of one shape and dtype made in different orders on two
+        # workers must not pair (each would take the other's values).
+        label = var._call_label(kind)
         if isinstance(op, ReduceOp):
-            outs = self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value)
+            outs = self._all_reduce_leaves(op, leaves, self._algorithm, 0, q0.value, label)
         else:
-            outs = self._coll.broadcast(leaves, 0, value=q0.value)
+            outs = self._coll.broadcast(leaves, 0, value=q0.value, label=label)
         first = context.current_run_context()
         var._commit_update(kind, [o[0] for o in outs], first._replica_id if first is not None else 0)
         return [None] * len(requests)

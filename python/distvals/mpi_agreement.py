@@ -173,9 +173,22 @@ class Expected:
     ``HierarchicalCollectives._flat_expected``); ``address``: where its MPI handle lives,
     for native code that starts it; ``plan``: the native call that makes the whole call
     on that request (``HierarchicalCollectives._plan_of``), None until it is asked for,
-    False where there is none."""
+    False where there is none; ``label``: what the call says it is for, with the plan."""
 
-    __slots__ = ("address", "buf", "carried", "count", "dtype", "flagged", "op", "plan", "request", "signature", "wire")
+    __slots__ = (
+        "address",
+        "buf",
+        "carried",
+        "count",
+        "dtype",
+        "flagged",
+        "label",
+        "op",
+        "plan",
+        "request",
+        "signature",
+        "wire",
+    )
 
     def __init__(
         self, signature: int, count: int, dtype: np.dtype, op: ReduceOp, flagged: bool, carried: bool = False
@@ -192,6 +205,7 @@ class Expected:
         self.address = 0
         self.buf: Optional[np.ndarray] = None
         self.plan: Any = None
+        self.label = ""
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

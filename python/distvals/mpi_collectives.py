@@ -105,6 +105,11 @@ _LOCAL_OP = {
 }
 
 
+def _labelled(description: str, label: str) -> str:
+    """A call's description with what the call is for, where it says (``label``)."""
+    return f"{description} for {label}" if label else description
+
+
 def _aligned(a: np.ndarray) -> np.ndarray:
     """``a`` C-contiguous and aligned for its dtype (a copy where it is not)."""
     a = np.ascontiguousarray(a)
@@ -169,15 +174,19 @@ class _ArraysKind:
     ``all_reduce`` makes it), its work dtype (None: the general path), and for small
     calls the flat buffer it crosses MPI in (the data, then the agreement flag), kept
     from call to call, with ``data``, a view of the data part in the arrays' shape;
-    ``sig``, the description's signature; ``op``, the op between workers (SUM for MEAN)."""
+    ``sig``, the description's signature; ``op``, the op between workers (SUM for MEAN);
+    ``label``: what the call says it is for (``Collectives.all_reduce``'s), "" for most."""
 
-    __slots__ = ("data", "description", "flat", "op", "sig", "work")
+    __slots__ = ("data", "description", "flat", "label", "op", "sig", "work")
 
-    def __init__(self, description: str, sig: int, op: ReduceOp, work: Optional[np.dtype], a: np.ndarray) -> None:
+    def __init__(
+        self, description: str, sig: int, op: ReduceOp, work: Optional[np.dtype], a: np.ndarray, label: str = ""
+    ) -> None:
         self.description = description
         self.sig = sig
         self.op = op
         self.work = work
+        self.label = label
         self.flat: Optional[np.ndarray] = None
         # Nothing of ``a`` itself is kept: the caller's array must be freed when the
         # caller drops it (the kind lives as long as the strategy).
@@ -498,12 +507,13 @@ class HierarchicalCollectives(WorkerAgreement):
         timeout: Optional[float] = None,
         value: Any = None,
         what: str = "all_reduce",
+        label: str = "",
     ) -> List[List[Any]]:
         if value is None or type(value) is np.ndarray:
-            got = self._planned("all_reduce", op, leaves, None, True, timeout, what)
+            got = self._planned("all_reduce", op, leaves, None, True, timeout, what, label)
             if got is not None:
                 return got  # type: ignore[no-any-return]
-        return self._all_reduce_collective(op, leaves, algorithm, bytes_per_pack, timeout, value, what)
+        return self._all_reduce_collective(op, leaves, algorithm, bytes_per_pack, timeout, value, what, label)
 
     @collective_named("all_reduce")
     def _all_reduce_collective(
@@ -515,8 +525,9 @@ class HierarchicalCollectives(WorkerAgreement):
         timeout: Optional[float],
         value: Any,
         what: str,
+        label: str,
     ) -> List[List[Any]]:
-        return self._all_reduce(op, leaves, algorithm, bytes_per_pack, timeout, value, what)
+        return self._all_reduce(op, leaves, algorithm, bytes_per_pack, timeout, value, what, label)
 
     def _all_reduce(
         self,
@@ -527,7 +538,10 @@ class HierarchicalCollectives(WorkerAgreement):
         timeout: Optional[float],
         value: Any,
         what: str,
+        label: str = "",
     ) -> List[List[Any]]:
+        """``all_reduce``'s body (``label``: see ``Collectives.all_reduce``, a part of
+        every description the call makes)."""
         if self.num_workers == 1:
             return self.local.all_reduce(
                 op, leaves, algorithm=algorithm, bytes_per_pack=bytes_per_pack, timeout=timeout
@@ -538,17 +552,17 @@ class HierarchicalCollectives(WorkerAgreement):
             # One host array per replica: the quick path of all_reduce_arrays (the same
             # description, so the same MPI calls), into new arrays.
             ins = [row[0] for row in leaves]
-            kind = self._arrays_kind_of(op, ins)
+            kind = self._arrays_kind_of(op, ins, label)
             if kind is not None and kind.work is not None:
                 if kind.flat is not None:
                     return [[o] for o in self._all_reduce_small(kind, op, ins, None, timeout, what)]
                 outs = [new_array(ins[0].shape, ins[0].dtype) for _ in range(n)]
-                self._all_reduce_kind(kind, op, ins, outs, timeout, what)
+                self._all_reduce_kind(kind, op, ins, outs, timeout, what, label)
                 return [[o] for o in outs]
         self._what = what
         # reduce and all_reduce are the same call between workers (a worker with one
         # local replica may reduce where another all-reduces): one description.
-        description = describe_call("all_reduce", op, value, leaves[0])
+        description = _labelled(describe_call("all_reduce", op, value, leaves[0]), label)
         if not first:
             # No data to move, but still a call: the others must hear of it (they may
             # have passed leaves), and it keeps every worker's call sequence the same.
@@ -587,7 +601,7 @@ class HierarchicalCollectives(WorkerAgreement):
     ) -> None:
         self._all_reduce_kind(self._arrays_kind(op, ins[0]), op, ins, outs, timeout, "all_reduce")
 
-    def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any]) -> Optional[_ArraysKind]:
+    def _arrays_kind_of(self, op: ReduceOp, ins: Sequence[Any], label: str = "") -> Optional[_ArraysKind]:
         """The kind of ``all_reduce_arrays`` call ``ins`` make, or None when they are not
         numpy arrays of one dtype and shape, or, for a large call (which hands them to
         the engine as flat views), not all C-contiguous and aligned. (Small calls reduce
@@ -597,7 +611,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if type(a0) is not np.ndarray:
             return None
         dt, shape = a0.dtype, a0.shape
-        kind = self._arrays_kind(op, a0)
+        kind = self._arrays_kind(op, a0, label)
         for a in ins[1:]:
             if type(a) is not np.ndarray or (a.dtype is not dt and a.dtype != dt) or a.shape != shape:
                 return None
@@ -615,6 +629,7 @@ class HierarchicalCollectives(WorkerAgreement):
         outs: Sequence[np.ndarray],
         timeout: Optional[float],
         what: str,
+        label: str = "",
     ) -> None:
         a0 = ins[0]
         self._what = what
@@ -625,7 +640,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 op, [[a] for a in ins], kind.work, kind.description, timeout, outs=[o.reshape(-1) for o in outs]
             )
         else:
-            res = self._all_reduce(op, [[a] for a in ins], "auto", 0, timeout, a0, what)
+            res = self._all_reduce(op, [[a] for a in ins], "auto", 0, timeout, a0, what, label)
             for o, r in zip(outs, res):
                 np.copyto(o, r[0])
 
@@ -657,7 +672,7 @@ class HierarchicalCollectives(WorkerAgreement):
             if plan is not None:
                 got = plan.arrays(op, list(ins), None if outs is None else list(outs))
                 if type(got) is list or got != _NATIVE_NOT_HERE:
-                    return self._planned_end(got, expected, plan, op, ins[0], outs, timeout, what)
+                    return self._planned_end(got, expected, plan, op, ins[0], outs, timeout, what, kind.label)
         data = self._small_local_reduce(kind, ins)
         self._reduce_flat(flat, kind.op, kind.description, what, timeout, kind.sig, True)
         return self._small_spread(data, op, len(ins), outs)
@@ -666,11 +681,14 @@ class HierarchicalCollectives(WorkerAgreement):
         """The native plan of the expected call (``kind``'s, with ``op``), made at its
         first repeat, on the persistent request of ``expected`` and that request's own
         buffer. None where there is none: no request, MPI_Start and MPI_Test not found, a
-        GPU worker, a dtype the plan does not take (it says which, and is not asked again)."""
+        GPU worker, a dtype the plan does not take (it says which, and is not asked again).
+        The plan checks the arrays and the op, which with the call's label (kept on
+        ``expected``, for ``_planned``) are all a single-array call's signature is made of."""
         plan = expected.plan
         if plan is None:
             plan = False
             buf = expected.buf
+            expected.label = kind.label
             if self._native_plans and buf is not None and expected.address:
                 assert self._request_calls is not None  # set with _native_plans
                 try:
@@ -692,12 +710,21 @@ class HierarchicalCollectives(WorkerAgreement):
         return plan or None
 
     def _planned(
-        self, name: str, op: ReduceOp, values: Any, outs: Any, rows: bool, timeout: Optional[float], what: str
+        self,
+        name: str,
+        op: ReduceOp,
+        values: Any,
+        outs: Any,
+        rows: bool,
+        timeout: Optional[float],
+        what: str,
+        label: str = "",
     ) -> Any:
         """The steady state of a small call from the public collective ``name``, before
-        any other work: when the expected call has a plan (``_plan_of``) and ``values``
-        are its case (``rows``: a list per replica holding its one array; else a list of
-        arrays, into the list ``outs`` or new arrays), the whole call in one native call.
+        any other work: when the expected call has a plan (``_plan_of``), says what this
+        one is for (``label``) and ``values`` are its case (``rows``: a list per replica
+        holding its one array; else a list of arrays, into the list ``outs`` or new
+        arrays), the whole call in one native call.
         None, with nothing done, otherwise. This is ``one_collective``'s bracket around
         the call, inlined: a training loop's small all-reduce repeats it every step, and
         the plan's own checks stand in for the general path's."""
@@ -705,7 +732,7 @@ class HierarchicalCollectives(WorkerAgreement):
         if expected is None or self._open is not None or self._interrupted:
             return None
         plan = expected.plan
-        if not plan:
+        if not plan or expected.label != label:
             return None
         self._open = name
         self._what = what
@@ -716,7 +743,7 @@ class HierarchicalCollectives(WorkerAgreement):
                 return None
             try:
                 x0 = values[0][0] if rows else values[0]
-                got = self._planned_end(got, expected, plan, op, x0, outs, timeout, what)
+                got = self._planned_end(got, expected, plan, op, x0, outs, timeout, what, label)
             except MismatchError:
                 self._open = None
                 raise
@@ -741,12 +768,13 @@ class HierarchicalCollectives(WorkerAgreement):
         outs: Optional[Sequence[np.ndarray]],
         timeout: Optional[float],
         what: str,
+        label: str,
     ) -> Sequence[np.ndarray]:
         """The end of a call that a plan started (``got``: its results, or its code):
         a request still running is waited for here, as the Python path waits, with its
         timeout and Ctrl-C; a raised flag goes to the agreement exchange (``x0``: one
-        replica's array, for the call's description). The results, into ``outs`` or new
-        arrays."""
+        replica's array, and ``label``, for the call's description). The results, into
+        ``outs`` or new arrays."""
         stats = self.stats
         stats["data_calls"] += 1
         stats["native"] += 1
@@ -755,7 +783,7 @@ class HierarchicalCollectives(WorkerAgreement):
             return got
         flat = expected.buf
         assert flat is not None  # a plan's request has its buffer
-        kind = self._arrays_kind(op, x0)
+        kind = self._arrays_kind(op, x0, label)
         if got == _NATIVE_PENDING:
             self._wait_last(expected.request, flat, kind.op, what, timeout)
         if flat[-1] == AGREE[kind.op]:
@@ -793,16 +821,18 @@ class HierarchicalCollectives(WorkerAgreement):
                 np.copyto(o, data)
         return outs
 
-    def _arrays_kind(self, op: ReduceOp, a: np.ndarray) -> _ArraysKind:
+    def _arrays_kind(self, op: ReduceOp, a: np.ndarray, label: str = "") -> _ArraysKind:
         """What ``all_reduce_arrays`` remembers of the kind of call ``a`` (one replica's
-        array) makes with ``op``: looked up by (op, dtype, shape), made once."""
+        array) makes with ``op``: looked up by (op, dtype, shape), and ``label`` where the
+        call has one (its own kind: another description), made once."""
         last = self._last_kind
-        if last[0] is op and last[1] is a.dtype and last[2] == a.shape and last[3] is not None:
+        if not label and last[0] is op and last[1] is a.dtype and last[2] == a.shape and last[3] is not None:
             return last[3]
-        key = (op, a.dtype, a.shape)
+        key: Tuple[Any, ...] = (op, a.dtype, a.shape, label) if label else (op, a.dtype, a.shape)
         kind = self._arrays.get(key)
         if kind is not None:
-            self._last_kind = (op, a.dtype, a.shape, kind)
+            if not label:
+                self._last_kind = (op, a.dtype, a.shape, kind)
             return kind
         work: Optional[np.dtype] = work_dtype(a.dtype, op)
         if (
@@ -815,9 +845,10 @@ class HierarchicalCollectives(WorkerAgreement):
             work = None
         if len(self._arrays) > 256:
             self._arrays.clear()
-        description = describe_call("all_reduce", op, a, [a])
-        kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a)
-        self._last_kind = (op, a.dtype, a.shape, kind)
+        description = _labelled(describe_call("all_reduce", op, a, [a]), label)
+        kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a, label)
+        if not label:
+            self._last_kind = (op, a.dtype, a.shape, kind)
         return kind
 
     def _all_reduce_one_dtype(
@@ -1188,7 +1219,13 @@ class HierarchicalCollectives(WorkerAgreement):
 
     @one_collective
     def broadcast(
-        self, leaves: Sequence[Sequence[Any]], root: int, *, timeout: Optional[float] = None, value: Any = None
+        self,
+        leaves: Sequence[Sequence[Any]],
+        root: int,
+        *,
+        timeout: Optional[float] = None,
+        value: Any = None,
+        label: str = "",
     ) -> List[List[Any]]:
         if self.num_workers == 1:
             return self.local.broadcast(leaves, root, timeout=timeout)
@@ -1200,11 +1237,13 @@ class HierarchicalCollectives(WorkerAgreement):
         out: List[List[Any]] = [[None] * count for _ in range(n)]
         where = self._leaf_places(value, count)  # as in all_gather
         if not count:
-            self._sync_point(f"broadcast(root={root}) of {where[0]}", "broadcast", timeout)
+            self._sync_point(_labelled(f"broadcast(root={root}) of {where[0]}", label), "broadcast", timeout)
         for i in range(count):
             mine = leaves[root - self.offset][i] if self.rank == w_root else leaves[0][i]
             host = np.array(devices.to_host(mine), order="C", copy=True)
-            desc = f"broadcast(root={root}) {where[i]} of dtype {dtype_text(host.dtype)} shape {host.shape}"
+            desc = _labelled(
+                f"broadcast(root={root}) {where[i]} of dtype {dtype_text(host.dtype)} shape {host.shape}", label
+            )
             self._sync_point(desc, "broadcast", timeout)
             if host.size:
                 self._wait(
@@ -1247,23 +1286,22 @@ class HierarchicalCollectives(WorkerAgreement):
 
     # ---- cross-replica ---------------------------------------------------------------------------------
     @one_collective
-    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None) -> Any:
+    def reduce(self, op: ReduceOp, parts: Sequence[Any], *, timeout: Optional[float] = None, label: str = "") -> Any:
         if self.num_workers == 1:
             return self.local.reduce(op, parts, timeout=timeout)
-        res = self._all_reduce(op, [[p] for p in parts], "auto", 0, timeout, parts[0], "reduce")
+        res = self._all_reduce(op, [[p] for p in parts], "auto", 0, timeout, parts[0], "reduce", label)
         return res[0][0]
 
     @one_collective
-    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None) -> Any:
+    def gather(self, parts: Sequence[Any], axis: int, *, timeout: Optional[float] = None, label: str = "") -> Any:
         local = self.local.gather(parts, axis, timeout=timeout)
         if self.num_workers == 1:
             return local
         host = devices.to_host(local)
         moved = np.ascontiguousarray(np.moveaxis(host, axis, 0))
         rest = tuple(d for k, d in enumerate(host.shape) if k != axis)
-        full = self._gather_rows(
-            moved, f"gather(axis={axis}) of dtype {dtype_text(host.dtype)} shape (*, {rest})", "gather", timeout
-        )
+        description = f"gather(axis={axis}) of dtype {dtype_text(host.dtype)} shape (*, {rest})"
+        full = self._gather_rows(moved, _labelled(description, label), "gather", timeout)
         result = np.moveaxis(full, 0, axis) if axis else full
         return self.local._place_host(np.ascontiguousarray(result), 0)
 
@@ -1277,12 +1315,15 @@ class HierarchicalCollectives(WorkerAgreement):
         return int(buf[0])
 
     @one_collective
-    def broadcast_from_chief(self, value: np.ndarray, what: str, timeout: Optional[float] = None) -> np.ndarray:
+    def broadcast_from_chief(
+        self, value: np.ndarray, what: str, timeout: Optional[float] = None, label: str = ""
+    ) -> np.ndarray:
         """Worker 0's ``value`` on every worker (every worker passes one of the same dtype
         and shape: MismatchError on all of them otherwise)."""
         if self.num_workers == 1:
             return value
-        self._sync_point(f"{what}: value of dtype {dtype_text(value.dtype)} shape {value.shape}", what, timeout)
+        description = f"{label or what}: value of dtype {dtype_text(value.dtype)} shape {value.shape}"
+        self._sync_point(description, what, timeout)
         out = np.array(value, order="C", copy=True)
         if out.size:
             self._wait(self._comm.Ibcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=0), what, timeout, out)

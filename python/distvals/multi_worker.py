@@ -444,18 +444,18 @@ class _MultiWorkerExtended(LocalExtended):
                 description = f"{what}{how} of {_describe_unshared(value)} without communicating"
                 self._coll.sync_point(description, what)
 
-    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str) -> Any:
+    def _reduce_one(self, op: ReduceOp, value: Any, axis: Optional[int], what: str, label: str = "") -> Any:
         with self._together(what, value, f"({op.name}, axis={axis})"):
-            return super()._reduce_one(op, self._as_local_parts(value), axis, what)
+            return super()._reduce_one(op, self._as_local_parts(value), axis, what, label)
 
     def _reduce_structure(self, op: ReduceOp, value: Any, what: str) -> Any:
         if self._plain_is_local:
             value = nest.map_structure(self._as_local_parts, value)
         return super()._reduce_structure(op, value, what)
 
-    def _gather_one(self, value: Any, axis: int, what: str) -> Any:
+    def _gather_one(self, value: Any, axis: int, what: str, label: str = "") -> Any:
         with self._together(what, value, f"(axis={axis})"):
-            return super()._gather_one(self._as_local_parts(value), axis, what)
+            return super()._gather_one(self._as_local_parts(value), axis, what, label)
 
     def _agree_structure(self, what: str, value: Any) -> None:
         # Leaf by leaf, each leaf's own call checks its dtype and shape but not where it
@@ -534,23 +534,23 @@ class _MultiWorkerExtended(LocalExtended):
             out.flags.writeable = False
         return out
 
-    def _first_replica_value(self, part: Any, what: str) -> Any:
+    def _first_replica_value(self, part: Any, what: str, label: str = "") -> Any:
         """Global replica 0's value (the chief's first replica's) on every worker."""
         if self._num_workers == 1:
             return part
         host = np.asarray(devices.to_host(part), order="C")  # 0-d stays 0-d
-        out = self._coll.broadcast_from_chief(host, what)
+        out = self._coll.broadcast_from_chief(host, what, label=label)
         out.flags.writeable = False  # a read of the value, like any variable read
         return out
 
-    def _every_replica_part(self, parts: Sequence[Any], what: str) -> List[Any]:
+    def _every_replica_part(self, parts: Sequence[Any], what: str, label: str = "") -> List[Any]:
         """Every worker's replicas' parts, in global replica order: one gather of their
         sizes along the first axis, one of the parts themselves, cut apart again."""
         if self._num_workers == 1:
             return list(parts)
         hosts = [np.asarray(devices.to_host(p), order="C") for p in parts]
-        sizes = self._gather_one(PerReplica(tuple(np.array([len(h)], np.int64) for h in hosts)), 0, what)
-        joined = np.asarray(devices.to_host(self._gather_one(PerReplica(tuple(hosts)), 0, what)))
+        sizes = self._gather_one(PerReplica(tuple(np.array([len(h)], np.int64) for h in hosts)), 0, what, label)
+        joined = np.asarray(devices.to_host(self._gather_one(PerReplica(tuple(hosts)), 0, what, label)))
         bounds = np.concatenate([[0], np.cumsum(np.asarray(devices.to_host(sizes)))])
         return [joined[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 

@@ -282,6 +282,10 @@ def _create(value: np.ndarray, spec: Dict[str, Any]) -> Variable:
     kind = SyncOnReadVariable if sync is VariableSynchronization.ON_READ else MirroredVariable
     container: DistributedVariable = type.__call__(kind, strategy, tuple(copies), base, sync, agg, spec["trainable"])
     container._constraint = spec["constraint"]
+    # Its number among the strategy's variables: every worker creates them in one order
+    # (their creation is agreed above), so it names this one in the calls between them.
+    container._serial = ext._variables_made
+    ext._variables_made += 1
     container._initial = value
     container._shape_rule = rule
     ref = weakref.ref(container)

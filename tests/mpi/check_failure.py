@@ -17,6 +17,15 @@ naming the worker, instead of leaving the others waiting forever.
                  agreement flag), where the late workers reduce another shape: worker 0's
                  interrupted call completes with the flag "some call differs", so the
                  others went on to an exchange it never made: the same end.
+--mode update-order: inside strategy.run, two SUM variables of one name, dtype and
+                 shape are updated in one order for three steps, then worker 1 swaps
+                 them: a MismatchError on every worker naming both variables (each
+                 update names its variable between the workers), not a job that goes on
+                 with each variable holding the other's update.
+--mode update-or-all-reduce: the same three steps, then worker 1 all-reduces the same
+                 array where the others update the first variable: a MismatchError on
+                 every worker (a repeated update runs on a native plan, which must not
+                 take the unlabelled all-reduce of the same arrays for it).
 --mode ok:       everyone behaves (the control: the job succeeds).
 
 The job must never succeed in the failing modes: the script exits 0 only at the end.
@@ -50,6 +59,8 @@ def main() -> int:
 
     for i in range(6):
         s.run(step, args=(i,))
+    if a.mode in ("update-order", "update-or-all-reduce", "ok"):
+        _updates_out_of_order(s, rank, a.mode)
     if a.mode in ("interrupt", "ok"):
         _interrupted_reduce(s, rank, 1 << 18, 1 << 18, interrupt=a.mode == "interrupt")
     if a.mode in ("interrupt-small", "ok"):
@@ -62,6 +73,36 @@ def main() -> int:
     s.reduce("SUM", per, axis=None)
     print(f"worker {rank}: finished", flush=True)
     return 0
+
+
+def _updates_out_of_order(s, rank: int, mode: str) -> None:
+    """Aggregated updates of two variables inside run, checked on every step; at step 3
+    worker 1 makes them differently (``mode``)."""
+    total = s.num_replicas_in_sync
+    with s.scope():
+        # One name, dtype and shape: only the variables' numbers tell them apart.
+        a, b = (dv.Variable(np.zeros(2), aggregation=dv.VariableAggregation.SUM) for _ in range(2))
+
+    def step(i):
+        ctx = dv.get_replica_context()
+        x = np.full(2, 1.0 + ctx.replica_id_in_sync_group)
+        pair = (a, b)
+        if i == 3 and rank == 1:
+            if mode == "update-order":
+                pair = (b, a)
+            elif mode == "update-or-all-reduce":
+                ctx.all_reduce("SUM", x)
+                pair = (b,)
+        for v in pair:
+            v.assign_add(x if v is a else 10 * x)
+
+    per_step = sum(1.0 + g for g in range(total))
+    for i in range(5):
+        s.run(step, args=(i,))
+        for v, scale in ((a, 1.0), (b, 10.0)):
+            for copy in v.values:
+                if not np.array_equal(copy.numpy(), np.full(2, scale * per_step * (i + 1))):
+                    raise AssertionError(f"worker {rank}: step {i}: {v.name} holds {copy.numpy()}")
 
 
 def _interrupted_reduce(s, rank: int, size: int, late_size: int, interrupt: bool) -> None:

@@ -314,6 +314,60 @@ def main() -> int:
                 )
             checks += 1
 
+    # Reads and updates of two variables of one name, dtype and shape, made in one order
+    # three times and then in the other order on the last worker: each call names its
+    # variable between the workers (by its number among the strategy's variables, the
+    # same on every worker), so every worker gets a MismatchError, never the other
+    # variable's value or update.
+    if size > 1:
+        last = rank == size - 1
+        on_read = dict(synchronization=dv.VariableSynchronization.ON_READ, aggregation=dv.VariableAggregation.SUM)
+        with s.scope():
+            sors = [dv.Variable(np.zeros(2), **on_read) for _ in range(2)]
+            sums = [dv.Variable(np.zeros(2), aggregation=dv.VariableAggregation.SUM) for _ in range(2)]
+
+        def fill() -> None:
+            for k, v in enumerate(sors):
+                v.assign(np.full(2, 100.0 * k + gid()))
+
+        s.run(fill)
+        every = float(sum(range(total)))
+        for _ in range(3):
+            for k, v in enumerate(sors):
+                expect_close(v.read_value(), np.full(2, 100.0 * k * total + every), rank, f"read of variable {k}")
+        expect_raises(
+            dv.MismatchError,
+            lambda: [v.read_value() for v in (sors[::-1] if last else sors)],
+            rank,
+            "sync-on-read variables read in different orders",
+            "read of variable #",
+        )
+        per = s.run(lambda: np.full(2, 1.0 + gid()))
+        rows = s.run(lambda: dv.IndexedSlices(np.full(1, 1.0 + gid()), np.array([gid() % 2]), np.array([2])))
+        for kind, value in (("assign_add", per), ("scatter_add", rows)):
+            for _ in range(3):
+                for k, v in enumerate(sums):
+                    getattr(v, kind)(value)
+            before = [v.numpy().copy() for v in sums]
+            expect_raises(
+                dv.MismatchError,
+                lambda kind=kind, value=value: [getattr(v, kind)(value) for v in (sums[::-1] if last else sums)],
+                rank,
+                f"{kind} of variables in different orders",
+                f"{kind} of variable #",
+            )
+            for k, v in enumerate(sums):
+                copies_equal(v, before[k], rank, f"variable {k} after the refused {kind}")
+        # Every replica's 1 + g three times on both elements, then three times as a row at
+        # element g % 2. (With one replica on every worker, run's results are plain
+        # arrays, and a plain value updates a variable with the chief's: replica 0's.)
+        adds = range(total) if isinstance(per, dv.DistributedValues) else range(1)
+        rows_in = [3 * sum(1.0 + g for g in adds if g % 2 == j) for j in (0, 1)]
+        for k, v in enumerate(sums):
+            want = 3 * sum(1.0 + g for g in adds) + np.array(rows_in)
+            copies_equal(v, want, rank, f"variable {k} after its updates")
+        checks += 8
+
     # reduce_to, batch_reduce_to and broadcast_to onto the replicas give every worker the
     # same kind of value (a worker with one replica among workers with several a Mirrored
     # of one copy), so later collectives of it pair across workers; checked by the next
