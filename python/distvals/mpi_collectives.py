@@ -843,7 +843,10 @@ class HierarchicalCollectives(WorkerAgreement):
             or self._on_gpu
         ):
             work = None
-        if len(self._arrays) > 256:
+        # Bounded, as the kinds of small calls hold a buffer each: room for a model's
+        # variables' labelled updates beside its other calls, so that a step's calls do
+        # not clear each other's kinds every step.
+        if len(self._arrays) > 1024:
             self._arrays.clear()
         description = _labelled(describe_call("all_reduce", op, a, [a]), label)
         kind = self._arrays[key] = _ArraysKind(description, self._sig(description), _LOCAL_OP[op], work, a, label)
