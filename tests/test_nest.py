@@ -1,10 +1,12 @@
 """distvals.nest: flattening in tf.nest's order and packing back, checked against an
 independent reference walk on random structures (flat dicts, the common case, take a
-shortcut of their own)."""
+shortcut of their own; mappings that are not dicts a path of their own)."""
 
 from __future__ import annotations
 
 import collections
+import collections.abc
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,50 @@ from distvals import nest
 
 Pair = collections.namedtuple("Pair", "first second")
 
+
+class Frozen(collections.abc.Mapping):
+    """A Mapping that is not a dict (as flax's FrozenDict or immutabledict are)."""
+
+    def __init__(self, items):
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __repr__(self):
+        return f"Frozen({self._items!r})"
+
+
+class Registered:
+    """A class registered with Mapping, not derived from it."""
+
+    def __init__(self, items):
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def keys(self):
+        return self._items.keys()
+
+    def items(self):
+        return self._items.items()
+
+
+collections.abc.Mapping.register(Registered)
+
 leaves = st.integers(-5, 5) | st.none() | st.floats(allow_nan=False)
 keys = st.text("abcxyz", min_size=1, max_size=3)
 structures = st.recursive(
@@ -22,6 +68,8 @@ structures = st.recursive(
         st.lists(inner, max_size=4)
         | st.lists(inner, max_size=4).map(tuple)
         | st.dictionaries(keys, inner, max_size=4)
+        | st.dictionaries(keys, inner, max_size=4).map(Frozen)
+        | st.dictionaries(keys, inner, max_size=3).map(types.MappingProxyType)
         | st.builds(Pair, inner, inner)
     ),
     max_leaves=12,
@@ -29,8 +77,8 @@ structures = st.recursive(
 
 
 def reference_flatten(x):
-    """tf.nest's order, written out plainly: dict values by sorted key, depth first."""
-    if isinstance(x, dict):
+    """tf.nest's order, written out plainly: a mapping's values by sorted key, depth first."""
+    if isinstance(x, collections.abc.Mapping):
         return [leaf for k in sorted(x) for leaf in reference_flatten(x[k])]
     if isinstance(x, (list, tuple)):
         return [leaf for item in x for leaf in reference_flatten(item)]
@@ -38,9 +86,9 @@ def reference_flatten(x):
 
 
 def same_shape_and_order(a, b):
-    """Equal values, the same container types, and dicts in the same key order."""
+    """Equal values, the same container types, and mappings in the same key order."""
     assert type(a) is type(b)
-    if isinstance(a, dict):
+    if isinstance(a, collections.abc.Mapping):
         assert list(a) == list(b)
         for k in a:
             same_shape_and_order(a[k], b[k])
@@ -111,13 +159,15 @@ def nest_order(d):
 
 def reference_same(a, b):
     """The nesting rules written out plainly: the same container types (any two lists
-    match), lengths and dict keys, leaves in the same places."""
-    a_nested, b_nested = isinstance(a, (list, tuple, dict)), isinstance(b, (list, tuple, dict))
+    and any two mappings match), lengths and mapping keys, leaves in the same places."""
+    containers = (list, tuple, collections.abc.Mapping)
+    a_nested, b_nested = isinstance(a, containers), isinstance(b, containers)
     if not a_nested or not b_nested:
         return a_nested == b_nested
-    if type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list)):
+    mappings = isinstance(a, collections.abc.Mapping) and isinstance(b, collections.abc.Mapping)
+    if type(a) is not type(b) and not (isinstance(a, list) and isinstance(b, list)) and not mappings:
         return False
-    if isinstance(a, dict):
+    if isinstance(a, collections.abc.Mapping):
         return nest_order(a) == nest_order(b) and all(reference_same(a[k], b[k]) for k in a)
     return len(a) == len(b) and all(reference_same(x, y) for x, y in zip(a, b))
 
@@ -424,6 +474,76 @@ def test_a_container_whose_constructor_takes_other_arguments_keeps_its_leaves():
 
     with pytest.raises(TypeError, match=r"Pair rebuilt from its 2 items does not hold them"):
         nest.pack_sequence_as(Pair("t", (1, 2)), [5, 6])
+
+
+def test_any_mapping_is_walked_by_sorted_key_and_rebuilt_with_its_own_class():
+    proxy = types.MappingProxyType({"w": 1, "b": [2, 3]})
+    assert nest.is_nested(proxy) and nest.is_mapping(proxy) and nest.is_mapping(Registered({}))
+    assert not nest.is_mapping([1]) and not nest.is_nested(object())
+    assert nest.flatten(proxy) == [2, 3, 1]  # b, then w
+    out = nest.pack_sequence_as(proxy, [20, 30, 10])
+    assert type(out) is types.MappingProxyType and list(out) == ["w", "b"] and dict(out) == {"w": 10, "b": [20, 30]}
+
+    reg = Registered({"z": 1, "a": {"k": 2}})
+    assert nest.flatten(reg) == [2, 1]
+    out = nest.pack_sequence_as(reg, ["A", "Z"])
+    assert type(out) is Registered and list(out) == ["z", "a"] and out["a"] == {"k": "A"} and out["z"] == "Z"
+    assert nest.paths(reg) == ["['a']['k']", "['z']"]
+    assert nest.layout(Frozen({"b": 1, "a": (2,)})) == "{'a': (*,), 'b': *}" == nest.layout({"a": (3,), "b": 4})
+
+
+def test_any_two_mappings_are_one_kind_and_their_differences_are_named():
+    assert nest.structure_mismatch(Frozen({"a": 1}), {"a": 2}) is None
+    assert nest.structure_mismatch(types.MappingProxyType({"a": [1]}), Frozen({"a": [2]})) is None
+    why = nest.structure_mismatch(Frozen({"a": 1, "b": 2}), {"a": 1, "c": 2})
+    assert why == "at the top level: mapping keys [\"'a'\", \"'b'\"] vs [\"'a'\", \"'c'\"]"
+    assert nest.structure_mismatch({"x": Frozen({"a": 1})}, {"x": Frozen({"a": [1]})}) == (
+        "at ['x']['a']: a single value vs list of 1"
+    )
+    assert nest.structure_mismatch(Frozen({"a": 1}), [1]) == "at the top level: Frozen of 1 vs list of 1"
+
+
+def test_a_mapping_whose_class_takes_no_dict_is_named_when_it_is_rebuilt():
+    class Keyed(Frozen):
+        def __init__(self, tag, items=()):
+            super().__init__(items)
+            self.tag = tag
+
+    with pytest.raises(TypeError, match=r"Keyed \(a Mapping\) called with a dict of its 2 items does not make one"):
+        nest.pack_sequence_as(Keyed("t", {"a": 1, "b": 2}), [5, 6])
+
+
+@pytest.mark.parametrize("execution", ["inline", "threads"])
+def test_a_step_all_reduces_and_returns_mappings_that_are_not_dicts(execution):
+    import numpy as np
+
+    import distvals as dv
+    from distvals.values import PerReplica, select_replica
+
+    n = 3
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(n)], execution=execution)
+
+    def grads(r):
+        return {"w": np.arange(4.0) * (r + 1), "b": np.array([10.0**r])}
+
+    def step(scale):
+        r = dv.get_replica_context().replica_id_in_sync_group
+        g = types.MappingProxyType(grads(r)) if r != 1 else Frozen(grads(r))
+        summed = dv.get_replica_context().all_reduce("SUM", g)
+        return Frozen({"summed": summed, "mine": Frozen({"w": grads(r)["w"] * scale})})
+
+    out = s.run(step, args=(dv.PerReplica(tuple(float(r + 2) for r in range(n))),))
+    # The step's result is a mapping of PerReplica leaves, in replica 0's class.
+    assert type(out) is Frozen and type(out["mine"]["w"]) is PerReplica
+    want = {k: sum(np.asarray(grads(r)[k], np.float64) for r in range(n)) for k in ("w", "b")}
+    for r in range(n):
+        mine = select_replica(r, out)
+        assert type(mine["summed"]) is types.MappingProxyType
+        for k in ("w", "b"):
+            np.testing.assert_array_equal(mine["summed"][k], want[k])
+        np.testing.assert_array_equal(mine["mine"]["w"], grads(r)["w"] * (r + 2))
+    total = s.reduce("SUM", out["mine"], axis=None)
+    np.testing.assert_array_equal(total["w"], sum(grads(r)["w"] * (r + 2) for r in range(n)))
 
 
 def test_keys_that_print_alike_but_differ_are_named_so():

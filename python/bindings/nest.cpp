@@ -7,9 +7,10 @@
 // the collective under them; here they cost a pass over the containers.
 //
 // The rules are distvals.nest's (its docstring): lists, tuples (namedtuples too) and
-// dicts are containers, subclasses included, everything else is a leaf; a dict's values
-// come in sorted key order, or in its own order when the keys cannot be sorted; packing
-// rebuilds each container with its own type, a dict with its own key order.
+// mappings (dicts and any collections.abc.Mapping) are containers, subclasses included,
+// everything else is a leaf; a mapping's values come in sorted key order, or in its own
+// order when the keys cannot be sorted; packing rebuilds each container with its own
+// type, a mapping with its own key order.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,7 +22,13 @@
 namespace distvals_py {
 namespace {
 
-bool is_container(PyObject* x) { return PyList_Check(x) || PyTuple_Check(x) || PyDict_Check(x); }
+// Whether `x` is a mapping: a dict, or an instance of a class that subclasses or is
+// registered with collections.abc.Mapping. CPython marks such classes with a type flag
+// (set by Mapping.register too), so the test costs no isinstance call against the ABC,
+// which a walk would otherwise make for every leaf.
+bool is_mapping(PyObject* x) { return PyDict_Check(x) || (PyType_GetFlags(Py_TYPE(x)) & Py_TPFLAGS_MAPPING) != 0; }
+
+bool is_container(PyObject* x) { return PyList_Check(x) || PyTuple_Check(x) || is_mapping(x); }
 
 // Raises the pending Python error as a C++ exception when `ok` is false.
 void check(bool ok) {
@@ -52,8 +59,8 @@ struct recursion_guard {
   recursion_guard& operator=(const recursion_guard&) = delete;
 };
 
-// The keys of dict `d` in its own order (list(d)): a snapshot, safe to hold while Python
-// code (a key's comparison) runs.
+// The keys of mapping `d` in its own order (list(d)): a snapshot, safe to hold while
+// Python code (a key's comparison) runs.
 py::list own_keys(PyObject* d) {
   PyObject* keys = PyDict_CheckExact(d) ? PyDict_Keys(d) : PySequence_List(d);
   check(keys != nullptr);
@@ -168,7 +175,7 @@ void flatten_into(PyObject* x, PyObject* out) {
         check(PyList_Append(out, item.ptr()) == 0);
       }
     }
-  } else if (PyDict_Check(x)) {
+  } else if (is_mapping(x)) {
     recursion_guard guard(" in nest.flatten");
     py::list keys = ordered_keys(x);
     for (py::handle k : keys) {
@@ -197,6 +204,30 @@ struct leaf_source {
   PyObject* seq;  // a list or tuple
   Py_ssize_t next = 0;
 };
+
+// A mapping like `m`, not a dict, holding `values`'s items in the order of `own` (m's
+// own keys). Its class is called with a dict of them, in that order: what mappings'
+// constructors take most widely (MappingProxyType takes nothing else), where tf.nest
+// passes (key, value) pairs.
+py::object rebuild_mapping(PyObject* m, const py::list& own, const py::dict& values) {
+  py::dict items;
+  for (py::handle k : own) {
+    py::object v = item_of(values.ptr(), k.ptr());  // KeyError: a key added meanwhile
+    check(PyDict_SetItem(items.ptr(), k.ptr(), v.ptr()) == 0);
+  }
+  PyObject* made = PyObject_CallOneArg(reinterpret_cast<PyObject*>(Py_TYPE(m)), items.ptr());
+  // A constructor that refuses a dict, or that does not keep its items as they come,
+  // would fail later or lose leaves silently.
+  const bool holds = made != nullptr && PyObject_Length(made) == PyDict_GET_SIZE(items.ptr());
+  Py_XDECREF(holds ? nullptr : made);
+  if (!holds) {
+    PyErr_Clear();
+    throw py::type_error(std::string("nest: a ") + Py_TYPE(m)->tp_name + " (a Mapping) called with a dict of its " +
+                         std::to_string(PyDict_GET_SIZE(items.ptr())) + " items does not make one holding them; " +
+                         "use a dict, or a Mapping whose constructor takes a dict");
+  }
+  return py::reinterpret_steal<py::object>(made);
+}
 
 bool is_namedtuple(PyObject* x) {
   return PyTuple_Check(x) && !PyTuple_CheckExact(x) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(x)), "_fields");
@@ -236,11 +267,11 @@ py::object rebuild(PyObject* tmpl, py::list items) {
 }
 
 // Whether two containers are of one kind for nest: the same type; any two lists; any two
-// dicts (a dict and an OrderedDict); namedtuples of the same name and fields (a class made
-// anew in each replica's function), as tf.nest counts them.
+// mappings (a dict and an OrderedDict or a MappingProxyType); namedtuples of the same name
+// and fields (a class made anew in each replica's function), as tf.nest counts them.
 bool same_kind(PyObject* a, PyObject* b) {
   if (Py_TYPE(a) == Py_TYPE(b)) return true;
-  if ((PyList_Check(a) && PyList_Check(b)) || (PyDict_Check(a) && PyDict_Check(b))) return true;
+  if ((PyList_Check(a) && PyList_Check(b)) || (is_mapping(a) && is_mapping(b))) return true;
   if (!is_namedtuple(a) || !is_namedtuple(b)) return false;
   py::handle ta(reinterpret_cast<PyObject*>(Py_TYPE(a)));
   py::handle tb(reinterpret_cast<PyObject*>(Py_TYPE(b)));
@@ -275,10 +306,10 @@ py::object pack(PyObject* x, leaf_source& src) {
     }
     return out;
   }
-  if (PyDict_Check(x)) {
+  if (is_mapping(x)) {
     recursion_guard guard(" in nest.pack_sequence_as");
-    // Leaves come in sorted key order; the result keeps the dict's own type and order
-    // (taken before any Python code runs: a key's comparison may change the dict).
+    // Leaves come in sorted key order; the result keeps the mapping's own type and order
+    // (taken before any Python code runs: a key's comparison may change the mapping).
     py::list own = own_keys(x);
     py::list keys = ordered(own);
     if (PyDict_CheckExact(x) && keys.ptr() == own.ptr()) {
@@ -296,6 +327,7 @@ py::object pack(PyObject* x, leaf_source& src) {
       check(PyDict_SetItem(values.ptr(), k.ptr(), pack(item.ptr(), src).ptr()) == 0);
     }
     py::object out;
+    if (!PyDict_Check(x)) return rebuild_mapping(x, own, values);
     if (PyDict_CheckExact(x)) {
       out = py::dict();
     } else {
@@ -375,7 +407,7 @@ bool same(PyObject* a, PyObject* b) {
   Py_ssize_t nb = 0;
   if (flat_in_order(a, na) && flat_in_order(b, nb)) return same_flat_keys(a, b);
   recursion_guard guard(" in nest.structure_mismatch");
-  if (PyDict_Check(a)) {
+  if (is_mapping(a)) {
     py::list keys = own_keys(a);
     if (!same_key_order(a, b, keys)) return false;
     for (py::handle k : keys) {

@@ -24,7 +24,6 @@ implementation, not the strategy's code.
 
 from __future__ import annotations
 
-import collections.abc
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -122,9 +121,6 @@ def numpy_reduce(stacked: np.ndarray, op: ReduceOp, dtype: np.dtype) -> np.ndarr
 
 def type_name(leaf: Any, a: Any) -> str:
     """What the user passed, for error messages: the Python type and the array dtype."""
-    if isinstance(leaf, collections.abc.Mapping) and not isinstance(leaf, dict):
-        # One leaf to distvals.nest, where tf.nest would walk it.
-        return f"{type(leaf).__name__} (a Mapping that is not a dict: distvals.nest walks dicts only)"
     if getattr(a, "ndim", 1) == 0 and isinstance(a, np.ndarray):
         return type(a[()]).__name__ if a.dtype.hasobject else f"{type(a[()]).__name__} (dtype {a.dtype})"
     if isinstance(leaf, np.ndarray):

@@ -524,7 +524,7 @@ def _refuse_structure(value: Any, what: str) -> None:
     """TypeError when ``value`` is a structure rather than one array-like value (a list
     of numbers is one; a list holding a dict or arrays of other shapes is not): made into
     one array, it would become an array of Python objects."""
-    if isinstance(value, dict):
+    if nest.is_mapping(value):
         bad = True
     elif isinstance(value, (list, tuple)):
         try:

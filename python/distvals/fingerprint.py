@@ -17,6 +17,10 @@ import numpy as np
 __all__ = ["fingerprint", "object_bytes"]
 
 
+#: CPython's type flag of dicts and other collections.abc.Mapping classes.
+_MAPPING_FLAG = 1 << 6
+
+
 def fingerprint(leaves: Any) -> int:
     """A 62-bit fingerprint of arrays' dtypes, shapes and bytes: CRC-32 and Adler-32,
     which zlib computes at memory speed, side by side (so it fits the int64 exchange)."""
@@ -58,8 +62,9 @@ def object_bytes(x: Any, out: List[Any], _open: Optional[Set[int]] = None) -> No
         data = x.encode("utf-8", "surrogatepass") if isinstance(x, str) else bytes(x)
         out.append(f"{type(x).__name__}{len(data)};".encode())
         out.append(data)
-    elif isinstance(x, (list, tuple, dict)):
-        items = list(x.items()) if isinstance(x, dict) else x
+    elif isinstance(x, (list, tuple)) or type(x).__flags__ & _MAPPING_FLAG:
+        # (Any Mapping by its items, as distvals.nest walks it.)
+        items = list(x.items()) if not isinstance(x, (list, tuple)) else x
         out.append(f"{type(x).__name__}{len(items)};".encode())
         _items(items, x, out, _open)
     elif isinstance(x, (set, frozenset)):

@@ -742,7 +742,7 @@ class LocalExtended(CrossReplicaExtended):
             if sched is self._runner._parent:
                 return sched.switch((QUICK_ALL_REDUCE, op, value))
             raise self._runner.refused(ctx._replica_id, "all_reduce")
-        if options is None and self._gpu_quick is not None and isinstance(value, (list, tuple, dict)):
+        if options is None and self._gpu_quick is not None and nest.is_nested(value):
             # A structure of DeviceArrays of number dtypes (a model's gradients on GPUs):
             # to the scheduler in the quick tree form (see _resolve_quick_gpu_tree).
             leaves = nest.flatten(value)
@@ -751,7 +751,7 @@ class LocalExtended(CrossReplicaExtended):
                 if sched is not self._runner._parent:
                     raise self._runner.refused(ctx._replica_id, "all_reduce")
                 return sched.switch((QUICK_TREE, op, value, leaves))
-        if options is None and self._quick_tree and isinstance(value, (list, tuple, dict)):
+        if options is None and self._quick_tree and nest.is_nested(value):
             # A structure of numpy arrays of number dtypes (a model's gradients): to the
             # scheduler in the quick tree form, straight from here.
             # (Its leaves, when all are numpy arrays of those dtypes: one walk in C++.)
@@ -1036,10 +1036,10 @@ class LocalExtended(CrossReplicaExtended):
 
 def _read_only_arrays(value: Any) -> Any:
     """``value`` with a read-only view in place of each writeable numpy array in it (at
-    any depth of lists, tuples and dicts; distributed values are left as they are)."""
+    any depth of lists, tuples and mappings; distributed values are left as they are)."""
     if isinstance(value, np.ndarray):
         return _read_only(value)
-    if not isinstance(value, (list, tuple, dict)) or not value:
+    if not nest.is_nested(value) or not value:
         return value
     leaves = nest.flatten(value)
     if not any(isinstance(x, np.ndarray) and x.flags.writeable for x in leaves):
@@ -1053,11 +1053,12 @@ def _own_tensors(value: Any, replica: int) -> Any:
     so that an in-place change in one replica never shows in another's."""
     if replica == 0:
         return value
-    leaves = nest.flatten(value) if isinstance(value, (list, tuple, dict)) else [value]
+    nested = nest.is_nested(value)
+    leaves = nest.flatten(value) if nested else [value]
     if not any(kinds.framework_of(x) in _COPY for x in leaves):
         return value
     own = [_COPY[kinds.framework_of(x)](x) if kinds.framework_of(x) in _COPY else x for x in leaves]
-    return nest.pack_sequence_as(value, own) if isinstance(value, (list, tuple, dict)) else own[0]
+    return nest.pack_sequence_as(value, own) if nested else own[0]
 
 
 # How an array of each framework that has no read-only arrays is copied.

@@ -1,7 +1,7 @@
 """Checking that the replicas at a meeting asked for the same thing.
 
 Before a collective runs, every replica's request is compared: the same call (kind and
-parameters such as the op or the axis), the same nesting of lists, tuples and dicts
+parameters such as the op or the axis), the same nesting of lists, tuples and mappings
 (with the same keys), and leaf by leaf the same dtype and shape (except along the
 gathered axis). The first difference becomes one ``MismatchError`` that every replica
 raises, naming the replicas and what each passed, and nothing is reduced.
@@ -53,7 +53,7 @@ def check_structures(requests: Sequence[Request], what: str) -> None:
         if why is not None:
             raise mismatch(
                 f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
-                "replica must pass the same nesting of lists, tuples and dicts, with the same keys"
+                "replica must pass the same nesting of lists, tuples and mappings, with the same keys"
             )
 
 
@@ -72,7 +72,7 @@ def split_leaves(
         if why is not None:
             raise mismatch(
                 f"{what}: replica 0 and replica {r} passed different structures ({why}); every "
-                "replica must pass the same nesting of lists, tuples and dicts, with the same keys"
+                "replica must pass the same nesting of lists, tuples and mappings, with the same keys"
             )
     out = []
     for r, v in enumerate(values):

@@ -139,7 +139,7 @@ def describe_structure(value: Any) -> str:
     """A structure's nesting as descriptions give it: its kind and size when it is flat
     (the leaves' paths then say the rest), else its whole layout (the paths alone would
     not tell a list inside it from a tuple)."""
-    inner = value.values() if isinstance(value, dict) else value
+    inner = value.values() if nest.is_mapping(value) else value
     if any(nest.is_nested(v) for v in inner):
         return nest.layout(value)
     return nest.describe(value)

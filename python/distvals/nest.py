@@ -1,16 +1,21 @@
-"""Nested structures of values: lists, tuples, dicts and namedtuples.
+"""Nested structures of values: lists, tuples, namedtuples and mappings.
 
-Everything else (arrays, numbers, None, DistributedValues, variables) is a leaf.
-Dicts flatten in sorted key order, as in ``tf.nest`` (in their own order when the keys
-cannot be sorted); packing rebuilds each container with its own type (and the dict's own
-key order). Two dicts have the same nesting when their keys, in that order, are equal
-one by one: equal key sets in orders that would pair one dict's leaves with another
-key's are a mismatch, never a silent pairing by position.
+A mapping is a dict or any ``collections.abc.Mapping`` (an OrderedDict, a
+``types.MappingProxyType``, a class of your own that subclasses or registers with
+Mapping), as ``tf.nest`` walks them. Everything else (arrays, numbers, None,
+DistributedValues, variables) is a leaf. Mappings flatten in sorted key order, as in
+``tf.nest`` (in their own order when the keys cannot be sorted); packing rebuilds each
+container with its own type (and the mapping's own key order): a dict subclass from a
+shallow copy of it, another Mapping by calling its class with a dict of its items. Any two
+mappings are of one kind (a dict matches an OrderedDict), as are any two lists. Two
+mappings have the same nesting when their keys, in that order, are equal one by one:
+equal key sets in orders that would pair one mapping's leaves with another key's are a
+mismatch, never a silent pairing by position.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from . import _core
 
@@ -18,6 +23,7 @@ __all__ = [
     "assert_same_structure",
     "describe",
     "flatten",
+    "is_mapping",
     "is_nested",
     "layout",
     "map_structure",
@@ -31,12 +37,24 @@ def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
+#: CPython's type flag of mapping classes (``Py_TPFLAGS_MAPPING``): set on dict, on
+#: subclasses of collections.abc.Mapping and by ``Mapping.register``, so a look at it tells
+#: a mapping without an isinstance call against the ABC.
+_MAPPING_FLAG = 1 << 6
+
+
+def is_mapping(x: Any) -> bool:
+    """True for the mappings nest walks into: a dict or any collections.abc.Mapping."""
+    return bool(type(x).__flags__ & _MAPPING_FLAG)
+
+
 def is_nested(x: Any) -> bool:
-    """True for the containers nest walks into: list, tuple (namedtuple too), dict."""
-    return isinstance(x, (list, tuple, dict))
+    """True for the containers nest walks into: list, tuple (namedtuple too), a dict or
+    any other collections.abc.Mapping."""
+    return isinstance(x, (list, tuple)) or bool(type(x).__flags__ & _MAPPING_FLAG)
 
 
-def _sorted_keys(d: Dict[Any, Any]) -> List[Any]:
+def _sorted_keys(d: Mapping[Any, Any]) -> List[Any]:
     try:
         return sorted(d)
     except TypeError:
@@ -48,12 +66,12 @@ def _sorted_keys(d: Dict[Any, Any]) -> List[Any]:
 # compares and packs its structures several times, and in Python each walk cost
 # microseconds, more than a small collective.
 
-#: ``flatten(structure)``: the leaves of ``structure``, depth first, a dict's values in
+#: ``flatten(structure)``: the leaves of ``structure``, depth first, a mapping's values in
 #: sorted key order (its own order when its keys cannot be sorted).
 flatten: Callable[[Any], List[Any]] = _core.nest_flatten
 
 #: ``pack_sequence_as(structure, flat)``: ``structure`` with its leaves replaced, in
-#: ``flatten``'s order, by ``flat``; each container rebuilt with its own type, each dict
+#: ``flatten``'s order, by ``flat``; each container rebuilt with its own type, each mapping
 #: with its own key order. ValueError when ``flat`` holds more or fewer leaves.
 pack_sequence_as: Callable[[Any, Sequence[Any]], Any] = _core.nest_pack
 
@@ -74,13 +92,9 @@ def map_structure(fn: Callable[..., Any], *structures: Any) -> Any:
 
 
 def _same_kind(a: Any, b: Any) -> bool:
-    """Containers of one kind: the same type, any two lists, any two dicts, namedtuples
-    of the same name and fields (as the C++ walk and tf.nest count them)."""
-    if (
-        type(a) is type(b)
-        or (isinstance(a, list) and isinstance(b, list))
-        or (isinstance(a, dict) and isinstance(b, dict))
-    ):
+    """Containers of one kind: the same type, any two lists, any two mappings,
+    namedtuples of the same name and fields (as the C++ walk and tf.nest count them)."""
+    if type(a) is type(b) or (isinstance(a, list) and isinstance(b, list)) or (is_mapping(a) and is_mapping(b)):
         return True
     return (
         _is_namedtuple(a)
@@ -93,7 +107,7 @@ def describe(x: Any) -> str:
     """A short name of the container kind of ``x`` (for error messages)."""
     if _is_namedtuple(x):
         return f"{type(x).__name__}({', '.join(type(x)._fields)}) namedtuple"
-    if isinstance(x, (list, tuple, dict)):
+    if is_nested(x):
         return f"{type(x).__name__} of {len(x)}"
     return "a single value"
 
@@ -109,7 +123,7 @@ def layout(x: Any) -> str:
         return "[" + ", ".join(layout(v) for v in x) + "]"
     if isinstance(x, tuple):
         return "(" + ", ".join(layout(v) for v in x) + ("," if len(x) == 1 else "") + ")"
-    if isinstance(x, dict):
+    if is_mapping(x):
         return "{" + ", ".join(f"{k!r}: {layout(x[k])}" for k in _sorted_keys(x)) + "}"
     return "*"
 
@@ -132,37 +146,38 @@ def structure_mismatch(a: Any, b: Any, path: str = "") -> Optional[str]:
 def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
     """The first difference below ``a`` and ``b``, without its place; ``keys`` gets the
     path to it, outermost first."""
-    a_nested = isinstance(a, (list, tuple, dict))
-    b_nested = isinstance(b, (list, tuple, dict))
+    a_nested = is_nested(a)
+    b_nested = is_nested(b)
     if not a_nested and not b_nested:
         return None
     if a_nested != b_nested or not _same_kind(a, b):
         return f"{describe(a)} vs {describe(b)}"
-    if isinstance(a, dict):
+    if is_mapping(a):
+        kind = "dict" if isinstance(a, dict) and isinstance(b, dict) else "mapping"
         if a.keys() != b.keys():
             ka, kb = sorted(map(repr, a)), sorted(map(repr, b))
-            text = f"dict keys {ka} vs {kb}"
+            text = f"{kind} keys {ka} vs {kb}"
             if ka == kb:
                 text += " (keys that print alike but are not equal, such as NaN, or objects equal only to themselves)"
             return text
         if list(a) != list(b):
             # The same keys in another insertion order: their leaves pair up only if nest
-            # orders both the same way (keys that cannot be sorted keep each dict's own
+            # orders both the same way (keys that cannot be sorted keep each mapping's own
             # order; keys without a total order, such as sets, may sort either way).
             ka, kb = _sorted_keys(a), _sorted_keys(b)
             if ka != kb:
                 return (
-                    f"dict keys in another order, {ka!r} vs {kb!r} (keys that cannot be sorted "
-                    "must be in the same order in every dict)"
+                    f"{kind} keys in another order, {ka!r} vs {kb!r} (keys that cannot be "
+                    f"sorted must be in the same order in every {kind})"
                 )
         for k, x in a.items():
-            if isinstance(x, (list, tuple, dict)) or isinstance(b[k], (list, tuple, dict)):
+            if is_nested(x) or is_nested(b[k]):
                 break
         else:
             return None  # the same keys, leaves only (no need to sort them)
         for k in _sorted_keys(a):
             x, y = a[k], b[k]
-            if isinstance(x, (list, tuple, dict)) or isinstance(y, (list, tuple, dict)):
+            if is_nested(x) or is_nested(y):
                 why = _mismatch(x, y, keys)
                 if why is not None:
                     keys.insert(0, f"[{k!r}]")
@@ -172,7 +187,7 @@ def _mismatch(a: Any, b: Any, keys: List[str]) -> Optional[str]:
         return f"{describe(a)} vs {describe(b)}"
     for i, x in enumerate(a):
         y = b[i]
-        if isinstance(x, (list, tuple, dict)) or isinstance(y, (list, tuple, dict)):
+        if is_nested(x) or is_nested(y):
             why = _mismatch(x, y, keys)
             if why is not None:
                 keys.insert(0, f"[{i}]")
@@ -199,7 +214,7 @@ def _paths_into(x: Any, path: str, out: List[str]) -> None:
     if isinstance(x, (list, tuple)):
         for i, item in enumerate(x):
             _paths_into(item, f"{path}[{i}]", out)
-    elif isinstance(x, dict):
+    elif is_mapping(x):
         for k in _sorted_keys(x):
             _paths_into(x[k], f"{path}[{k!r}]", out)
     else:

@@ -184,6 +184,6 @@ def from_tensorflow(spec: Any) -> Any:
         dtype = getattr(getattr(s, "dtype", None), "as_numpy_dtype", np.float32)
         return TensorSpec(dims, dtype, getattr(s, "name", None))
 
-    if isinstance(spec, (list, tuple, dict)):
+    if nest.is_nested(spec):
         return nest.map_structure(one, spec)
     return one(spec)

@@ -269,7 +269,7 @@ def select_replica(replica: int, structure: Any) -> Any:
     that replica's part (variables stay whole)."""
     if isinstance(structure, DistributedValues):
         return structure if structure._select_whole else structure._values[replica]
-    if not isinstance(structure, (list, tuple, dict)):
+    if not _nested(structure):
         return structure
     if not structure:
         # An empty list or dict can still be changed: each replica gets one of its own,
@@ -303,7 +303,7 @@ def per_replica_arguments(
                 if len(x._values) != n:
                     break  # the general path below says what is wrong
                 split = split or not x._select_whole
-            elif isinstance(x, (list, tuple, dict)):
+            elif _nested(x):
                 break
         else:
             if not split:
@@ -323,7 +323,7 @@ def contains_distributed(structure: Any, num_replicas: int, what: str) -> bool:
     leaves: List[Any]
     if isinstance(structure, DistributedValues):
         leaves = [structure]
-    elif isinstance(structure, (list, tuple, dict)):
+    elif _nested(structure):
         if not structure:
             return False
         leaves = nest.flatten(structure)
@@ -359,7 +359,7 @@ def regroup(
     wrap = PerReplica if wrap is None else wrap
     v0 = per_replica[0]
     n = len(per_replica)
-    if not isinstance(v0, _CONTAINERS):
+    if not _nested(v0):
         if n == 1 and not always_wrap:
             return v0
         # (numpy keeps one True and one False: identity says nothing of numpy bools.)
@@ -368,7 +368,7 @@ def regroup(
             x = per_replica[r]
             if x is not v0:
                 same = False
-                if isinstance(x, _CONTAINERS):
+                if _nested(x):
                     _mismatch(per_replica, r, what)
         if same:
             return v0
@@ -400,7 +400,7 @@ def regroup(
     return nest.pack_sequence_as(v0, leaves)
 
 
-_CONTAINERS = (list, tuple, dict)
+_nested = nest.is_nested
 _new_per_replica = object.__new__
 _regroup = _core.nest_regroup
 
@@ -410,9 +410,9 @@ def _mismatch(per_replica: Sequence[Any], r: int, what: str) -> None:
     if what.startswith("merge_call "):  # merge_call's args or kwargs: what the replicas passed
         raise ValueError(
             f"merge_call: replicas 0 and {r} passed different structures as {what.split(' ', 1)[1]} ({why}); "
-            "every replica must pass the same nesting of lists, tuples and dicts"
+            "every replica must pass the same nesting of lists, tuples and mappings"
         )
     raise ValueError(
         f"{what}: replicas 0 and {r} returned different structures ({why}); every replica "
-        "must return the same nesting of lists, tuples and dicts"
+        "must return the same nesting of lists, tuples and mappings"
     )
