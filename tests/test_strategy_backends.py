@@ -15,6 +15,7 @@ GPU counting, and the errors when GPU replicas are asked for without a GPU.
 from __future__ import annotations
 
 import math
+import operator
 import pathlib
 
 import numpy as np
@@ -745,6 +746,42 @@ def test_variables_survive_a_checkpoint(env, tmp_path):
         assert_on(v.values[r].value(), env.place(r), f"restored copy {r}")
         np.testing.assert_array_equal(host_of(v.values[r]), np.arange(4))
     np.testing.assert_array_equal(host_of(t.read_value()), np.full(4, 3.0))
+
+
+def test_variables_convert_to_python_values_as_numpy_does(env):
+    # A DeviceArray used to take len() for its truth value: any non-empty GPU variable was
+    # True whatever it held.
+    s = env.strategy(2)
+    with s.scope():
+        zero = dv.Variable(np.zeros(1, np.float32), name="zero")
+        pair = dv.Variable(np.zeros(2, np.float32), name="pair")
+        count = dv.Variable(np.int32(2), name="count")
+        z = dv.Variable(np.complex64(1 + 2j), synchronization=ON_READ, aggregation=FIRST, name="z")
+        own = dv.Variable(np.float32(0), synchronization=ON_READ, aggregation=NONE, name="own")
+    want = {"zero": False, "float": 2.0, "int": 2, "index": 30, "range": [0, 1], "complex": 1 + 2j}
+
+    def convert():
+        with pytest.raises(ValueError, match="ambiguous"):
+            bool(pair)
+        with pytest.raises(TypeError):
+            operator.index(zero)
+        return {
+            "zero": bool(zero),
+            "float": float(count),
+            "int": int(count),
+            "index": [10, 20, 30][count],
+            "range": list(range(count)),
+            "complex": complex(z),
+        }
+
+    assert convert() == want
+    assert all(got == want for got in s.experimental_local_results(s.run(convert)))
+
+    def own_truth():
+        own.assign(np.float32(rid()))  # replica 0's copy 0.0, replica 1's 1.0
+        return bool(own), float(own)
+
+    assert s.experimental_local_results(s.run(own_truth)) == ((False, 0.0), (True, 1.0))
 
 
 # ---- datasets ----------------------------------------------------------------------------------

@@ -387,6 +387,69 @@ def test_sum_sync_on_read_float_split_sums_back_to_the_value(s3, tmp_path):
     assert d.numpy() == 1.0 and len(set(copies(d))) <= 2
 
 
+def _float_dtypes():
+    import ml_dtypes
+
+    return [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8])
+def test_sum_sync_on_read_float_split_sums_back_exactly_in_every_order(n):
+    # value/n on every copy (TensorFlow's split) reads float64 0.3 over 4 copies back as
+    # 0.30000000000000004, and float64's largest value as inf.
+    import itertools
+
+    from distvals.distributed_variables import _split_sum
+
+    rng = np.random.default_rng(n)
+    for dtype in _float_dtypes() + [np.complex64, np.complex128]:
+        import ml_dtypes
+
+        real = np.dtype(dtype).kind != "c"
+        finfo = ml_dtypes.finfo(dtype) if real else np.finfo(dtype)
+        top, tiny, eps = float(finfo.max), float(finfo.smallest_subnormal), float(finfo.eps)
+        specials = [0.3, 1.3, 2.1, -7.0, top, -top, tiny, -tiny, 0.0, -0.0, np.inf, -np.inf, np.nan]
+        values = np.concatenate([specials, rng.standard_normal(200) * 10.0 ** rng.integers(-3, 4, 200)])
+        if real:
+            value = values.astype(dtype)
+        else:
+            value = np.empty(len(values), dtype)
+            value.real, value.imag = values, values[::-1]
+        parts = _split_sum(value, n)
+        assert len(parts) == n and all(p.dtype == value.dtype and p.shape == value.shape for p in parts)
+        orders = list(itertools.permutations(range(n))) if n <= 4 else [tuple(rng.permutation(n)) for _ in range(30)]
+        for order in orders:
+            total = parts[order[0]].copy()
+            for r in order[1:]:
+                total = (total + parts[r]).astype(value.dtype)  # rounded to the dtype at every step
+            # Equal bits: NaN stays NaN and -0.0 stays -0.0.
+            np.testing.assert_array_equal(total.view(np.uint8), value.view(np.uint8), err_msg=f"{dtype} {n} {order}")
+        # Each copy close to value/n: within n units of the last place of the value.
+        finite = np.isfinite(value)
+        wide = value[finite].astype(np.float64 if real else np.complex128)
+        for p in parts:
+            err = np.abs(p[finite].astype(wide.dtype) - wide / n)
+            assert np.all(err <= np.abs(wide) * eps * n + tiny * n), (dtype, n)
+
+
+def test_sum_sync_on_read_float64_reads_back_what_it_was_assigned_and_loaded(tmp_path):
+    s = dv.MirroredStrategy([f"CPU:{i}" for i in range(4)])
+    rng = np.random.default_rng(4)
+    value = np.concatenate([[0.3, 1.3, 2.1, np.finfo(np.float64).max, -0.0], rng.standard_normal(2000)])
+    with s.scope():
+        t = dv.Variable(np.zeros(len(value)), name="total", synchronization=ON_READ, aggregation=SUM)
+    t.assign(value)
+    np.testing.assert_array_equal(t.numpy().view(np.uint64), value.view(np.uint64))
+    path = tmp_path / "t.npz"
+    dv.save_variables(path, [t])
+    t.assign(np.ones(len(value)))
+    dv.load_variables(path, [t])
+    np.testing.assert_array_equal(t.numpy().view(np.uint64), value.view(np.uint64))
+    # Each replica's own copy is about a quarter of the value (as in TensorFlow).
+    for c in copies(t):
+        np.testing.assert_allclose(c, value / 4, rtol=1e-14, atol=0)
+
+
 def test_sum_sync_on_read_integer_checkpoint_loads_its_count(s2, s3, tmp_path):
     # A counter of 3 + 4 over 2 replicas is saved as 7 and loads as 7 (TensorFlow: 6);
     # 21 saved from 3 replicas loads as 21 on 2.

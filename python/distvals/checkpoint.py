@@ -4,7 +4,8 @@
 cross-replica context (the aggregate for a SyncOnReadVariable, the common value for a
 MirroredVariable). ``load_variables(path, variables)`` assigns the stored values back
 in cross-replica context: every copy of a MirroredVariable gets the value, and a SUM
-SyncOnReadVariable gets value/N per copy so that its sum is restored, as in TensorFlow.
+SyncOnReadVariable gets about value/N per copy, as in TensorFlow, split so that its sum
+is restored exactly.
 """
 
 from __future__ import annotations
@@ -96,13 +97,16 @@ def save_variables(path: Union[str, os.PathLike[str]], variables: Variables) -> 
 
 
 def _strategy_of(items: List[Tuple[str, Variable]]) -> Any:
-    """The strategy of the variables, or the one whose scope is open (the default one
-    when none is)."""
+    """The strategy of the variables (one between workers first, whatever the variables'
+    order: its workers must all wait for the chief's write), or the one whose scope is
+    open (the default one when none is)."""
+    found = None
     for _, v in items:
         strategy = getattr(v, "distribute_strategy", None)
-        if strategy is not None:
+        if strategy is not None and getattr(strategy.extended, "_between_workers", False):
             return strategy
-    return context.get_strategy()
+        found = strategy if found is None else found
+    return context.get_strategy() if found is None else found
 
 
 def _worker_ranks() -> List[int]:

@@ -11,6 +11,7 @@ they are, without a copy (``as_device_array``).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -309,6 +310,24 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self._shape}, dtype={self._dtype.name}, device={self._device})"
+
+    # Conversions to Python numbers and truth values, as numpy gives them, from a host
+    # copy. Without __bool__, Python would take len() for the truth value: True for any
+    # non-empty array, whatever it holds.
+    def __bool__(self) -> bool:
+        return bool(self.numpy())
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __int__(self) -> int:
+        return int(self.numpy())
+
+    def __complex__(self) -> complex:
+        return complex(self.numpy())
+
+    def __index__(self) -> int:
+        return operator.index(self.numpy())
 
     # ---- data --------------------------------------------------------------------
     def numpy(self) -> np.ndarray:

@@ -479,21 +479,54 @@ class SyncOnReadVariable(DistributedVariable):
 
 
 def _split_sum(value: np.ndarray, n: int) -> List[np.ndarray]:
-    """``n`` parts that sum to ``value``. Floats: value/n on every copy but the first,
-    which takes what is left, computed in double precision (value/n rounded n times
-    could sum past the dtype's range: float16 65504 over 3 copies is 21840 each, 65520
-    in all, inf). Integers: the quotient each, and the remainder spread one by one over
-    the first copies, so that a saved counter of 7 over 2 copies loads as 4 + 3, never
-    3 + 3."""
+    """``n`` parts that sum to ``value`` exactly, each close to value/n, whatever order the
+    engine adds them in. Integers: the quotient each, and the remainder spread one by
+    one over the first copies, so that a saved counter of 7 over 2 copies loads as 4 + 3,
+    never 3 + 3. Floats: see ``_split_float``; complex numbers: their real and imaginary
+    parts split alike."""
     if value.dtype.kind == "b":
         return [value.copy()] * n
+    if value.dtype.kind == "c":
+        parts = []
+        for re, im in zip(_split_float(value.real, n), _split_float(value.imag, n)):
+            part = np.empty_like(value)
+            part.real, part.imag = re, im  # (re + 1j * im would lose a -0.0)
+            parts.append(part)
+        return parts
     if value.dtype.kind not in "iu":
-        wide = value.astype(np.complex128 if value.dtype.kind == "c" else np.float64)
-        part = np.asarray(wide / n).astype(value.dtype)
-        with np.errstate(invalid="ignore", over="ignore"):
-            rest = wide - part.astype(wide.dtype) * (n - 1)
-        # inf and NaN stay what they are (inf - inf would be NaN).
-        first = np.asarray(np.where(np.isfinite(value), rest, part)).astype(value.dtype)
-        return [first] + [part] * (n - 1)
+        return _split_float(value, n)
     q, rem = np.divmod(value, value.dtype.type(n))
     return [np.asarray(q + (rem > k), dtype=value.dtype) for k in range(n)]
+
+
+def _split_float(value: np.ndarray, n: int) -> List[np.ndarray]:
+    """``n`` parts of a float ``value`` whose sum, in any order, is ``value`` exactly.
+
+    value/n on every copy (TensorFlow's split) does not sum back: value/n rounded, added
+    n times, rounds again (float64 0.3 over 4 copies reads 0.30000000000000004; float16
+    65504 over 3 copies is 21840 each, 65520 in all: inf). Here every copy but the first
+    takes value/n rounded toward zero to a multiple of u, a unit of the last place of
+    ``value`` (``|value| - nextafter(|value|, 0)``, a power of two), and the first takes the
+    rest. Every part and every partial sum of them is then a multiple of u no larger than
+    ``|value|``, which the dtype holds exactly: no addition rounds. The arithmetic runs in
+    float64 on integers below 2^53 (the count of u in ``value``), exact for dtypes of up
+    to 53 significant bits. Zeros (of either sign), infinities and NaN go to every copy as
+    they are (-0.0 summed stays -0.0); a dtype of more significant bits (long double) puts
+    the value on the first copy and -0.0, which leaves any sum as it is, on the others."""
+    dtype = value.dtype
+    value = np.asarray(value)
+    if dtype.itemsize > 8:
+        rest = np.full_like(value, -0.0)
+        return [value.copy()] + [rest] * (n - 1)
+    magnitude = np.abs(value)
+    with np.errstate(invalid="ignore", over="ignore"):
+        unit = (magnitude - np.nextafter(magnitude, np.zeros_like(magnitude))).astype(np.float64)
+        wide = value.astype(np.float64)
+        split = np.isfinite(wide) & (wide != 0)
+        units = np.where(split, wide / np.where(split, unit, 1.0), 0.0)  # an integer, exactly
+        # k = units / n rounded toward zero: fmod is exact, and so is the division of the
+        # multiple of n that remains.
+        k = (units - np.fmod(units, n)) / n
+        part = np.where(split, k * unit, wide)
+        first = np.where(split, (units - k * (n - 1)) * unit, wide)
+    return [first.astype(dtype)] + [part.astype(dtype)] * (n - 1)

@@ -9,6 +9,7 @@ array, since it is not one.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
@@ -207,8 +208,7 @@ class DistributedValues:
         return complex(self._current())
 
     def __index__(self) -> int:
-        index: int = self._current().__index__()
-        return index
+        return operator.index(self._current())
 
     # Equality and hashing stay by identity, as for TensorFlow's distributed values, so
     # these objects can be dict keys and set members.

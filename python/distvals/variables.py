@@ -12,8 +12,9 @@ scope it has one copy per replica (see ``distvals.distributed_variables``):
   replica 0's argument everywhere.
 - ``SyncOnReadVariable`` (ON_READ): updates inside ``run`` touch the local copy only;
   reading in cross-replica context aggregates the copies (SUM, MEAN or the first copy);
-  ``assign`` in cross-replica context stores value/N per copy for SUM (integers split so
-  that the copies sum to the value exactly), value for the others.
+  ``assign`` in cross-replica context stores about value/N per copy for SUM (split so
+  that the copies sum to the value exactly, integers and floats alike), value for the
+  others.
 
 A variable created inside ``strategy.run`` is created once, from the first replica's
 initial value, and every replica gets that same variable (as in TensorFlow).
@@ -42,6 +43,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
+import operator
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, TypeVar, Union
 
@@ -869,6 +871,14 @@ class Variable(metaclass=_VariableMeta):
 
     def __int__(self) -> int:
         return int(self.read_value())
+
+    def __complex__(self) -> complex:
+        return complex(self.read_value())
+
+    def __index__(self) -> int:
+        # An integer variable of one element as an index (lst[v], range(v)), as numpy's
+        # integer arrays are; TypeError for others.
+        return operator.index(self.read_value())
 
     def __bool__(self) -> bool:
         return bool(self.read_value())

@@ -256,6 +256,17 @@ def main() -> int:
         written = sorted(f for f in os.listdir(a.dir) if f.startswith(f"local_{tag}_"))
         expect(written == [f"local_{tag}_0.npz"], rank, f"a local strategy's variable ({name}): written {written}")
         checks += 1
+    # A local strategy's variable listed before a multi-worker one: the multi-worker
+    # strategy still decides, so the chief writes and every worker returns once the file
+    # is there (whichever variable comes first).
+    for order, variables in (("local first", [mine, w]), ("multi-worker first", [w, mine])):
+        mixed_path = os.path.join(a.dir, f"mixed_{order.replace(' ', '_').replace('-', '_')}.npz")
+        dv.save_variables(mixed_path, variables)
+        expect(os.path.exists(mixed_path), rank, f"a mixed checkpoint ({order}) exists once save_variables returns")
+        with np.load(mixed_path) as data:
+            expect(float(data["local_step"]) == 200.0, rank, f"a mixed checkpoint ({order}) holds the chief's value")
+            expect_close(data["w"], w.numpy(), rank, f"a mixed checkpoint ({order})'s w")
+        checks += 1
     # Loading (every worker reads the chief's file) restores the saved values everywhere.
     w.assign(np.zeros(3, np.float32))
     dv.load_variables(path, [w, c, sor_sum])
