@@ -261,6 +261,17 @@ class HierarchicalCollectives(WorkerAgreement):
     def group(self) -> Any:
         return getattr(self.local, "group", None)
 
+    @property
+    def reduces_inside_exchanges(self) -> bool:
+        """Whether this worker reduces its several host replicas on the calling thread,
+        inside the exchanges (``Exchanges.all_reduce``'s ``local``)."""
+        return self._local_on_caller
+
+    def set_pair_max_bytes(self, nbytes: int) -> None:
+        """The size up to which two workers swap whole buffers (``Exchanges.route``):
+        every worker must set the same, before its first collective."""
+        self._exchanges.pair_max_bytes = int(nbytes)
+
     def _mpi_op(self, op: ReduceOp, dtype: np.dtype) -> Any:
         """The MPI op that reduces ``dtype`` (a wire dtype) with ``op``."""
         if dtype.kind == "f" and (op is ReduceOp.MIN or op is ReduceOp.MAX):

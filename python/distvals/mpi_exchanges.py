@@ -9,9 +9,11 @@ place). So the workers exchange the data point to point and reduce it on the cal
 thread (the engine's kernels, in one pass over every operand; numpy for the dtypes they
 lack):
 
-- *Two workers, up to 512 KiB*: they swap whole chunks (one ``Isend`` and one ``Irecv``
-  each) and reduce; both reduce worker 0's values with worker 1's in that order, so that
-  every worker's result is the same bits.
+- *Two workers, up to 512 KiB* (128 KiB where every worker reduces several local
+  replicas inside the exchanges, agreed when the strategy is made: there the ring's
+  halves overlap that local work with the crossing): they swap whole chunks (one
+  ``Isend`` and one ``Irecv`` each) and reduce; both reduce worker 0's values with worker
+  1's in that order, so that every worker's result is the same bits.
 - *Larger, or more workers*: a ring. Each worker's chunk is cut into one piece per
   worker; in W-1 steps every worker sends a partial reduction to its right neighbour
   and adds its own values to the one it receives from its left (reduce-scatter, reading
@@ -67,6 +69,7 @@ __all__ = [
     "FLAG_TAG",
     "NUMPY_OPS",
     "PAIR_MAX_BYTES",
+    "PAIR_MAX_BYTES_LOCAL",
     "RING_MIN_PIECE_BYTES",
     "TAG",
     "Exchanges",
@@ -79,8 +82,15 @@ __all__ = [
 #: nonblocking one for them).
 BLOCKING_MIN_BYTES = 64 << 10
 #: Two workers exchange whole buffers up to this size, halves above it (the ring of
-#: two: measured equal at 256 KiB, 3-15% faster from 1 MiB).
+#: two). One reduced buffer per worker (new results, alternated in one job on 2 workers
+#: of one 2-core machine): 256 KiB 39 us swapping against 53 in the ring, 512 KiB 76 / 82,
+#: 1 MiB 177 / 166, 2 MiB 349 / 318.
 PAIR_MAX_BYTES = 512 << 10
+#: The same where every worker reduces its several local replicas inside the exchanges
+#: (``all_reduce``'s ``local``): the ring's two halves let the local reduce of the second
+#: overlap the first's crossing, which one whole buffer cannot. 2 workers x 2 replicas,
+#: the same way: 128 KiB 61 / 60 us, 256 KiB 113 / 96, 512 KiB 227 / 199, 1 MiB 387 / 363.
+PAIR_MAX_BYTES_LOCAL = 128 << 10
 #: With more than two workers the ring runs when each worker's piece is at least this.
 RING_MIN_PIECE_BYTES = 1 << 20
 # The tag of the point-to-point messages of the all-reduce (on the strategy's own
@@ -136,6 +146,10 @@ class Exchanges:
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
         self.size = size
+        #: Two workers swap whole buffers up to this size (PAIR_MAX_BYTES, or
+        #: PAIR_MAX_BYTES_LOCAL once every worker has said it reduces its replicas inside
+        #: the exchanges: a value every worker must hold alike).
+        self.pair_max_bytes = PAIR_MAX_BYTES
         # Receive buffer of the exchanges, kept from call to call.
         self._scratch = np.empty(0, dtype=np.uint8)
         # Agreement flags riding the exchanges: [0] the AND so far (sent), [1] received.
@@ -151,7 +165,7 @@ class Exchanges:
             return "nonblocking"
         if dtype.kind in "fiuc":
             if self.size == 2:
-                return "pair" if nbytes <= PAIR_MAX_BYTES else "ring"
+                return "pair" if nbytes <= self.pair_max_bytes else "ring"
             if nbytes // self.size >= RING_MIN_PIECE_BYTES:
                 return "ring"
         return "blocking"

@@ -240,6 +240,7 @@ class _MultiWorkerExtended(LocalExtended):
 
     def _make_collectives(self) -> HierarchicalCollectives:
         from .mpi_collectives import HierarchicalCollectives
+        from .mpi_exchanges import PAIR_MAX_BYTES_LOCAL
 
         mpi = self._mpi
         timeout = float(self._timeout)
@@ -274,9 +275,18 @@ class _MultiWorkerExtended(LocalExtended):
         # its buffers: MPI cannot cancel it, so it is kept until the next exchange has
         # waited for it.
         self._input_pending: Any = None
-        return HierarchicalCollectives(
+        hier = HierarchicalCollectives(
             local, comm, counts.tolist(), timeout, chunk_bytes=_chunk_bytes(), on_fatal=self._fatal
         )
+        # Whether every worker reduces its replicas inside the exchanges (which depends on
+        # its host's cores): only then do two workers swap halves from a smaller size on,
+        # and the route of every buffer must be the same on every worker.
+        fused = np.array([int(hier.reduces_inside_exchanges)], dtype=np.int64)
+        everywhere = np.empty(1, dtype=np.int64)
+        self._wait_setup(comm.Iallreduce(fused, everywhere, mpi.MIN), timeout)
+        if everywhere[0]:
+            hier.set_pair_max_bytes(PAIR_MAX_BYTES_LOCAL)
+        return hier
 
     def _quick_group(self) -> Any:
         """The quick path of a step's ``ctx.all_reduce(op, x)`` (one numpy array per

@@ -3,7 +3,7 @@ result, the same bits on every worker.
 
 - ``HierarchicalCollectives._mpi_all_reduce`` on sizes that take each route of
   ``distvals.mpi_exchanges`` (polled
-  Iallreduce below 64 KiB; two workers swapping whole buffers up to 4 MiB; the ring of
+  Iallreduce below 64 KiB; two workers swapping whole buffers up to 512 KiB; the ring of
   halves above, and the ring of any worker count when each piece is 1 MiB; blocking
   Allreduce between), in place and from a separate input, for every op and the dtypes
   MPI reduces (float16 crossing as float32).
@@ -29,6 +29,7 @@ from _check import expect, expect_close, finish, make_strategy, parse_args, refe
 from mpi4py import MPI
 
 import distvals as dv
+from distvals import mpi_exchanges as mx
 from distvals.reduce_op import ReduceOp
 
 OPS = {"sum": ReduceOp.SUM, "min": ReduceOp.MIN, "max": ReduceOp.MAX, "product": ReduceOp.PRODUCT}
@@ -131,7 +132,17 @@ def main() -> int:
         os.environ["DISTVALS_MPI_CHUNK_BYTES"] = str(chunk)
         s = make_strategy(a.replicas, a.timeout, a.execution)
         total = s.num_replicas_in_sync
+        # Where every worker reduces its replicas inside the exchanges, two workers swap
+        # halves from 128 KiB on; elsewhere whole buffers up to 512 KiB. Every worker
+        # must hold the same size, or their MPI calls would not match.
+        hier = s.extended._coll
+        fused = world.allreduce(int(hier.reduces_inside_exchanges), op=MPI.MIN)
+        want_max = mx.PAIR_MAX_BYTES_LOCAL if fused else mx.PAIR_MAX_BYTES
+        held = world.allgather(hier._exchanges.pair_max_bytes)
+        expect(held == [want_max] * size, rank, f"swap sizes held: {held}, expected {want_max} on every worker")
+        checks += 1
         for dtype, op, count in [
+            ("float32", "sum", 70_001),  # 280 KB: the ring where every worker reduces inside it
             ("float32", "sum", 2_600_005),
             ("int64", "max", 300_003),
             ("float64", "mean", 1_100_000),
