@@ -17,8 +17,8 @@ from distvals import nest
 Pair = collections.namedtuple("Pair", "first second")
 
 
-class Frozen(collections.abc.Mapping):
-    """A Mapping that is not a dict (as flax's FrozenDict or immutabledict are)."""
+class _Items:
+    """The read-only mapping protocol over a dict of its own."""
 
     def __init__(self, items):
         self._items = dict(items)
@@ -31,25 +31,17 @@ class Frozen(collections.abc.Mapping):
 
     def __len__(self):
         return len(self._items)
+
+
+class Frozen(_Items, collections.abc.Mapping):
+    """A Mapping that is not a dict (as flax's FrozenDict or immutabledict are)."""
 
     def __repr__(self):
         return f"Frozen({self._items!r})"
 
 
-class Registered:
+class Registered(_Items):
     """A class registered with Mapping, not derived from it."""
-
-    def __init__(self, items):
-        self._items = dict(items)
-
-    def __getitem__(self, key):
-        return self._items[key]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self):
-        return len(self._items)
 
     def keys(self):
         return self._items.keys()
