@@ -514,7 +514,6 @@ def _split_float(value: np.ndarray, n: int) -> List[np.ndarray]:
     they are (-0.0 summed stays -0.0); a dtype of more significant bits (long double) puts
     the value on the first copy and -0.0, which leaves any sum as it is, on the others."""
     dtype = value.dtype
-    value = np.asarray(value)
     if dtype.itemsize > 8:
         rest = np.full_like(value, -0.0)
         return [value.copy()] + [rest] * (n - 1)

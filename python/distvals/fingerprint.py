@@ -14,11 +14,9 @@ from typing import Any, Iterator, List, Optional, Set
 
 import numpy as np
 
+from . import nest
+
 __all__ = ["fingerprint", "object_bytes"]
-
-
-#: CPython's type flag of dicts and other collections.abc.Mapping classes.
-_MAPPING_FLAG = 1 << 6
 
 
 def fingerprint(leaves: Any) -> int:
@@ -62,9 +60,9 @@ def object_bytes(x: Any, out: List[Any], _open: Optional[Set[int]] = None) -> No
         data = x.encode("utf-8", "surrogatepass") if isinstance(x, str) else bytes(x)
         out.append(f"{type(x).__name__}{len(data)};".encode())
         out.append(data)
-    elif isinstance(x, (list, tuple)) or type(x).__flags__ & _MAPPING_FLAG:
+    elif nest.is_nested(x):
         # (Any Mapping by its items, as distvals.nest walks it.)
-        items = list(x.items()) if not isinstance(x, (list, tuple)) else x
+        items = list(x.items()) if nest.is_mapping(x) else x
         out.append(f"{type(x).__name__}{len(items)};".encode())
         _items(items, x, out, _open)
     elif isinstance(x, (set, frozenset)):
